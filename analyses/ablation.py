@@ -46,7 +46,7 @@ from headprobe.probe.backends.base import LoadedModel, cross_entropy_inplace, sc
 from headprobe.probe.core import ablation_kinds, memory
 from headprobe.probe.core.ablation_kinds import AblationInputs, AblationKind, Kind
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.heads import all_heads
+from headprobe.probe.core.heads import all_heads, given_heads
 from headprobe.probe.hooks.ablation import (
     Head,
     batched_ablation_hooks,
@@ -687,7 +687,7 @@ def sweep_loop(
     require_head_ablation(model)
     _, inputs = kind_inputs(model, kind, mean_z, source_tokens)
     spec = model.spec
-    heads = all_heads(spec.n_layers, spec.n_heads, spec.attention_layers) if heads is None else list(heads)
+    heads = given_heads(heads) or all_heads(spec.n_layers, spec.n_heads, spec.attention_layers)
     tokens = tokens.to(model.device)
     clean = float(model.scored_losses(tokens, first).mean())
     loss = torch.full((spec.n_layers, spec.n_heads), float("nan"))
@@ -871,7 +871,7 @@ def exact_sweep(
     require_head_ablation(model)
     ablation, inputs = kind_inputs(model, kind, mean_z, source_tokens)
     spec = model.spec
-    heads = all_heads(spec.n_layers, spec.n_heads, spec.attention_layers) if heads is None else list(heads)
+    heads = given_heads(heads) or all_heads(spec.n_layers, spec.n_heads, spec.attention_layers)
     device = model.device
     tokens = tokens.to(device)
     B, T = tokens.shape

@@ -39,7 +39,7 @@ from headprobe.analyses.vocabulary import MIN_N_FOR_CI, PATCH_SITES
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core import memory
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.heads import all_heads
+from headprobe.probe.core.heads import all_heads, given_heads
 from headprobe.probe.hooks.ablation import Head, HookFn
 from headprobe.probe.hooks.names import attn_hook, block_hook
 from headprobe.probe.layout.cost import forward_sequence_bytes
@@ -743,7 +743,7 @@ def patch(
     require_head_ablation(model)
     spec = model.spec
     batches = encode_pairs(model, pairs, _padding_side(model, padding_side))
-    units = list(default_units(spec, site, min(int(b.lengths.min()) for b in batches)) if units is None else units)
+    units = given_heads(units, "units") or list(default_units(spec, site, min(int(b.lengths.min()) for b in batches)))
     _check_units(spec, site, units, batches)
     layers = sorted({u[0] for u in units})
     check_site(model, site, layers)
@@ -791,4 +791,4 @@ def patch_heads(
     Raises:
         HeadprobeError: as :func:`patch`.
     """
-    return patch(model, pairs, "z", heads, max_batch=max_batch, progress=progress)
+    return patch(model, pairs, "z", given_heads(heads), max_batch=max_batch, progress=progress)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -21,6 +22,7 @@ from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV, figure_formats
 from headprobe.commands import COMMANDS
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.registry import did_you_mean
+from headprobe.settings import DEFAULTS_KEY, parsed_defaults
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -63,6 +65,44 @@ def _did_you_mean(unknown: list[str], known: dict[str, list[str]]) -> str:
     return f" (did you mean {' '.join(hints)}?)" if hints else ""
 
 
+_NEGATIVE = re.compile(r"^-[0-9.]")
+"""A word that argparse would read as an option although it is a value: a minus sign, then a digit or a
+point (``-1GiB``, ``-1e5``, ``-.5``; argparse takes only plain numerals such as ``-1`` as values)."""
+
+
+def negative_values_attached(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``argv`` with each value that starts with a minus sign (:data:`_NEGATIVE`) attached to the
+    option before it, where that option of the command's parser takes one value (``--kv-limit
+    -1GiB`` -> ``--kv-limit=-1GiB``): argparse would read ``-1GiB`` as an unknown option and answer
+    "expected one argument"; attached, it reaches the option's type and checks, which refuse it by
+    name ("--kv-limit must be positive, got -1GiB"). Options are matched as argparse matches them,
+    whole or by a unique prefix; ``--`` ends the options."""
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    command = sub.choices.get(argv[0]) if sub is not None and argv else None
+    if command is None:
+        return argv
+    options = command._option_string_actions
+
+    def takes_one_value(word: str) -> bool:
+        if not word.startswith("-") or "=" in word or _NEGATIVE.match(word):
+            return False
+        action = options.get(word)
+        if action is None and word.startswith("--"):
+            matches = {a for o, a in options.items() if o.startswith(word)}
+            action = matches.pop() if len(matches) == 1 else None
+        return action is not None and action.nargs is None  # store: one value (a switch takes none)
+
+    out = argv[:1]
+    for word in argv[1:]:
+        if "--" in out:
+            out.append(word)
+        elif _NEGATIVE.match(word) and len(out) > 1 and takes_one_value(out[-1]):
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    return out
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``headprobe`` parser. With ``command`` (the subcommand about to run), only that
     command's module is imported -- the others get placeholder subparsers -- so a light command
@@ -91,7 +131,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             else argparse.HelpFormatter,
         )
         cmd.add_flags(p)
-        p.set_defaults(_run=cmd.execute)
+        p.set_defaults(_run=cmd.execute, **{DEFAULTS_KEY: parsed_defaults(p)})  # which flags were given
     return parser
 
 
@@ -236,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv[0] if argv else None)
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(negative_values_attached(parser, argv))
     except SystemExit as e:  # usage error (2, its line already printed), --help or --version (0)
         return int(e.code or 0)
     in_main = threading.current_thread() is threading.main_thread()  # signal handlers live there only

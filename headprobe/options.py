@@ -531,23 +531,29 @@ def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict, 
     (:func:`loaded_fields`).
 
     Raises:
-        HeadprobeError: ``model`` of another type, bad settings, a ``device`` other than a loaded
+        HeadprobeError: ``model`` of another type, bad settings, a setting given where it does
+            nothing (:func:`~headprobe.settings.refuse_inert`), a ``device`` other than a loaded
             model's, or the model cannot be loaded.
         TypeError: a field ``config_cls`` does not have (naming the function ``name``, see :func:`check_fields`).
     """
     import os
     import time
 
+    from headprobe.settings import given_in_python, refuse_inert
+
     check_fields(config_cls, config_fields, name)
     check_model_argument(model, name or config_cls.__name__.removesuffix("Config").lower())
+    given = given_in_python(config_cls, config_fields)  # a setting that would do nothing is refused, as its flag
     if isinstance(model, (str, os.PathLike)):
         config = config_cls(model=str(model), **config_fields)
+        refuse_inert(config, given)
         check_model(config.model)
         config.preflight()
         t0 = time.perf_counter()
         loaded = load_for(config)
         return config, loaded, time.perf_counter() - t0
     config = config_cls(model=model.spec.name, **loaded_fields(model, config_fields))
+    refuse_inert(config, given)
     from headprobe.probe.core import memory
 
     memory.set_budget(getattr(config, "memory_budget", None))
@@ -836,10 +842,10 @@ class ModelRunConfig(ModelSettings, DataSettings):
 
 def model_run_flags(n_natural_help: str = "") -> tuple[Flags, ...]:
     """The flag blocks of a command that runs a model on text and writes a directory (``ablate``,
-    ``prune``), generated from :class:`ModelRunConfig`'s settings: the model's (no ``--no-bos``),
-    the output's, the data's (``n_natural_help``: the command's own help of ``--n-natural``)."""
+    ``prune``), generated from :class:`ModelRunConfig`'s settings: the model's (``--no-bos`` as
+    scan's), the output's, the data's (``n_natural_help``: the command's own help of ``--n-natural``)."""
     return (
-        Flags(group=ModelSettings, skip=("prepend_bos",)),
+        Flags(group=ModelSettings),
         OUTPUT,
         Flags(group=DataSettings, helps={"n_natural": n_natural_help} if n_natural_help else None),
     )

@@ -178,6 +178,116 @@ def max_memory_dict(max_memory: dict | str | None) -> dict | None:
         raise HeadprobeError(str(e)) from None
 
 
+@dataclass(frozen=True)
+class Needs:
+    """Where a setting acts: only where setting ``field`` of the same Config holds one of ``values``
+    (``contains``: a list setting, such as prune's ``methods``, holds one of them; ``values`` empty:
+    any value but None). A flag given where it would do nothing is refused before any work
+    (:func:`refuse_inert`), so ``--steps`` with ``--method eap`` is not accepted in silence. A
+    Config without ``field`` (a command that shares the setting but always runs it) never refuses.
+    """
+
+    field: str
+    values: tuple = ()
+    contains: bool = False
+
+    def met(self, config) -> bool:
+        """Whether ``config`` (a Config holding ``field``) is where the setting acts."""
+        value = getattr(config, self.field)
+        if not self.values:
+            return value is not None
+        if self.contains:
+            items = value.split(",") if isinstance(value, str) else (value or ())
+            return any(v in items for v in self.values)
+        return value in self.values
+
+    def line(self, config, name: str) -> str:
+        """The refusal of setting ``name`` of ``config`` given where it does nothing: one line naming
+        its flag and the flag (and value) it needs."""
+        cls = type(config)
+        flag, other = flag_names(cls).get(name, name), flag_names(cls).get(self.field, self.field)
+        value = getattr(config, self.field)
+        switch = switch_value(cls, self.field)
+        if switch:  # a store_true/store_false flag: with it, or without it
+            if self.values[0] == (switch == "=True"):
+                return f"{flag} only acts with {other}: add {other} or leave {flag} out"
+            return f"{flag} only acts without {other}: leave one of them out"
+        shown = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+        if not self.values:
+            return f"{flag} only acts with {other}: add {other} or leave {flag} out"
+        if self.values == (None,):
+            return f"{flag} only acts without {other}, not with {other} {shown}: leave one of them out"
+        wanted = " or ".join(map(str, self.values))
+        where = f"with {wanted} in {other}" if self.contains else f"with {other} {wanted}"
+        return f"{flag} only acts {where}, not {other} {shown}: leave {flag} out or change {other}"
+
+
+def refuse_inert(config, given) -> None:
+    """Refuse the settings among ``given`` (field names the user set: a flag given on the command
+    line, :func:`given_on_command_line`; a keyword given from Python with a value other than the
+    default, :func:`given_in_python`) that do nothing with the rest of ``config``: each setting
+    declared with ``needs`` (:class:`Needs`) whose condition ``config`` does not meet. Called once,
+    before any work, for every command (:meth:`headprobe.commands.Command.execute` and
+    :func:`headprobe.options.config_and_model`).
+
+    Raises:
+        HeadprobeError: one line naming the first such flag and the flag (and value) it needs.
+    """
+    cls = type(config)
+    fields = getattr(cls, "__dataclass_fields__", {})
+    for name in given:
+        needs = _meta(cls, name).get("needs") if name in fields else None
+        if needs is not None and needs.field in fields and not needs.met(config):
+            raise HeadprobeError(needs.line(config, name))
+
+
+def parsed_defaults(parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """Each option's value where it is not given (its ``dest`` -> the default, through its ``type``
+    where the default is text, as argparse converts it), to tell given flags apart
+    (:func:`given_on_command_line`)."""
+    out = {}
+    for action in parser._actions:
+        if not action.option_strings or action.dest == argparse.SUPPRESS:
+            continue
+        default = action.default
+        if isinstance(default, str) and callable(action.type):
+            try:
+                default = action.type(default)
+            except (argparse.ArgumentTypeError, TypeError, ValueError):
+                pass
+        out[action.dest] = default
+    return out
+
+
+DEFAULTS_KEY = "_parsed_defaults"
+"""The parsed namespace's entry holding :func:`parsed_defaults` (set by :func:`headprobe.cli.build_parser`)."""
+
+
+def given_on_command_line(args: argparse.Namespace) -> list[str]:
+    """The options of ``args`` given with a value other than the parser's default (flags a user
+    actually gave; one given at its default value does nothing new); none where ``args`` does not
+    hold the parser's defaults (a namespace made by hand)."""
+    defaults = getattr(args, DEFAULTS_KEY, None) or {}
+    return [k for k, d in defaults.items() if hasattr(args, k) and not _same(getattr(args, k), d)]
+
+
+def given_in_python(cls, fields: dict[str, Any]) -> list[str]:
+    """The keywords of a command's Python function (``fields``) given a value other than field's
+    default in ``cls`` (passing a default stays accepted)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    return [k for k, v in fields.items() if k in defaults and not _same(v, defaults[k])]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """``a == b`` for settings' values (lists and tuples alike; an odd type that cannot compare: not the same)."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        a, b = tuple(a), tuple(b)
+    try:
+        return bool(a == b)
+    except Exception:  # an array's ambiguous truth value: compared as not the same
+        return False
+
+
 def setting(
     default: Any = dataclasses.MISSING,
     help: str | Callable[[], str] = "",
@@ -196,6 +306,7 @@ def setting(
     text: Callable[[Any], str] | None = None,
     parse: Callable[[Any], Any] | None = None,
     kw_only: bool = False,
+    needs: Needs | None = None,
 ) -> Any:
     """A dataclass field that is also a command-line flag: its ``default``, its ``help`` (argparse's
     ``%(default)s`` allowed) and how the flag reads it. ``flag`` defaults to ``--field-name``
@@ -207,7 +318,9 @@ def setting(
     functions, called when the flag is made (a registry that grows at run time). ``text`` writes the
     default as the flag's text (``(1, 3)`` -> ``"1,3"``) and ``parse`` turns the flag's value into
     the field's (:func:`from_args`). The help is the field's documentation (:func:`field_help`).
-    A ``type=float`` flag reads its value with :func:`number` (a finite float)."""
+    A ``type=float`` flag reads its value with :func:`number` (a finite float). ``needs``: the
+    setting acts only where another setting holds a value (:class:`Needs`); given elsewhere it is
+    refused (:func:`refuse_inert`)."""
     meta = {
         "help": help,
         "flag": flag,
@@ -223,6 +336,7 @@ def setting(
         "exclusive": exclusive,
         "text": text,
         "parse": parse,
+        "needs": needs,
     }
     return field(
         default=default, kw_only=kw_only, metadata={k: v for k, v in meta.items() if v not in (None, False, ())}

@@ -342,7 +342,7 @@ def test_scan_dtype_flag_casts_the_weights(tiny_dir, text_file, tmp_path):
                 "induction",
                 "--no-verify",
                 "--no-metrics",
-                *SMALL_FLAGS,
+                *zoo.TINY_SCORE_FLAGS,  # no -k or --n-random: --no-verify refuses them
             ]
         )
         == 0

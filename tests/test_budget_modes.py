@@ -238,3 +238,59 @@ def test_docs_blocks_are_the_commands_output_line_for_line(capsys, command, expe
     if expected[:1] == ["..."]:
         expected, got = expected[1:], got[-(len(expected) - 1) :]
     assert got == expected
+
+
+def test_divisors_are_every_divisor_largest_first():
+    """Against trial division up to n (the old loop, the reference) for 1..600, and a large
+    composite whose divisors are known (2^40 * 3: 41 * 2 of them) in O(sqrt n) steps."""
+    from headprobe.probe.layout.cost import divisors
+
+    for n in range(1, 601):
+        assert divisors(n) == [d for d in range(n, 0, -1) if n % d == 0]
+    big = divisors(2**40 * 3)
+    assert len(big) == 82 and big[0] == 2**40 * 3 and big[-1] == 1 and big == sorted(big, reverse=True)
+
+
+def test_kv_positions_total_is_the_sum_over_layers():
+    from headprobe.probe.layout.attention import AttentionLayout
+    from headprobe.probe.layout.cost import kv_positions, kv_positions_total
+
+    layouts = [
+        AttentionLayout(d_model=64, n_layers=6, n_heads=4),
+        AttentionLayout(d_model=64, n_layers=6, n_heads=4, head_layers=(0, 2, 5)),
+        AttentionLayout(d_model=64, n_layers=4, n_heads=4, windows=(8, None, 3, None)),
+        AttentionLayout(d_model=64, n_layers=4, n_heads=4, windows=(8, None, 3, None), head_layers=(1, 2)),
+    ]
+    for lay in layouts:
+        for seq_len in (1, 5, 16):
+            assert kv_positions_total(lay, seq_len) == sum(kv_positions(lay, seq_len))
+        assert lay.n_attention_layers == len(lay.attention_layers)
+
+
+def test_recommend_for_a_huge_budget_builds_no_list_per_layer_or_head(monkeypatch):
+    """``budget --recommend --params 1e30`` took 4.5 minutes (a layout of 1.7e8 layers and 1.7e8
+    heads: kv_positions' list of every layer, divisors' loop to n_heads). Now neither runs: the
+    count is ``n_layers * seq_len`` and the KV heads tried are the divisors up to the cap. Old code:
+    the stubs below raise."""
+    from headprobe.probe.layout import cost
+
+    def refused(*a, **k):
+        raise AssertionError("a list of every layer, or a loop over every head count")
+
+    monkeypatch.setattr(cost, "kv_positions", refused)
+    monkeypatch.setattr(cost, "divisors", refused)
+    rec = cost.recommend(seq_len=8192, n_params=10**30, kv_limit_bytes=2**50)
+    assert rec.layout.n_layers > 10**8 and rec.layout.n_heads > 10**8
+    assert rec.kv_bytes_per_request == rec.layout.n_layers * 8192 * cost.kv_numbers_per_token_per_layer(rec.layout) * 2
+
+
+def test_recommends_kv_heads_from_the_divisors_up_to_the_cap():
+    """The largest divisor of n_heads not above the cap, as the old filter of every divisor chose."""
+    from headprobe.probe.layout.cost import divisors, recommend
+
+    for n_params in (135 * 10**6, 10**9, 8 * 10**9, 70 * 10**9):
+        for target in ("gpu-server", "edge"):
+            rec = recommend(seq_len=4096, n_params=n_params, target=target)
+            cap = {"gpu-server": 8, "edge": 4}[target]
+            want = [k for k in divisors(rec.layout.n_heads) if k <= cap][0]
+            assert rec.use_mla or rec.layout.n_kv_heads == want, (n_params, target)

@@ -14,6 +14,7 @@ from headprobe.cli import main
 
 DATA = ["--n-natural", "3", "--seq-len", "16", "--n-repeated", "2", "--period", "6"]
 SCAN = [*DATA, "-k", "2", "--n-random", "2", "--formats", "none"]
+SCORES = [*DATA, "--formats", "none", "--no-verify"]  # a scan without verification (which refuses -k and --n-random)
 
 
 @pytest.fixture(scope="module")
@@ -123,10 +124,7 @@ def test_view_and_atlas_say_the_windows_of_the_scan_they_redraw(tiny_dir, tiny_t
     records each scan's count beside its status."""
     scan, atlas = tmp_path / "scan", tmp_path / "atlas"
     model, text = ["--model", str(tiny_dir), "--device", "cpu"], ["--text", str(run_text)]
-    assert (
-        main(["scan", *model, *text, "--out", str(scan), *SCAN, "--no-verify", "--no-metrics", "--pattern-len", "0"])
-        == 0
-    )
+    assert main(["scan", *model, *text, "--out", str(scan), *SCORES, "--no-metrics", "--pattern-len", "0"]) == 0
     capsys.readouterr()
     expect = _expect(tiny_tokenizer, run_text, 15)
     assert main(["view", str(scan), *model, "--pattern-len", "8"]) == 0
@@ -149,7 +147,7 @@ def test_scan_says_and_records_the_windows_its_retrieval_needles_left_out(
     3: windows of 9 text tokens), apart from the natural text's 15: a note and a count for each."""
     out = tmp_path / "scan"
     model, text = ["--model", str(tiny_dir), "--device", "cpu"], ["--text", str(run_text), "--out", str(out)]
-    assert main(["scan", *model, *text, *SCAN, "--no-verify", "--pattern-len", "0"]) == 0
+    assert main(["scan", *model, *text, *SCORES, "--pattern-len", "0"]) == 0
     notes = _notes(capsys)
     natural, needles = _expect(tiny_tokenizer, run_text, 15), _expect(tiny_tokenizer, run_text, 9, "retrieval haystack")
     assert len(notes) == 2 and notes[0].startswith(natural) and notes[1].startswith(needles), notes

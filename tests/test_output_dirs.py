@@ -355,7 +355,7 @@ def test_overwrite_never_removes_the_runs_own_input(text_file, tmp_path, capsys)
     assert main(["train", "--out", str(m), "--steps", "4", "--warmup", "1", "--formats", "none"]) == 0
     before = _digests(m)
     capsys.readouterr()
-    argv = ["scan", "--model", str(m), "--text", str(text_file), *SMALL, "--no-metrics", "--no-verify"]
+    argv = ["scan", "--model", str(m), "--text", str(text_file), *zoo.TINY_SCORE_FLAGS, "--no-metrics", "--no-verify"]
     assert main([*argv, "--out", str(m), "--overwrite"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "would remove" in err[0] and str(m) in err[0], err

@@ -199,7 +199,7 @@ def test_the_import_probe_sees_torch_when_it_loads(tmp_path, tiny_dir):
             ["kv", "--out", "o", "--kv-budget", "0.5", "--loss-tolerance", "0.1"],
             "argument --loss-tolerance: not allowed with argument --kv-budget",
         ),
-        (["kv", "--out", "o", "--no-bos"], "unrecognized arguments: --no-bos"),
+        (["kv", "--out", "o", "--device-map", "auto"], "unrecognized arguments: --device-map"),  # --no-bos: taken now
     ],
 )
 def test_generated_flags_refuse_bad_input_before_torch_is_imported(tmp_path, argv, fragment):

@@ -153,7 +153,8 @@ def test_a_metric_reaches_the_csv_summary_figures_and_viewer(registered, model, 
 
     for record in _metric_records():
         registered(record.name, record, METRIC)
-    result = headprobe.scan(model, text=str(text_file), types="induction", verify=False, **SMALL_SCAN)
+    unverified = {k: v for k, v in SMALL_SCAN.items() if k not in ("k", "n_random")}  # refused with verify=False
+    result = headprobe.scan(model, text=str(text_file), types="induction", verify=False, **unverified)
     assert list(result.table.columns[-2:]) == ["sink_copy", "never"]  # after the built-in metrics
     # the reference: attention to position 0, every query included, head by head (Gu et al. 2024, eq. 1)
     pattern = capture_heads(model, result.natural.tokens)["pattern"]

@@ -164,3 +164,5 @@ TINY_SCAN_FLAGS = ["--n-natural", "3", "--seq-len", "16", "--n-repeated", "2", "
 TINY_SCAN_FLAGS += ["--n-random", "2", "--device", "cpu"]
 """``headprobe scan`` flags of the command-line tests' tiny scan: 3 x 16 natural tokens, 2 repeated
 sequences of period 6, k = 3 with 2 control sets, on the CPU."""
+TINY_SCORE_FLAGS = ["--n-natural", "3", "--seq-len", "16", "--n-repeated", "2", "--period", "6", "--device", "cpu"]
+"""The same with ``--no-verify`` in mind: without ``-k`` and ``--n-random``, which it refuses."""

@@ -85,15 +85,18 @@ class Command:
         settings.add_layout(parser, self.config_class(), self.flags)
 
     def execute(self, args: argparse.Namespace) -> int:
-        """Run the command on its parsed flags: the Config made (and checked), then the run target
-        imported and called.
+        """Run the command on its parsed flags: the Config made (and checked), the flags given
+        where they do nothing refused (:func:`~headprobe.settings.refuse_inert`), then the run
+        target imported and called.
 
         Raises:
-            HeadprobeError: a bad value (the Config's checks) or bad input found by the run.
+            HeadprobeError: a bad value (the Config's checks), a flag that does nothing with the
+                others, or bad input found by the run.
         """
         from headprobe import settings
 
         config = settings.from_args(self.config_class(), args)
+        settings.refuse_inert(config, settings.given_on_command_line(args))
         return resolve(self.run)(args, config)
 
     def function(self) -> Callable[..., Any] | None:

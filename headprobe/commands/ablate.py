@@ -29,7 +29,7 @@ from headprobe.options import positive_int
 from headprobe.probe.core import ablation_kinds
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import Head, all_heads, check_head_layers, heads_text, parse_heads
-from headprobe.settings import setting
+from headprobe.settings import Needs, setting
 
 HELP = "exact single-head ablation effect of every head (natural text, repeated tokens), gradient importance, CSV + heatmaps"
 
@@ -98,6 +98,7 @@ class AblateConfig(options.ModelRunConfig):
         "most sequences per forward pass in the sweep (default: as many as the memory "
         "budget holds, see --memory-budget; the header prints the choice)",
         type=positive_int,
+        needs=Needs("estimate", (None,)),
     )
     estimate: str | None = setting(
         None,
@@ -108,7 +109,10 @@ class AblateConfig(options.ModelRunConfig):
         choices=ESTIMATES,
     )
     n_probes: int = setting(
-        8, "sampled-target backward passes of --estimate second-order (default %(default)s)", type=positive_int
+        8,
+        "sampled-target backward passes of --estimate second-order (default %(default)s)",
+        type=positive_int,
+        needs=Needs("estimate", ("second-order",)),
     )
 
     def __post_init__(self):

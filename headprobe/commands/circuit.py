@@ -39,7 +39,7 @@ from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import check_head, check_receiver, parse_heads
-from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
+from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, Needs, setting, shared
 
 _CORE = ("CircuitResult", "run", "circuit")
 """Names of :mod:`headprobe.commands.circuit_core` (the run: torch), imported on first use."""
@@ -131,7 +131,9 @@ class CircuitConfig(ModelSettings):
     period: int = shared(DataSettings, "period", 12)
     seed: int = shared(DataSettings, "seed")
     method: str = setting("eap-ig", "edge attribution (default %(default)s)", choices=METHODS)
-    steps: int = setting(5, "EAP-IG integration steps (default %(default)s)", type=positive_int)
+    steps: int = setting(
+        5, "EAP-IG integration steps (default %(default)s)", type=positive_int, needs=Needs("method", ("eap-ig",))
+    )
     verify: int = setting(
         20, "path patch this many top edges and as many random ones exactly (default %(default)s; 0: none)", type=int
     )

@@ -38,7 +38,7 @@ from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.vocabulary import backend_lacks
-from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
+from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, Needs, setting, shared
 
 _CORE = ("KVResult", "run", "kv")
 """Names of :mod:`headprobe.commands.kv_core` (the run: torch), imported on first use."""
@@ -98,8 +98,7 @@ class KVConfig(ModelSettings):
     Attributes:
         model: model name or path (the native backend: policies mask its attention per KV group).
         device_map, max_memory: refused (not ``--device-map``: the per-group masks and the
-            streaming cache are checked on one device only); ``prepend_bos`` takes no flag (the command
-            always prepends BOS; from Python, this setting or a loaded model's own rule decides).
+            streaming cache are checked on one device only); ``prepend_bos``: ``--no-bos``, as scan's.
         text: a UTF-8 file instead of CPython's pydoc_data.topics.
         seq_len: tokens per sequence of both tasks (natural text and long-range). n_natural: natural-text windows.
         distances: long-range task: tokens from the planted block to its repeat (None: 1/4, 1/2,
@@ -137,6 +136,7 @@ class KVConfig(ModelSettings):
         "the policy's KV cache as a fraction of the full cache (default %(default)s)",
         type=float,
         exclusive="budget",
+        needs=Needs("loss_tolerance", (None,)),
     )
     loss_tolerance: float | None = setting(
         None,
@@ -235,7 +235,7 @@ class KVConfig(ModelSettings):
 
 
 FLAGS = (
-    Flags(group=ModelSettings, skip=("prepend_bos", "device_map", "max_memory")),
+    Flags(group=ModelSettings, skip=("device_map", "max_memory")),
     OUTPUT,
     Flags(
         only=(

@@ -553,4 +553,4 @@ kv = options.command_function(
 
 
 # No --device-map/--max-memory (the config refuses a device map: the per-group masks and the
-# streaming cache are checked on one device only) and no --no-bos (as ablate and prune).
+# streaming cache are checked on one device only); --no-bos as scan, ablate and prune.

@@ -25,7 +25,7 @@ from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.vocabulary import backend_lacks
-from headprobe.settings import setting
+from headprobe.settings import Needs, setting
 
 HELP = "head pruning methods compared (Michel gradient importance, L0 gates, random): one CSV + figure, optional pruned model"
 
@@ -124,28 +124,54 @@ class PruneConfig(options.ModelRunConfig):
         aliases=("--methods",),
         text=",".join,
     )
-    n_seeds: int = setting(3, "random orders drawn, shown as a band (default %(default)s)", type=positive_int)
+    n_seeds: int = setting(
+        3,
+        "random orders drawn, shown as a band (default %(default)s)",
+        type=positive_int,
+        needs=Needs("methods", ("random",), contains=True),
+    )
     l0_lambdas: tuple[float, ...] | str = setting(
         (1.0, 3.0, 10.0, 30.0, 100.0),
         "L0 penalty weights swept, increasing, in nats per whole model's heads (default %(default)s)",
         text=lambda lams: ",".join(f"{x:g}" for x in lams),
+        needs=Needs("methods", ("l0",), contains=True),
     )
-    l0_steps: int = setting(20, "Adam steps of the gates per penalty weight (default %(default)s)", type=positive_int)
+    l0_steps: int = setting(
+        20,
+        "Adam steps of the gates per penalty weight (default %(default)s)",
+        type=positive_int,
+        needs=Needs("methods", ("l0",), contains=True),
+    )
     per_layer: bool = setting(
         False,
         "also write per_layer.csv + figure: each layer reduced to its single best head (Michel et al. Table 2)",
         action="store_true",
     )
-    step_fraction: float = setting(0.1, "fraction of all heads removed per step (default %(default)s)", type=float)
-    max_fraction: float = setting(1.0, "stop after removing this fraction (default %(default)s)", type=float)
+    step_fraction: float = setting(
+        0.1,
+        "fraction of all heads removed per step (default %(default)s)",
+        type=float,
+        needs=Needs("methods", ("michel", "random"), contains=True),
+    )
+    max_fraction: float = setting(
+        1.0,
+        "stop after removing this fraction (default %(default)s)",
+        type=float,
+        needs=Needs("methods", ("michel", "random"), contains=True),
+    )
     rescore: bool = setting(
         True,
         "score importance once before pruning (as in the paper) instead of after every step",
         flag="--no-rescore",
         action="store_false",
+        needs=Needs("methods", ("michel",), contains=True),
     )
     normalize: bool = setting(
-        True, "skip per-layer L2 normalisation of importance", flag="--no-normalize", action="store_false"
+        True,
+        "skip per-layer L2 normalisation of importance",
+        flag="--no-normalize",
+        action="store_false",
+        needs=Needs("methods", ("michel",), contains=True),
     )
     save_pruned: bool = setting(
         False,
@@ -155,7 +181,10 @@ class PruneConfig(options.ModelRunConfig):
         action="store_true",
     )
     save_fraction: float = setting(
-        0.3, "fraction of heads removed in the saved model (default %(default)s)", type=float
+        0.3,
+        "fraction of heads removed in the saved model (default %(default)s)",
+        type=float,
+        needs=Needs("save_pruned", (True,)),
     )
 
     def __post_init__(self):

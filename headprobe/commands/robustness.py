@@ -17,7 +17,7 @@ from headprobe.analyses import vocabulary as vocab
 from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, context_fitted, setting
+from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, Needs, context_fitted, setting
 
 __getattr__ = lazy_names(
     __name__, "headprobe.commands.robustness_core", ("run", "robustness", "RobustnessResult", "Condition", "conditions")
@@ -91,12 +91,20 @@ class RobustnessConfig(ModelSettings, DataSettings):
         "zero,resample",
         "ablation kinds besides mean whose verdicts are compared (default %(default)s)",
         metavar="KIND[,KIND...]",
+        needs=Needs("vary", ("kind",), contains=True),
     )
-    control_seeds: int = setting(2, "extra seeds of the control draws (default %(default)s)", type=int, metavar="N")
+    control_seeds: int = setting(
+        2,
+        "extra seeds of the control draws (default %(default)s)",
+        type=int,
+        metavar="N",
+        needs=Needs("vary", ("seed",), contains=True),
+    )
     other_period: int | None = setting(
         None,
         "repeated block length of the other-period condition (default: 3/5 of --period, at least 4)",
         type=positive_int,
+        needs=Needs("vary", ("data",), contains=True),
     )
     n_boot: int = setting(
         2000, "bootstrap resamples of each stability interval (default %(default)s)", type=positive_int

@@ -32,7 +32,7 @@ from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import TextFile, open_text_file
-from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting
+from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, Needs, setting
 
 _CORE = (
     "run",
@@ -71,6 +71,8 @@ sharded over processes (torch.distributed, gloo on CPU, NCCL with one GPU per pr
 DEFAULT_SEQ_LEN = vocab.DEFAULT_SEQ_LEN  # natural-text tokens per sequence, unless the model's context is shorter
 DEFAULT_PERIOD = vocab.DEFAULT_PERIOD  # repeated block, unless two of them do not fit the context
 DEFAULT_K = 10  # heads ablated per type, unless that is more than a quarter of the model's heads
+VERIFIED = Needs("verify", (True,))
+"""Where the verification's settings act: not with ``--no-verify`` (refused there, :func:`~headprobe.settings.refuse_inert`)."""
 
 
 @dataclass(frozen=True)
@@ -118,35 +120,41 @@ class ScanConfig(ModelSettings, DataSettings):
         flag="--top-k",
         short="-k",
         type=positive_int,
+        needs=VERIFIED,
     )
     n_random: int = setting(
         50,
         "the most random control sets of k heads a verdict's test ablates; it stops earlier once "
         "its outcome at --alpha is settled (default %(default)s)",
         type=positive_int,
+        needs=VERIFIED,
     )
     alpha: float = setting(
         vocab.ALPHA,
         "significance level of the verdicts, after --correction (default %(default)s)",
         type=settings.probability,
+        needs=VERIFIED,
     )
     control: str = setting(
         "layer-matched",
         "control sets: as many heads per layer as the top-k set (layer-matched), or "
         "any heads (uniform) (default %(default)s)",
         choices=vocab.CONTROLS,
+        needs=VERIFIED,
     )
     correction: str = setting(
         vocab.CORRECTION,
         "multiple-testing correction over the run's verdicts: Benjamini-Hochberg "
         "(bh, false discovery rate) or Holm (family-wise error) (default %(default)s)",
         choices=vocab.CORRECTIONS,
+        needs=VERIFIED,
     )
     sequential: bool = setting(
         True,
         "ablate --n-random control sets for every test (no early stopping)",
         flag="--fixed-draws",
         action="store_false",
+        needs=VERIFIED,
     )
     keep_n_random: bool = setting(
         False,
@@ -154,6 +162,7 @@ class ScanConfig(ModelSettings, DataSettings):
         "its own under --correction (m/alpha - 1 for m tested types); by default it is raised, "
         "and the plan printed before the ablations says so",
         action="store_true",
+        needs=VERIFIED,
     )
     verify: bool = setting(
         True,

@@ -23,7 +23,7 @@ from pathlib import Path
 from headprobe import options
 from headprobe.commands import Command
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.settings import Flags, ModelSettings, positive_int, setting
+from headprobe.settings import Flags, ModelSettings, Needs, positive_int, setting
 
 HELP = "write DIR/index.html: an interactive, offline page of a scan's (or ablate run's) head scores and patterns"
 
@@ -73,7 +73,10 @@ class ViewConfig(ModelSettings):
     )
     model: str | None = None  # type: ignore[assignment]  # optional here (the patterns need it), required by the other commands
     pattern_len: int = setting(
-        128, "with --model: tokens per example in the computed patterns.npz (default %(default)s)", type=positive_int
+        128,
+        "with --model: tokens per example in the computed patterns.npz (default %(default)s)",
+        type=positive_int,
+        needs=Needs("model"),
     )
 
     def __post_init__(self):

@@ -21,7 +21,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from headprobe.probe.backends.base import HookFn, LoadedModel, _module_type, scored_loss
-from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError, padding_mask
 from headprobe.probe.hooks.names import UNEMBED_IN, attn_hook, block_hook
 from headprobe.probe.layout.attention import layout_from_hf_config, parallel_attn_mlp_from_hf_config
 from headprobe.probe.layout.spec import Checkpoint, ModelSpec
@@ -142,7 +142,7 @@ class BridgeModel(LoadedModel):
             HeadprobeError: an ``attention_mask`` with left (or inner) padding, or on an encoder.
         """
         if attention_mask is not None:
-            real = attention_mask.to(torch.bool)
+            real = padding_mask(attention_mask)
             right = bool((real[:, 1:] <= real[:, :-1]).all()) and bool(real[:, 0].all())  # 1...1 0...0 per row
             if not (self.spec.causal and right):
                 raise HeadprobeError(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError, InputValueError
 
 Head = tuple[int, int]
 """A head as ``(layer, head)``, both 0-indexed; printed as ``layer.head``."""
@@ -154,7 +154,21 @@ def read_heads(value: object, n_layers: int = ANY, n_heads: int = ANY, what: str
         else:
             raise TypeError(f"{what}: {item!r} is not a head ('l.h' or a (layer, head) pair of integers)")
     if not heads:
-        raise HeadprobeError(f"no heads given in {what}")
+        raise InputValueError(f"no heads given in {what}: give at least one, or None for all")
+    return heads
+
+
+def given_heads(heads: Sequence | None, what: str = "heads") -> list | None:
+    """An analysis's ``heads`` argument as a list, None (every head) as None.
+
+    Raises:
+        InputValueError: an empty list (an empty head axis, or a sweep of nothing), naming ``what``.
+    """
+    if heads is None:
+        return None
+    heads = list(heads)
+    if not heads:
+        raise InputValueError(f"{what} is empty: give at least one (layer, head), or None for all")
     return heads
 
 

@@ -32,6 +32,18 @@ _BYTE_UNITS = {
 _COUNT_UNITS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 
 
+def refuse_negative(text: object, what: str) -> None:
+    """Refuse a size or count written with a minus sign (``-1GiB``, ``-5e3``) as what it is: one
+    line, ``"--kv-limit must be positive, got -1GiB"``, rather than "not a size".
+
+    Raises:
+        HeadprobeError: ``text`` is a quantity (:data:`_QUANTITY`) after a leading minus sign.
+    """
+    t = str(text).strip()
+    if t.startswith("-") and _QUANTITY.match(t[1:]):
+        raise HeadprobeError(f"{what} must be positive, got {t}")
+
+
 def parse_bytes(text: str | int, what: str = "size", bare_at_least: int = 1) -> int:
     """A size in bytes: an int as given, or text like ``4GiB``, ``512 MiB``, ``1.5GB``, ``2e9``, ``1000``.
 
@@ -51,6 +63,7 @@ def parse_bytes(text: str | int, what: str = "size", bare_at_least: int = 1) -> 
     if isinstance(text, int):
         value, unit = text, "b"
     else:
+        refuse_negative(text, what)
         m = _QUANTITY.match(str(text))
         unit = m.group(2).lower() if m else ""
         if not m or unit not in _BYTE_UNITS:
@@ -67,12 +80,13 @@ def parse_bytes(text: str | int, what: str = "size", bare_at_least: int = 1) -> 
     return value
 
 
-def parse_count(text: str) -> int:
+def parse_count(text: str, what: str = "--params") -> int:
     """``"135M"``, ``"8B"``, ``"7e9"``, ``"1.5k"`` -> a count (decimal suffixes k, M, B/G, T).
 
     Raises:
         HeadprobeError: the text is not a positive count.
     """
+    refuse_negative(text, what)
     m = _QUANTITY.match(str(text))
     unit = m.group(2).lower() if m else None
     if not m or unit not in _COUNT_UNITS or float(m.group(1)) <= 0:

@@ -24,7 +24,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from headprobe.probe.core.errors import HeadprobeError, one_line_repr
+from headprobe.probe.core.errors import HeadprobeError, InputValueError, one_line_repr, padding_mask
 from headprobe.probe.hooks.ablation import HookCounter
 from headprobe.probe.hooks.names import attn_hook, block_hook
 
@@ -271,7 +271,8 @@ def check_capture_inputs(model: Any, tokens: Any, attention_mask: Any = None) ->
     Raises:
         TypeError: ``model`` not a loaded model, ``tokens`` not an integer tensor.
         HeadprobeError: ``tokens`` not ``[batch, pos]`` or ``[pos]``, empty, longer than the model's
-            context ``spec.n_ctx``, an id outside the vocabulary, or an ``attention_mask`` of another shape.
+            context ``spec.n_ctx``, an id outside the vocabulary, or an ``attention_mask`` of another
+            shape or with a value other than 0 and 1 (:class:`~headprobe.probe.core.errors.InputValueError`).
     """
     if not hasattr(model, "self_check") or not hasattr(model, "spec"):
         raise TypeError(
@@ -301,6 +302,8 @@ def check_capture_inputs(model: Any, tokens: Any, attention_mask: Any = None) ->
     ):
         shape = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
         raise HeadprobeError(f"attention_mask {shape} must be a tensor of the tokens' shape {tuple(tokens.shape)}")
+    if attention_mask is not None:
+        padding_mask(attention_mask)  # 0 and 1 only, refused before a hook is set
 
 
 def _as_list(values: Any, name: str) -> Sequence[int] | None:
@@ -309,6 +312,7 @@ def _as_list(values: Any, name: str) -> Sequence[int] | None:
 
     Raises:
         TypeError: ``values`` neither an index nor a sequence (``layers=1.0``, a string), naming ``name``.
+        InputValueError: an empty sequence (``heads=[]``: an empty head axis), naming ``name``.
     """
     import operator
 
@@ -322,6 +326,9 @@ def _as_list(values: Any, name: str) -> Sequence[int] | None:
         raise TypeError(
             f"{name} must be an int or a sequence of ints, got {one_line_repr(values)} ({type(values).__name__})"
         )
+    values = list(values)
+    if not values:  # an empty axis in every tensor returned
+        raise InputValueError(f"{name} is empty: give at least one index, or None for all")
     return values
 
 

@@ -231,6 +231,11 @@ class AttentionLayout:
         return self.with_kv_heads(self.n_heads)
 
     @property
+    def n_attention_layers(self) -> int:
+        """How many layers have heads: ``len(attention_layers)``, without its tuple of every layer."""
+        return self.n_layers if self.head_layers is None else len(self.head_layers)
+
+    @property
     def attention_layers(self) -> tuple[int, ...]:
         """The layers with heads, in order (``head_layers``, or every layer)."""
         return tuple(range(self.n_layers)) if self.head_layers is None else self.head_layers

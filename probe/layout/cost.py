@@ -165,7 +165,7 @@ def attention_params_per_layer(layout: AttentionLayout) -> int:
 def attention_params(layout: AttentionLayout) -> int:
     """Attention parameters of the whole model: ``attention_params_per_layer`` times the layers with
     heads (every layer, or a hybrid's ``head_layers``; its linear-attention layers are not counted). A count."""
-    return len(layout.attention_layers) * attention_params_per_layer(layout)
+    return layout.n_attention_layers * attention_params_per_layer(layout)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,9 +207,7 @@ def kv_bytes_per_token(layout: AttentionLayout, decompressed: bool = False) -> i
     Sliding windows are not applied: this is what each token costs while it is inside every
     layer's window (see :func:`kv_bytes_per_request` for a whole sequence).
     """
-    return (
-        kv_numbers_per_token_per_layer(layout, decompressed) * len(layout.attention_layers) * layout.bytes_per_element
-    )
+    return kv_numbers_per_token_per_layer(layout, decompressed) * layout.n_attention_layers * layout.bytes_per_element
 
 
 def kv_positions(layout: AttentionLayout, seq_len: int) -> list[int]:
@@ -231,6 +229,20 @@ def kv_positions(layout: AttentionLayout, seq_len: int) -> list[int]:
     return [0 if l not in heads else seq_len if w is None else min(seq_len, w) for l, w in enumerate(windows)]
 
 
+def kv_positions_total(layout: AttentionLayout, seq_len: int) -> int:
+    """``sum(kv_positions(layout, seq_len))``, the positions all layers cache for one sequence,
+    without a list per layer where no layer is windowed (``n_attention_layers * seq_len``): a
+    layout from ``budget --recommend --params 1e30`` has 1.7e8 layers.
+
+    Raises:
+        HeadprobeError: ``seq_len`` is not a positive integer.
+    """
+    if layout.windows is None:
+        _check_positive("seq_len", seq_len)
+        return layout.n_attention_layers * seq_len
+    return sum(kv_positions(layout, seq_len))
+
+
 def kv_bytes_per_request(layout: AttentionLayout, seq_len: int, batch: int = 1, decompressed: bool = False) -> int:
     """KV cache of ``batch`` sequences of ``seq_len`` tokens, in bytes:
     ``sum over layers of kv_positions * kv_numbers_per_token_per_layer * bytes_per_element * batch``.
@@ -243,7 +255,7 @@ def kv_bytes_per_request(layout: AttentionLayout, seq_len: int, batch: int = 1, 
     """
     _check_workload(seq_len, batch)
     per_position = kv_numbers_per_token_per_layer(layout, decompressed) * layout.bytes_per_element
-    return sum(kv_positions(layout, seq_len)) * per_position * batch
+    return kv_positions_total(layout, seq_len) * per_position * batch
 
 
 #: The answer of :func:`max_tokens_in_kv` when every layer is windowed and the windows fit.
@@ -416,7 +428,9 @@ def layer_windows(layout: AttentionLayout) -> list[tuple[int | None, int]]:
     """The kinds of layer of ``layout`` as ``(window, n_layers)``: the global layers first
     (window None) if there are any, then each sliding window (positions) in increasing order,
     with how many of the ``n_layers`` layers have it. ``[(None, n_layers)]`` without windows."""
-    windows = layout.windows or (None,) * layout.n_layers
+    if layout.windows is None:  # no list of n_layers entries (1.7e8 at --recommend --params 1e30)
+        return [(None, layout.n_layers)]
+    windows = layout.windows
     sizes = sorted({w for w in windows if w is not None})
     return [(w, windows.count(w)) for w in ([None] if None in windows else []) + sizes]
 
@@ -874,8 +888,11 @@ def preset(name: str, bytes_per_element: int | None = None) -> AttentionLayout:
 
 
 def divisors(n: int) -> list[int]:
-    """The positive divisors of ``n``, largest first."""
-    return sorted((d for d in range(1, n + 1) if n % d == 0), reverse=True)
+    """The positive divisors of ``n``, largest first: each pair ``(d, n // d)`` with ``d`` up to
+    ``sqrt(n)``, ``O(sqrt n)`` steps (``budget --recommend --params 1e30`` proposes 1.7e8 heads;
+    the loop to ``n`` took minutes)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)}, reverse=True)
 
 
 def compare_kv_heads(
@@ -1046,7 +1063,8 @@ def recommend(
         return kv_limit_bytes is None or kv_bytes_per_request(lay, seq_len, batch) <= kv_limit_bytes
 
     cap = min(_KV_HEAD_CAP[target], base.n_heads)
-    fitting = [k for k in divisors(base.n_heads) if k <= cap and fits(base.with_kv_heads(k))]
+    # the divisors of n_heads up to the cap, largest first: cap steps, whatever the head count
+    fitting = [k for k in range(cap, 0, -1) if base.n_heads % k == 0 and fits(base.with_kv_heads(k))]
     gqa = base.with_kv_heads(fitting[0] if fitting else 1)
     mla = replace(base, kv_lora_rank=4 * d_head, qk_rope_head_dim=d_head // 2)
     assert gqa.n_kv_heads is not None  # filled by AttentionLayout.__post_init__

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError, padding_mask
 from headprobe.probe.layout.attention import KVPolicy
 from headprobe.probe.model.attention import QKV as QKV
 from headprobe.probe.model.attention import STREAMING_MASK_ENTRIES as STREAMING_MASK_ENTRIES
@@ -322,7 +322,7 @@ class Transformer(HookedRootModule):
             positions = torch.arange(past, past + T, device=tokens.device).expand(B, T)
             padding = None
         else:  # each layer's attention masks the padding keys (key_mask)
-            padding = attention_mask.to(torch.bool)
+            padding = padding_mask(attention_mask)
             positions = (padding.long().cumsum(-1) - 1).clamp(min=0)
 
         tok_embed, pos_embed = self.embed(tokens, positions)

@@ -1,0 +1,123 @@
+"""Flags given where they do nothing (``scan --keep-n-random --no-verify``, ``circuit --method eap
+--steps 3``) are refused in one line before any work (:func:`headprobe.settings.refuse_inert`, from
+each setting's ``needs``), from the command line and from Python; a flag left at its default, or a
+keyword passed at its default, is not."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from headprobe.cli import main
+from headprobe.probe.core.errors import HeadprobeError
+
+INERT = [
+    (["scan", "--no-verify", "--keep-n-random"], "--keep-n-random only acts without --no-verify"),
+    (["scan", "--no-verify", "--fixed-draws"], "--fixed-draws only acts without --no-verify"),
+    (["scan", "--no-verify", "--n-random", "20"], "--n-random only acts without --no-verify"),
+    (["scan", "--no-verify", "--top-k", "3"], "--top-k only acts without --no-verify"),
+    (["circuit", "--method", "eap", "--steps", "3"], "--steps only acts with --method eap-ig, not --method eap"),
+    (
+        ["ablate", "--estimate", "gradient", "--n-probes", "4"],
+        "--n-probes only acts with --estimate second-order, not --estimate gradient",
+    ),
+    (["ablate", "--estimate", "atp", "--max-batch", "2"], "--max-batch only acts without --estimate"),
+    (["prune", "--save-fraction", "0.5"], "--save-fraction only acts with --save-pruned"),
+    (["prune", "--method", "michel", "--l0-steps", "3"], "--l0-steps only acts with l0 in --method"),
+    (["prune", "--method", "l0", "--n-seeds", "2"], "--n-seeds only acts with random in --method"),
+    (["prune", "--method", "random", "--no-rescore"], "--no-rescore only acts with michel in --method"),
+    (["robustness", "--vary", "data", "--kinds", "zero"], "--kinds only acts with kind in --vary"),
+    (["robustness", "--vary", "kind", "--other-period", "7"], "--other-period only acts with data in --vary"),
+]
+
+
+@pytest.mark.parametrize("argv, said", INERT, ids=[" ".join(a) for a, _ in INERT])
+def test_a_flag_that_does_nothing_is_refused_in_one_line(tmp_path, capsys, monkeypatch, argv, said):
+    """Old code: the run went on (the flag ignored; here it reaches the stubbed model load); now
+    exit 2 before the model loads, one line naming the flag and what it needs, --out never made."""
+    from headprobe import options
+
+    monkeypatch.setattr(options, "load_for", _stop)
+    out = tmp_path / "out"
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("headprobe: error: ") and said in err[0], err
+    assert not out.exists()
+
+
+def test_view_pattern_len_needs_model(tmp_path, capsys):
+    assert main(["view", str(tmp_path), "--pattern-len", "64"]) == 2
+    assert "--pattern-len only acts with --model" in capsys.readouterr().err
+
+
+def _stop(config):
+    raise HeadprobeError("stub: past the checks")
+
+
+def _given(argv):
+    from headprobe.cli import build_parser
+    from headprobe.settings import given_on_command_line
+
+    return set(given_on_command_line(build_parser(argv[0]).parse_args(argv))) - {"out"}
+
+
+def test_only_flags_given_with_another_value_count_as_given():
+    """The parser's defaults, through each flag's type (prune's --l0-lambdas is text), are not
+    "given"; the same value typed out is accepted, as it changes nothing."""
+    assert _given(["prune", "--out", "o"]) == set()
+    assert _given(["prune", "--out", "o", "--save-fraction", "0.3", "--method", "michel"]) == {"methods"}
+    assert _given(["prune", "--out", "o", "--l0-lambdas", "1,3"]) == {"l0_lambdas"}
+    assert _given(["circuit", "--out", "o", "--method", "eap", "--steps", "5"]) == {"method"}
+    assert _given(["scan", "--out", "o", "--no-verify", "--seq-len", "9"]) == {"verify", "seq_len"}
+
+
+def test_the_default_values_of_inert_flags_still_run(tmp_path, capsys, monkeypatch):
+    """The same commands without the inert flag get past the check (to the model load, stubbed)."""
+    from headprobe import options
+
+    monkeypatch.setattr(options, "load_for", _stop)
+    for argv in (["scan", "--no-verify"], ["circuit", "--method", "eap", "--steps", "5"], ["prune", "--method", "l0"]):
+        assert main([*argv, "--out", str(tmp_path / "o")]) == 2
+        assert "stub: past the checks" in capsys.readouterr().err
+
+
+def test_the_python_functions_refuse_the_same_and_accept_defaults(monkeypatch):
+    import headprobe
+    from headprobe import options
+
+    monkeypatch.setattr(options, "load_for", _stop)
+    with pytest.raises(HeadprobeError, match="--keep-n-random only acts without --no-verify"):
+        headprobe.scan("smollm2-135m", verify=False, keep_n_random=True)
+    with pytest.raises(HeadprobeError, match="--steps only acts with --method eap-ig"):
+        headprobe.circuit("smollm2-135m", method="eap", steps=3)
+    with pytest.raises(HeadprobeError, match="--n-probes only acts with --estimate second-order"):
+        headprobe.ablate("smollm2-135m", estimate="gradient", n_probes=4)
+    with pytest.raises(HeadprobeError, match="--save-fraction only acts with --save-pruned"):
+        headprobe.prune("smollm2-135m", save_fraction=0.5)
+    for call in (  # a default passed by name is accepted
+        lambda: headprobe.scan("smollm2-135m", verify=False, keep_n_random=False, n_random=50),
+        lambda: headprobe.circuit("smollm2-135m", method="eap", steps=5),
+        lambda: headprobe.prune("smollm2-135m", save_fraction=0.3, save_pruned=False),
+    ):
+        with pytest.raises(HeadprobeError, match="stub: past the checks"):
+            call()
+
+
+def test_every_needs_names_a_setting_of_its_command():
+    """A ``needs`` whose field the Config lacks would never refuse: each names a field of the
+    Config that declares it (a Config that inherits one without that field, none here, is skipped
+    on purpose by refuse_inert)."""
+    from headprobe.commands import COMMANDS
+    from headprobe.settings import _meta
+
+    seen = 0
+    for name in COMMANDS.names():
+        cls = COMMANDS.get(name).config_class()
+        fields = {f.name for f in dataclasses.fields(cls)}
+        for f in fields:
+            needs = _meta(cls, f).get("needs")
+            if needs is not None:
+                seen += 1
+                assert needs.field in fields, (name, f, needs)
+    assert seen >= 15
