@@ -376,7 +376,7 @@ def test_a_python_results_save_never_removes_its_runs_input(text_file, tmp_path,
     m = tmp_path / "m"
     assert main(["train", "--out", str(m), "--steps", "4", "--warmup", "1", "--formats", "none"]) == 0
     before = _digests(m)
-    argv = ["scan", "--model", str(m), "--text", str(text_file), *SMALL, "--no-metrics", "--no-verify"]
+    argv = ["scan", "--model", str(m), "--text", str(text_file), *zoo.TINY_SCORE_FLAGS, "--no-metrics", "--no-verify"]
     assert main([*argv, "--out", str(m), "--overwrite"]) == 2
     cli_line = capsys.readouterr().err.strip().removeprefix("headprobe: error: ")
     small = dict(text=str(text_file), n_natural=2, seq_len=12, n_repeated=2, period=5, device="cpu")

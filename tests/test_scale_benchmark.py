@@ -64,7 +64,7 @@ def test_sweep_flops_is_what_exact_sweep_multiplies(tiny_llama_gqa_native):
     B, T = 2, 11
     tokens = torch.randint(0, sp.d_vocab, (B, T), generator=torch.Generator().manual_seed(0))
     exact_sweep(model, tokens, heads=[(0, 0)])  # anything done once per model (its self-check) is not the sweep's
-    for heads, first in (([], 0), ([(0, 1)], 0), ([(1, 2)], 3), ([(0, 0), (0, 5), (1, 7)], 0)):
+    for heads, first in (([(0, 1)], 0), ([(1, 2)], 3), ([(0, 0), (0, 5), (1, 7)], 0)):  # [] is refused
         with FlopCounterMode(display=False) as counter:
             exact_sweep(model, tokens, heads=heads, first=first, max_batch=B)
         counted = counter.get_total_flops()
