@@ -343,18 +343,23 @@ def setting(
     )
 
 
-def shared(group, name: str, default: Any = dataclasses.MISSING, *, help: str | None = None) -> Any:
+def shared(
+    group, name: str, default: Any = dataclasses.MISSING, *, help: str | None = None, needs: Needs | None = None
+) -> Any:
     """Field ``name`` of settings ``group`` (:class:`DataSettings`, ...) for a Config that takes only
     some of the group's fields: the group's declaration -- help, flag, type, choices, so
     :func:`add_flags` makes the same flag -- with ``default`` (else the group's). Its value is
     checked by :func:`check_settings` as a composed field is (the Config's ``__post_init__`` must
     call it, e.g. through :class:`ModelSettings`'). ``help``: the command's own text for the flag.
+    ``needs``: where the setting acts in this Config alone (:class:`Needs`); a Config that composes
+    the group redeclares the field with it (``view``'s ``device`` acts only with ``--model``), and the
+    field keeps its place in the field order.
 
     Raises:
         KeyError: ``group`` has no field ``name``.
     """
     f = group.__dataclass_fields__[name]
-    metadata = f.metadata if help is None else {**f.metadata, "help": help}
+    metadata = {**f.metadata, **({} if help is None else {"help": help}), **({} if needs is None else {"needs": needs})}
     return field(default=f.default if default is dataclasses.MISSING else default, metadata=metadata)
 
 

@@ -121,3 +121,45 @@ def test_every_needs_names_a_setting_of_its_command():
                 seen += 1
                 assert needs.field in fields, (name, f, needs)
     assert seen >= 15
+
+
+VIEW_LOADING = [
+    ["--device", "cpu"],
+    ["--dtype", "bf16"],
+    ["--backend", "native"],
+    ["--device-map", "auto"],
+    ["--threads", "2"],
+    ["--memory-budget", "1GiB"],
+]
+
+
+@pytest.mark.parametrize("flag", VIEW_LOADING, ids=[f[0] for f in VIEW_LOADING])
+def test_view_loading_flags_need_model(tmp_path, capsys, flag):
+    """view shares ModelSettings with the commands that always load a model, where these always act;
+    view's Config redeclares them with ``needs`` (settings.shared). Old code: accepted and ignored
+    (the run went on to read DIR, here a folder without a scan: another error)."""
+    assert main(["view", str(tmp_path), *flag]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"headprobe: error: {flag[0]} only acts with --model: add --model or leave {flag[0]} out"]
+    assert not (tmp_path / "index.html").exists()
+
+
+def test_view_loading_flags_at_their_default_or_with_model_pass_the_check(tmp_path, capsys, monkeypatch):
+    from headprobe import options
+
+    monkeypatch.setattr(options, "load_for", _stop)
+    assert main(["view", str(tmp_path), "--dtype", "float32", "--device", "auto"]) == 2
+    assert "holds neither" in capsys.readouterr().err  # past the check, to reading DIR
+    assert main(["view", str(tmp_path), "--model", "smollm2-135m", "--device", "cpu"]) == 2
+    assert "holds neither" in capsys.readouterr().err
+
+
+def test_view_python_function_refuses_loading_settings_without_model(tmp_path):
+    import headprobe
+
+    with pytest.raises(HeadprobeError, match="^--dtype only acts with --model"):
+        headprobe.view(tmp_path, dtype="bfloat16")
+    with pytest.raises(HeadprobeError, match="^--pattern-len only acts with --model"):
+        headprobe.view(tmp_path, pattern_len=64)
+    with pytest.raises(HeadprobeError, match="holds neither"):  # a default passed by name is accepted
+        headprobe.view(tmp_path, dtype="float32")

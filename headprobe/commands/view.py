@@ -23,7 +23,7 @@ from pathlib import Path
 from headprobe import options
 from headprobe.commands import Command
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.settings import Flags, ModelSettings, Needs, positive_int, setting
+from headprobe.settings import Flags, ModelSettings, Needs, given_in_python, positive_int, refuse_inert, setting, shared
 
 HELP = "write DIR/index.html: an interactive, offline page of a scan's (or ablate run's) head scores and patterns"
 
@@ -48,6 +48,8 @@ class ViewConfig(ModelSettings):
         circuit: a ``headprobe circuit`` output directory (summary.json, circuit.svg or .png) of
             the same model, shown in a section of its own.
         model: compute patterns.npz with this model when DIR (a scan) has none; None: never load a model.
+        device, dtype, backend, device_map, max_memory, threads, memory_budget: how ``model`` loads;
+            given without it they would do nothing and are refused (:class:`~headprobe.settings.Needs`).
         prepend_bos: not view's to set (no flag): the patterns are computed with the scan's BOS
             setting (its summary.json); False is refused.
         pattern_len: tokens per example when computing patterns (>= 2).
@@ -72,6 +74,14 @@ class ViewConfig(ModelSettings):
         metavar="DIR3",
     )
     model: str | None = None  # type: ignore[assignment]  # optional here (the patterns need it), required by the other commands
+    # how the model loads: without --model none loads, so each is refused there (settings.refuse_inert)
+    device: str = shared(ModelSettings, "device", needs=Needs("model"))
+    dtype: str = shared(ModelSettings, "dtype", needs=Needs("model"))
+    backend: str = shared(ModelSettings, "backend", needs=Needs("model"))
+    device_map: str | None = shared(ModelSettings, "device_map", needs=Needs("model"))
+    max_memory: str | dict | None = shared(ModelSettings, "max_memory", needs=Needs("model"))
+    threads: int | None = shared(ModelSettings, "threads", needs=Needs("model"))
+    memory_budget: str | None = shared(ModelSettings, "memory_budget", needs=Needs("model"))
     pattern_len: int = setting(
         128,
         "with --model: tokens per example in the computed patterns.npz (default %(default)s)",
@@ -265,7 +275,7 @@ def view(
         Path: the page written, ``dir``/index.html (self-contained, offline).
 
     Raises:
-        HeadprobeError: as :func:`run`.
+        HeadprobeError: as :func:`run`; a loading setting or ``pattern_len`` given without ``model``.
         TypeError: an unknown keyword.
     """
     config = ViewConfig(
@@ -275,6 +285,7 @@ def view(
         circuit=None if circuit is None else str(circuit),
         **load,
     )
+    refuse_inert(config, given_in_python(ViewConfig, {"model": model, **load}))  # device= without model=: as the flags
     if model is None:  # no model loads (nor torch)
         return run(config)
     with options.own_run():  # threads= is this run's, not the process's from now on
