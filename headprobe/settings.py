@@ -185,11 +185,15 @@ class Needs:
     any value but None). A flag given where it would do nothing is refused before any work
     (:func:`refuse_inert`), so ``--steps`` with ``--method eap`` is not accepted in silence. A
     Config without ``field`` (a command that shares the setting but always runs it) never refuses.
+    ``field`` may also name a property of the Config that several settings decide (``atlas``'s
+    ``trains_toy``: ``toy`` in ``--models``, or ``--models`` left out without ``--checkpoints``);
+    ``said`` then words the condition and the fix, as the refusal's end (``"when ...: add ..."``).
     """
 
     field: str
     values: tuple = ()
     contains: bool = False
+    said: str = ""
 
     def met(self, config) -> bool:
         """Whether ``config`` (a Config holding ``field``) is where the setting acts."""
@@ -206,6 +210,8 @@ class Needs:
         its flag and the flag (and value) it needs."""
         cls = type(config)
         flag, other = flag_names(cls).get(name, name), flag_names(cls).get(self.field, self.field)
+        if self.said:
+            return f"{flag} only acts {self.said}"
         value = getattr(config, self.field)
         switch = switch_value(cls, self.field)
         if switch:  # a store_true/store_false flag: with it, or without it
@@ -237,8 +243,13 @@ def refuse_inert(config, given) -> None:
     fields = getattr(cls, "__dataclass_fields__", {})
     for name in given:
         needs = _meta(cls, name).get("needs") if name in fields else None
-        if needs is not None and needs.field in fields and not needs.met(config):
+        if needs is not None and decides(cls, needs.field) and not needs.met(config):
             raise HeadprobeError(needs.line(config, name))
+
+
+def decides(cls, name: str) -> bool:
+    """Whether Config ``cls`` holds ``name``, a :class:`Needs`' ``field``: a field, or a property."""
+    return name in getattr(cls, "__dataclass_fields__", {}) or isinstance(getattr(cls, name, None), property)
 
 
 def parsed_defaults(parser: argparse.ArgumentParser) -> dict[str, Any]:

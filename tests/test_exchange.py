@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 
 from headprobe.cli import main
+from headprobe.probe.core.errors import HeadprobeError
 
 SMALL_SCAN = [
     "--device",
@@ -579,7 +580,7 @@ def test_import_prints_the_model_header_first_as_the_other_commands_do(tiny_dir,
 
 def test_import_reads_scans_own_csv_table_and_says_when_top_k_does_not_apply(runs, tmp_path, tiny_dir, text_file):
     """scan's head_scores.csv is a head table: import checks its top k by the column asked (the
-    reference: the table's own ranking in pandas); a list file names its heads, and -k says so."""
+    reference: the table's own ranking in pandas); a list file names its heads, and -k is refused."""
     import pandas as pd
 
     from headprobe.analyses.exchange import read_head_file
@@ -592,10 +593,8 @@ def test_import_reads_scans_own_csv_table_and_says_when_top_k_does_not_apply(run
     assert got.kind == "csv" and sorted(got.heads) == want and got.rule == "the top 3 heads by induction"
     (tmp_path / "heads.txt").write_text("0.1\n1.2\n")
     small = dict(text=str(text_file), device="cpu", n_random=2, keep_n_random=True, seq_len=16, n_natural=2)
-    result = import_heads(str(tiny_dir), heads_file=str(tmp_path / "heads.txt"), k=4, period=6, n_repeated=2, **small)
-    assert (
-        "--top-k: for score files (HeadKV, Parquet, CSV); a list file names its heads, all checked" in result.report()
-    )
+    with pytest.raises(HeadprobeError, match="^--top-k only acts on score files .* a list file, which names its heads"):
+        import_heads(str(tiny_dir), heads_file=str(tmp_path / "heads.txt"), k=4, period=6, n_repeated=2, **small)
 
 
 @pytest.mark.parametrize("kind", ["kv", "circuit"])

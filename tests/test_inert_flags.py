@@ -106,10 +106,10 @@ def test_the_python_functions_refuse_the_same_and_accept_defaults(monkeypatch):
 
 def test_every_needs_names_a_setting_of_its_command():
     """A ``needs`` whose field the Config lacks would never refuse: each names a field of the
-    Config that declares it (a Config that inherits one without that field, none here, is skipped
-    on purpose by refuse_inert)."""
+    Config that declares it, or a property of it (atlas' trains_toy) (a Config that inherits one
+    without that field, none here, is skipped on purpose by refuse_inert)."""
     from headprobe.commands import COMMANDS
-    from headprobe.settings import _meta
+    from headprobe.settings import _meta, decides
 
     seen = 0
     for name in COMMANDS.names():
@@ -119,7 +119,7 @@ def test_every_needs_names_a_setting_of_its_command():
             needs = _meta(cls, f).get("needs")
             if needs is not None:
                 seen += 1
-                assert needs.field in fields, (name, f, needs)
+                assert decides(cls, needs.field), (name, f, needs)
     assert seen >= 15
 
 
@@ -163,3 +163,86 @@ def test_view_python_function_refuses_loading_settings_without_model(tmp_path):
         headprobe.view(tmp_path, pattern_len=64)
     with pytest.raises(HeadprobeError, match="holds neither"):  # a default passed by name is accepted
         headprobe.view(tmp_path, dtype="float32")
+
+
+def test_atlas_toy_steps_needs_a_toy_model(tmp_path, capsys):
+    """Old code: accepted and ignored (no toy model is trained); the run went on (here: to a
+    model that cannot be found, another error). The property trains_toy decides it from --models and
+    --checkpoints together (a Needs on a property, its condition in words)."""
+    from headprobe.commands.atlas import AtlasConfig
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step-5").mkdir(parents=True)
+    for argv in (["--models", "no-such-model-x"], ["--checkpoints", str(run)]):
+        out = tmp_path / "out"
+        assert main(["atlas", *argv, "--toy-steps", "5", "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("headprobe: error: --toy-steps only acts when toy is among"), err
+        assert not out.exists()
+    assert AtlasConfig().trains_toy and AtlasConfig(models=("toy", "gpt2")).trains_toy
+    assert not AtlasConfig(models=("gpt2",)).trains_toy
+    assert (
+        not AtlasConfig(checkpoints=str(run)).trains_toy and AtlasConfig(checkpoints=str(run), models="toy").trains_toy
+    )
+
+
+def test_atlas_python_function_refuses_toy_steps_without_toy(tmp_path):
+    import headprobe
+
+    with pytest.raises(HeadprobeError, match="^--toy-steps only acts when toy is among the models"):
+        headprobe.atlas(out=tmp_path / "a", models=("no-such-model-x",), toy_steps=5)
+    assert not (tmp_path / "a").exists()
+
+
+EXPORT_INERT = [
+    (["--format", "headkv", "--sink", "4"], "--sink only acts with --format duo or all, not --format headkv"),
+    (["--format", "parquet", "--recent", "64"], "--recent only acts with --format duo or all, not --format parquet"),
+    (
+        ["--format", "mib", "--score", "induction"],
+        "--score only acts with --format duo or headkv or all, not --format mib",
+    ),
+]
+
+
+@pytest.mark.parametrize("argv, said", EXPORT_INERT, ids=[" ".join(a) for a, _ in EXPORT_INERT])
+def test_export_flags_the_format_makes_inert_are_refused_before_the_source_is_read(tmp_path, capsys, argv, said):
+    """Decided by --format alone, so refused before the source is read. Old code: read the source
+    first (here a folder that is none: 'is not a folder'), and refused only once it was read."""
+    out = tmp_path / "out"
+    assert main(["export", "--from", str(tmp_path / "nowhere"), "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0], err
+    assert not out.exists()
+
+
+def test_export_python_function_refuses_the_same(tmp_path):
+    import headprobe
+
+    with pytest.raises(HeadprobeError, match="^--sink only acts with --format duo or all"):
+        headprobe.export(str(tmp_path / "nowhere"), format="headkv", sink=4)
+
+
+IMPORT_INERT = [
+    (["-k", "3"], "--top-k only acts on score files (HeadKV, Parquet, CSV); "),
+    (["--score", "induction"], "--score only acts on score files"),
+    (["--kv"], "--kv only acts on a DuoAttention or policy file"),
+]
+
+
+@pytest.mark.parametrize("argv, said", IMPORT_INERT, ids=[" ".join(a) for a, _ in IMPORT_INERT])
+def test_import_flags_a_list_file_makes_inert_are_refused_before_the_model_loads(
+    tmp_path, capsys, monkeypatch, argv, said
+):
+    """A layer.head list names its heads (no score to rank, no KV policy): known once the file is
+    read, in the preflight, before the weights load. Old code: a NOTE after the whole verification
+    (here it reached the stubbed load)."""
+    from headprobe import options
+
+    monkeypatch.setattr(options, "load_for", _stop)
+    heads = tmp_path / "heads.txt"
+    heads.write_text("0.1\n1.2\n")
+    assert main(["import", "--heads-file", str(heads), "--model", "smollm2-135m", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0] and "a list file" in err[0], err
+    assert main(["import", "--heads-file", str(heads), "--model", "smollm2-135m"]) == 2  # without it: to the load
+    assert "stub: past the checks" in capsys.readouterr().err

@@ -50,7 +50,7 @@ from headprobe.commands import Command, lazy_names, resolve
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import prepare_output_dir
-from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
+from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, Needs, setting, shared
 
 _CORE = ("AtlasResult", "toy_train_config", "run", "atlas")
 """Names of :mod:`headprobe.commands.atlas_core` (the scans and the atlas: torch), imported on first use."""
@@ -209,7 +209,17 @@ class AtlasConfig(ModelSettings, DataSettings):
     pattern_len: int = setting(
         64, "tokens of each head's pattern kept per model for headprobe view (default %(default)s; 0: none)", type=int
     )
-    toy_steps: int = setting(1200, "training steps of the toy model (default %(default)s)", type=positive_int)
+    toy_steps: int = setting(
+        1200,
+        f"training steps of the {TOY} model, where one is among the models (default %(default)s)",
+        type=positive_int,
+        needs=Needs(
+            "trains_toy",
+            (True,),
+            said=f"when {TOY} is among the models (named in --models, or --models left out without --checkpoints): "
+            f"add {TOY} to --models or leave --toy-steps out",
+        ),
+    )
     model_figures: bool = setting(
         True,
         "write only each model's tables, patterns and viewer page, not its scan figures (faster)",
@@ -239,6 +249,14 @@ class AtlasConfig(ModelSettings, DataSettings):
         self.scan_config("smollm2-135m").preflight()  # the scan's own checks (n_random, k, text file, dtype ...)
         if self.checkpoints is not None:
             snapshot_dirs(self.checkpoints)
+
+    @property
+    def trains_toy(self) -> bool:
+        """Whether the run trains the :data:`TOY` model: named in ``models``, or ``models`` left to the
+        defaults (which hold it) without ``checkpoints`` (whose snapshots are then the only models)."""
+        if self.models is None:
+            return self.checkpoints is None
+        return TOY in self.models
 
     def scan_config(self, model: str):
         """The :class:`~headprobe.commands.scan.ScanConfig` every model is scanned with."""

@@ -360,10 +360,13 @@ def atlas(*, out: str | Path, overwrite: bool = False, progress: bool = False, *
             one row per model and head), ``models`` (label -> status, scan seconds), ``seconds`` (the run's).
 
     Raises:
-        HeadprobeError: as :func:`run`.
+        HeadprobeError: as :func:`run`; ``toy_steps`` where no toy model is trained.
         TypeError: an unknown field (naming the setting meant, :func:`headprobe.options.check_fields`).
     """
+    from headprobe.settings import given_in_python, refuse_inert
+
     options.check_fields(AtlasConfig, config_fields, "atlas")
     config = AtlasConfig(**config_fields)
+    refuse_inert(config, given_in_python(AtlasConfig, config_fields))  # toy_steps= without toy: as the flag
     with options.own_run(), run_inputs(options.config_inputs(config)):  # as the command line's run
         return run(config, out, overwrite=overwrite, progress=progress)

@@ -28,7 +28,7 @@ from headprobe import options
 from headprobe.analyses.exchange import FORMATS
 from headprobe.commands import Command, lazy_names, resolve
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.settings import setting
+from headprobe.settings import Needs, setting
 
 _CORE = ("ExportResult", "run", "export")
 """Names of :mod:`headprobe.commands.export_core` (pandas, pyarrow), imported on first use."""
@@ -57,7 +57,8 @@ class ExportConfig:
             ``retrieval`` where the scan computed it, else ``induction``); refused for a kv or
             circuit folder and for formats without a score (Parquet writes every column).
         sink: DuoAttention's ``sink_size`` for a scan source's duo files (None: :data:`DUO_SINK`);
-            refused for a kv folder (its policy gives its own) and without the duo format.
+            refused for a kv folder (its policy gives its own) and without the duo format (a
+            ``--format`` other than duo or all: before the source is read, :class:`~headprobe.settings.Needs`).
         recent: DuoAttention's ``recent_size``, likewise (None: :data:`DUO_RECENT`).
         overwrite: replace the files of a non-empty ``out``.
 
@@ -92,14 +93,19 @@ class ExportConfig:
         None,
         "a scan's column for the DuoAttention and HeadKV files (default: retrieval, else induction)",
         metavar="COLUMN",
+        needs=Needs("format", ("duo", "headkv", "all")),
     )
     sink: int | None = setting(
         None,
         f"DuoAttention sink_size for a scan source's duo files (default {DUO_SINK}; a kv policy gives its own)",
         type=int,
+        needs=Needs("format", ("duo", "all")),
     )
     recent: int | None = setting(
-        None, f"DuoAttention recent_size for a scan source's duo files (default {DUO_RECENT})", type=int
+        None,
+        f"DuoAttention recent_size for a scan source's duo files (default {DUO_RECENT})",
+        type=int,
+        needs=Needs("format", ("duo", "all")),
     )
     overwrite: bool = setting(False, "replace files in a non-empty --out folder", action="store_true")
 

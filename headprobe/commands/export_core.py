@@ -496,8 +496,10 @@ def run(config: ExportConfig) -> ExportResult:
 
 
 def check_flags_apply(config: ExportConfig, src: Source, formats: tuple[str, ...]) -> None:
-    """Refuse a flag that nothing written would use: ``--score`` but for a scan's duo or headkv
-    files, ``--sink`` / ``--recent`` but for a scan's duo files (a kv policy has its own).
+    """Refuse a flag that nothing written would use, where the source decides it (the format alone
+    decides before the source is read: :class:`~headprobe.commands.export.ExportConfig`'s ``needs``):
+    ``--score`` but for a scan's duo or headkv files, ``--sink`` / ``--recent`` but for a scan's duo
+    files (a kv policy has its own).
 
     Raises:
         HeadprobeError: one line naming the flag and why it cannot apply."""
@@ -530,9 +532,11 @@ def export(source: str, out: str | None = None, *, to: str | None = None, **fiel
             were made); written into ``out`` already where given, else by ``save(out)``.
 
     Raises:
-        HeadprobeError: as :func:`run`, or a bad ``out``.
+        HeadprobeError: as :func:`run`, a bad ``out``, or ``sink``, ``recent`` or ``score`` with a
+            ``format`` that has no room for them.
         TypeError: an unknown field (naming the setting meant, :func:`headprobe.options.check_fields`)."""
     from headprobe.options import check_fields, config_inputs
+    from headprobe.settings import given_in_python, refuse_inert
 
     check_fields(ExportConfig, fields, "export", positional=("source", "out", "to"))
     if to is not None:
@@ -542,6 +546,7 @@ def export(source: str, out: str | None = None, *, to: str | None = None, **fiel
             "export(to=...) is deprecated (removed in the next release); use out=", DeprecationWarning, stacklevel=2
         )
     config = ExportConfig(source=source, out=out, to=to, **fields)
+    refuse_inert(config, given_in_python(ExportConfig, fields))  # sink= with format="headkv": as the flags
     result = run(config)
     result.inputs = config_inputs(config)  # what result.save(overwrite=True) must not remove
     if config.out:

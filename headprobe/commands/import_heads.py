@@ -87,7 +87,8 @@ class ImportConfig(ScanConfig):
         """The file read and its shape checked against the model's config.json, before any weights load.
 
         Raises:
-            HeadprobeError: as :func:`headprobe.analyses.exchange.read_head_file`, or scan's preflight."""
+            HeadprobeError: as :func:`headprobe.analyses.exchange.read_head_file`, :func:`refuse_unused`,
+                or scan's preflight."""
         self.read_text()
         cfg = options.peek_config(self.model)
         from headprobe.analyses.exchange import Layout, read_head_file
@@ -105,7 +106,33 @@ class ImportConfig(ScanConfig):
             if cfg
             else None
         )
-        read_head_file(self.heads_file, layout, self.k or DEFAULT_K, self.score)
+        refuse_unused(self, read_head_file(self.heads_file, layout, self.k or DEFAULT_K, self.score))
+
+
+SCORE_FILES = ("headkv", "parquet", "csv")
+"""The head files that rank heads by a score (``--top-k``, ``--score`` pick from them); the others name their heads."""
+
+
+def refuse_unused(config: ImportConfig, hf) -> None:
+    """Refuse the flags that file ``hf`` (a :class:`~headprobe.analyses.exchange.HeadFile`) makes
+    do nothing: ``--top-k`` or ``--score`` on a file that names its heads (DuoAttention, a graph, a
+    policy, a list), ``--kv`` on one without a KV policy. Known once the file is read, before any
+    weights load (:meth:`ImportConfig.preflight`; from Python with a loaded model, before the run).
+
+    Raises:
+        HeadprobeError: one line naming the flags and the file's kind."""
+    given = [f for f, v in (("--top-k", config.k), ("--score", config.score)) if v is not None]
+    if given and hf.kind not in SCORE_FILES:
+        raise HeadprobeError(
+            f"{' and '.join(given)} only {'act' if len(given) > 1 else 'acts'} on score files (HeadKV, Parquet, CSV); "
+            f"{config.heads_file} is a {hf.kind} file, which names its heads (all checked): leave "
+            f"{'them' if len(given) > 1 else 'it'} out"
+        )
+    if config.measure_kv and hf.policy is None:
+        raise HeadprobeError(
+            f"--kv only acts on a DuoAttention or policy file; {config.heads_file} is a {hf.kind} file, which "
+            "carries no KV policy: leave --kv out"
+        )
 
 
 FLAGS = (

@@ -13,7 +13,7 @@ from headprobe import options
 from headprobe.analyses import exchange as ex
 from headprobe.analyses.ablation import Verification
 from headprobe.commands import scan_core
-from headprobe.commands.import_heads import HELP, ImportConfig  # noqa: F401 - the light module's names, re-exported
+from headprobe.commands.import_heads import HELP, ImportConfig, refuse_unused  # noqa: F401 - the light module's names, re-exported
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import Head, check_head_layers
@@ -150,7 +150,7 @@ def run(model: LoadedModel, config: ImportConfig, progress: bool = True) -> Impo
         say=scan_core._say,
     )
     kv, kv_notes = measure_policy(model, cfg, hf) if config.measure_kv else (None, [])
-    notes = [*_notes(config, hf), *left_out_notes(natural), *kv_notes]
+    notes = [*_notes(hf), *left_out_notes(natural), *kv_notes]
     notes += design.get("notes", [])  # the verification's, as scan prints them
     return ImportResult(config, hf, heads, verifications, design, kv, time.perf_counter() - t0, notes=notes)
 
@@ -159,6 +159,7 @@ def _head_file(model: LoadedModel, config: ImportConfig) -> ex.HeadFile:
     """The file's heads, checked against the model (see :func:`run` for what raises)."""
     spec = model.spec
     hf = ex.read_head_file(config.heads_file, _layout(model), config.k or scan_core.DEFAULT_K, config.score)
+    refuse_unused(config, hf)  # the command line's preflight did so already; a loaded model skips it
     check_head_layers(hf.heads, spec.layout.head_layers)
     if not hf.heads:
         raise HeadprobeError(f"{config.heads_file} names no heads ({hf.rule})")
@@ -170,15 +171,11 @@ def _head_file(model: LoadedModel, config: ImportConfig) -> ex.HeadFile:
     return hf
 
 
-def _notes(config: ImportConfig, hf: ex.HeadFile) -> list[str]:
-    """What the run's flags did not do with this file (--kv without a policy, --top-k / --score on a
-    file that names its heads) and a top --top-k that cut through a tie (:func:`~headprobe.analyses.exchange.tie_note`)."""
-    notes = [] if hf.policy is not None or not config.measure_kv else [f"--kv: {hf.kind} files carry no KV policy"]
-    if hf.kind not in ("headkv", "parquet", "csv") and (config.k is not None or config.score is not None):
-        given = " and ".join(f for f, v in (("--top-k", config.k), ("--score", config.score)) if v is not None)
-        notes.append(f"{given}: for score files (HeadKV, Parquet, CSV); a {hf.kind} file names its heads, all checked")
+def _notes(hf: ex.HeadFile) -> list[str]:
+    """A top --top-k that cut through a tie (:func:`~headprobe.analyses.exchange.tie_note`); flags the
+    file makes do nothing were refused before the run (:func:`~headprobe.commands.import_heads.refuse_unused`)."""
     tie = ex.tie_note(hf)
-    return notes if tie is None else [*notes, tie]
+    return [] if tie is None else [tie]
 
 
 def measure_policy(model: LoadedModel, cfg: ImportConfig, hf: ex.HeadFile) -> tuple[list[dict] | None, list[str]]:
