@@ -76,31 +76,71 @@ def negative_values_attached(parser: argparse.ArgumentParser, argv: list[str]) -
     -1GiB`` -> ``--kv-limit=-1GiB``): argparse would read ``-1GiB`` as an unknown option and answer
     "expected one argument"; attached, it reaches the option's type and checks, which refuse it by
     name ("--kv-limit must be positive, got -1GiB"). Options are matched as argparse matches them,
-    whole or by a unique prefix; ``--`` ends the options."""
+    whole or by a unique prefix; ``--`` ends the options.
+
+    Such a word among the values of an option that takes several (``budget --flops-table 1024
+    -5k``; ``nargs`` ``*``, ``+`` or a number) cannot be attached: it is read by the option's type
+    now, and what the type refuses is argparse's usage error for that option ("argument
+    --flops-table: must be a positive integer, got '-5k'") instead of "unrecognized arguments:
+    -5k". A word the type accepts is left as it was.
+
+    Raises:
+        SystemExit: 2, the usage error printed (:meth:`OneLineErrorParser.error` of the command).
+    """
     sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
     command = sub.choices.get(argv[0]) if sub is not None and argv else None
     if command is None:
         return argv
     options = command._option_string_actions
 
-    def takes_one_value(word: str) -> bool:
+    def option(word: str) -> argparse.Action | None:
         if not word.startswith("-") or "=" in word or _NEGATIVE.match(word):
-            return False
+            return None
         action = options.get(word)
         if action is None and word.startswith("--"):
             matches = {a for o, a in options.items() if o.startswith(word)}
             action = matches.pop() if len(matches) == 1 else None
+        return action
+
+    def takes_one_value(word: str) -> bool:
+        action = option(word)
         return action is not None and action.nargs is None  # store: one value (a switch takes none)
 
     out = argv[:1]
+    several: argparse.Action | None = None  # the option whose values the words now are, if it takes several
     for word in argv[1:]:
         if "--" in out:
             out.append(word)
-        elif _NEGATIVE.match(word) and len(out) > 1 and takes_one_value(out[-1]):
+            continue
+        if _NEGATIVE.match(word) and len(out) > 1 and takes_one_value(out[-1]):
             out[-1] = f"{out[-1]}={word}"
-        else:
-            out.append(word)
+            continue
+        if _NEGATIVE.match(word) and several is not None:
+            _refused_by_type(command, several, word)
+        elif word.startswith("-"):
+            action = option(word)
+            takes_several = action is not None and (action.nargs in ("*", "+") or isinstance(action.nargs, int))
+            several = action if takes_several else None
+        out.append(word)
     return out
+
+
+def _refused_by_type(command: argparse.ArgumentParser, action: argparse.Action, word: str) -> None:
+    """The usage error argparse gives where ``action``'s type refuses value ``word`` (its own message,
+    or "invalid int value: '-5k'"); nothing where the type takes it.
+
+    Raises:
+        SystemExit: 2, through ``command.error``."""
+    convert = action.type if callable(action.type) else None
+    if convert is None:
+        return
+    name = "/".join(action.option_strings)
+    try:
+        convert(word)
+    except argparse.ArgumentTypeError as e:
+        command.error(f"argument {name}: {e}")
+    except (TypeError, ValueError):
+        command.error(f"argument {name}: invalid {getattr(convert, '__name__', repr(convert))} value: {word!r}")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

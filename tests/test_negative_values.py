@@ -68,3 +68,35 @@ def test_parse_bytes_and_parse_count_name_a_negative_quantity():
     with pytest.raises(HeadprobeError, match="^--params must be positive, got -7e9$"):
         parse_count("-7e9")
     assert parse_bytes("2GiB") == 2 * 2**30 and parse_count("135M") == 135_000_000
+
+
+SEVERAL = [
+    (["budget", "--flops-table", "1024", "-5k"], "argument --flops-table: must be a positive integer, got '-5k'"),
+    (["budget", "--flops-table", "-5k"], "argument --flops-table: must be a positive integer, got '-5k'"),
+    (
+        ["budget", "--flops-table", "1024", "8192", "-1e3"],
+        "argument --flops-table: must be a positive integer, got '-1e3'",
+    ),
+    (
+        ["budget", "--flops", "1024", "-5e2"],
+        "argument --flops-table: must be a positive integer, got '-5e2'",
+    ),  # a prefix
+]
+
+
+@pytest.mark.parametrize("argv, said", SEVERAL, ids=[" ".join(a) for a, _ in SEVERAL])
+def test_a_negative_value_among_several_gets_the_options_own_line(capsys, argv, said):
+    """An option that takes several values cannot have one attached with ``=``: the word goes
+    through the option's type first. Old code: "unrecognized arguments: -5k"."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("headprobe: error: ") and said in err[0], err
+    assert "unrecognized" not in err[0]
+
+
+def test_a_negative_word_after_several_values_of_an_untyped_option_is_left_alone():
+    """atlas' --models has no type to read ``-1x`` with: argv is unchanged (argparse refuses it as it did)."""
+    from headprobe.cli import build_parser, negative_values_attached
+
+    argv = ["atlas", "--models", "gpt2", "-1x", "--out", "o"]
+    assert negative_values_attached(build_parser("atlas"), argv) == argv
