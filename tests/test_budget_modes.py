@@ -294,3 +294,38 @@ def test_recommends_kv_heads_from_the_divisors_up_to_the_cap():
             cap = {"gpu-server": 8, "edge": 4}[target]
             want = [k for k in divisors(rec.layout.n_heads) if k <= cap][0]
             assert rec.use_mla or rec.layout.n_kv_heads == want, (n_params, target)
+
+
+def test_divisors_beyond_the_bound_are_refused_in_one_line_not_looped(capsys):
+    """``budget --compare --n-heads 10**18`` looped 1e9 times in divisors() (39 s and exit 0
+    on the old code); now one line, exit 2, at once. At the bound (10**13 heads) it still runs and
+    lists every divisor (2^13 * 5^13: 14 * 14 of them)."""
+    import time
+
+    big = str(10**18)
+    t0 = time.perf_counter()
+    code = main(
+        ["budget", "--compare", "--d-model", str(2 * 10**18), "--n-layers", "2", "--n-heads", big, "--d-head", "2"]
+    )
+    assert code == 2 and time.perf_counter() - t0 < 5
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "compared for at most 10,000,000,000,000 heads" in err[0], err
+    assert len(cost.divisors(cost.MAX_DIVIDED_HEADS)) == 196
+    with pytest.raises(HeadprobeError, match="compared for at most"):
+        cost.divisors(cost.MAX_DIVIDED_HEADS + 1)
+
+
+def test_sliding_windows_beyond_the_bound_are_refused_and_at_it_are_built(capsys):
+    """A windowed layout is costed layer by layer: 1e6 layers took 2.8-5.3 s and 141 MB (old code: exit 0). Above
+    MAX_WINDOWED_LAYERS (1e5) one line, exit 2; at it, the tuple is still one window per layer
+    (the reference: Gemma 2's pattern written out)."""
+    n = 100_000
+    assert (
+        main(["budget", "--d-model", "4096", "--n-layers", str(n + 1), "--n-heads", "32", "--sliding-window", "8"]) == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("headprobe: error: --n-layers 100,001 with --sliding-window"), err
+    assert cost.MAX_WINDOWED_LAYERS == n
+    windows = cost.sliding_windows(n, 8, 2)
+    assert windows is not None and len(windows) == n and windows[:4] == (8, None, 8, None)
+    assert windows.count(None) == n // 2

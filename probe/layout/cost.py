@@ -58,6 +58,13 @@ TFLOP = 10**12
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 
 
+MAX_WINDOWED_LAYERS = 100_000
+"""The most layers :func:`sliding_windows` makes: a layout with windows is costed layer by layer
+(one window per layer, :attr:`AttentionLayout.windows`), 0.5 s for ``budget`` at 1e5 layers and
+2.8 to 5.3 s at 1e6 (linear). Real models have at most a few hundred; a layout without windows is counted,
+not listed, at any number of layers (:func:`kv_positions_total`)."""
+
+
 def sliding_windows(
     n_layers: int, window: int | None, global_every: int | None = None
 ) -> tuple[int | None, ...] | None:
@@ -67,13 +74,20 @@ def sliding_windows(
     ``window=None`` gives None (every layer global).
 
     Raises:
-        HeadprobeError: ``global_every`` without ``window``, or a size that is not a positive integer.
+        HeadprobeError: ``global_every`` without ``window``, a size that is not a positive integer,
+            or more than :data:`MAX_WINDOWED_LAYERS` layers.
     """
     if window is None:
         if global_every is not None:
             raise HeadprobeError("--global-every needs --sliding-window")
         return None
     _check_positive("n_layers", n_layers)
+    if n_layers > MAX_WINDOWED_LAYERS:
+        raise HeadprobeError(
+            f"--n-layers {n_layers:,} with --sliding-window: a layout with windows is costed layer by layer, for "
+            f"at most {MAX_WINDOWED_LAYERS:,} layers; give fewer, or leave out --sliding-window (layers without "
+            "windows are counted at any number)"
+        )
     _check_positive("sliding_window", window)
     if global_every is not None:
         _check_positive("global_every", global_every)
@@ -887,10 +901,24 @@ def preset(name: str, bytes_per_element: int | None = None) -> AttentionLayout:
 # ---------------------------------------------------------------------------------------------
 
 
+MAX_DIVIDED_HEADS = 10**13
+"""The most query heads :func:`divisors` takes (the KV-head counts ``budget --compare`` lists, and
+``--recommend``'s GQA bracket of an MLA layout): ``sqrt(n)`` = 3.2e6 steps, 0.3 s for ``budget
+--compare`` at 1e13 heads (196 rows); 1e18 heads took 1e9 steps (39 s)."""
+
+
 def divisors(n: int) -> list[int]:
     """The positive divisors of ``n``, largest first: each pair ``(d, n // d)`` with ``d`` up to
     ``sqrt(n)``, ``O(sqrt n)`` steps (``budget --recommend --params 1e30`` proposes 1.7e8 heads;
-    the loop to ``n`` took minutes)."""
+    the loop to ``n`` took minutes).
+
+    Raises:
+        HeadprobeError: ``n`` above :data:`MAX_DIVIDED_HEADS` (one line)."""
+    if n > MAX_DIVIDED_HEADS:
+        raise HeadprobeError(
+            f"{n:,} query heads: the KV-head counts that divide them (MHA, each GQA, MQA) are compared for at most "
+            f"{MAX_DIVIDED_HEADS:,} heads; give fewer (--n-heads, or a narrower --d-model)"
+        )
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted({*small, *(n // d for d in small)}, reverse=True)
 
