@@ -324,14 +324,22 @@ FLAGS = (
 """``--help``'s blocks: the model's flags, the head and the text (``--prompt`` or ``--prompt-file``), the output's."""
 
 
+def check(args: argparse.Namespace, config: ShowConfig) -> None:
+    """``--head``'s form (one head, ``L.H``), before anything is read (:attr:`Command.check`).
+
+    Raises:
+        HeadprobeError: not one head in that form.
+    """
+    if len(parse_heads(args.head, 10**9, 10**9)) != 1:
+        raise HeadprobeError(f"--head takes one head, got {args.head!r}")
+
+
 def main(args: argparse.Namespace, config: ShowConfig) -> int:
-    """``headprobe show``: check the head's form, the text (``--prompt`` or ``--prompt-file``, read
+    """``headprobe show`` (``--head``'s form checked by :func:`check`): check the head's range, the text (``--prompt`` or ``--prompt-file``, read
     into the config's ``prompt``) and the output directory, load, print the model's line
     (:func:`headprobe.options.describe_model`), draw, print the files."""
     from headprobe.probe.core.io import prepare_output_dir, read_text_file
 
-    if len(parse_heads(args.head, 10**9, 10**9)) != 1:  # the form, before anything loads
-        raise HeadprobeError(f"--head takes one head, got {args.head!r}")
     layout = options.peek_layout(args.model)  # the range from config.json, before any weight loads (else after loading)
     if layout is not None:
         parse_heads(args.head, *layout)
@@ -353,5 +361,12 @@ def main(args: argparse.Namespace, config: ShowConfig) -> int:
     return 0
 
 
-COMMAND = Command(HELP, config=ShowConfig, run="headprobe.commands.show:main", flags=FLAGS, api=show)
+COMMAND = Command(
+    HELP,
+    config=ShowConfig,
+    run="headprobe.commands.show:main",
+    flags=FLAGS,
+    api=show,
+    check="headprobe.commands.show:check",
+)
 """``headprobe show``, registered in :data:`headprobe.commands.COMMANDS`."""
