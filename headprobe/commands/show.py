@@ -46,14 +46,17 @@ class ShowConfig(ModelSettings):
 
     Attributes:
         head: ``layer.head`` (or ``L5H1``), checked against the model once it is loaded.
-        prompt: the text (or ``prompt_file``'s content); at most :data:`MAX_TOKENS` tokens.
+        prompt: the text (or ``prompt_file``'s content, read by :func:`main`; None until then); at
+            most :data:`MAX_TOKENS` tokens.
         out: output directory.
     """
 
     head: str = setting(
         MISSING, "the head, as layer.head (e.g. 18.6; L18H6 also accepted)", required=True, kw_only=True
     )
-    prompt: str = setting(MISSING, "the text to run the model on", exclusive="text", required=True, kw_only=True)
+    prompt: str | None = setting(
+        MISSING, "the text to run the model on", exclusive="text", required=True, kw_only=True
+    )  # None: --prompt-file given, read into it by main before the run
     out: str = field(kw_only=True)  # its flag is OutputSettings'
 
 
@@ -95,7 +98,8 @@ def run(cfg: ShowConfig, overwrite: bool = False, model: LoadedModel | None = No
             linear-attention layer, a model whose self-check forbids patterns, or an output directory
             that is not empty (without ``overwrite``).
     """
-    if not cfg.prompt.strip():
+    prompt = cfg.prompt or ""
+    if not prompt.strip():
         raise HeadprobeError("the prompt is empty; give --prompt TEXT or --prompt-file FILE")
 
     from headprobe.analyses import figures as figs
@@ -113,7 +117,7 @@ def run(cfg: ShowConfig, overwrite: bool = False, model: LoadedModel | None = No
     model.self_check.require_patterns("attention patterns")
     spec = model.spec
     layer, head = _selected_head(cfg, spec)
-    tokens = model.to_tokens(cfg.prompt)
+    tokens = model.to_tokens(prompt)
     assert not isinstance(tokens, tuple)  # one text: one tensor, no mask
     n = tokens.shape[1]
     start = _prompt_start(model, cfg, tokens)
