@@ -12,7 +12,6 @@ must be refused, with the line the docs quote. Not checked here: what the run de
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -46,7 +45,7 @@ REQUIRED = re.compile(r"the following arguments are required: ([^(]*)")
 PLACEHOLDERS = {
     ("CONTRIBUTING.md", "<name>"): ("induction", "the new head type's name: any registered type's"),
     ("docs/atlas.md", "N"): ("100", "--save-every N: a step count"),
-    ("docs/patch.md", "S"): ("z", "--site S: each site in turn in the table below"),
+    ("docs/patch.md", "S"): ("z", "--site S: the table below gives each site a row; z stands for them"),
 }
 """(source, word) -> (value, why): a word of the docs that stands for a value the reader chooses,
 and what the test puts there. Words such as ``DIR``, ``RUN`` or ``out/x`` stay: nothing is read."""
@@ -212,8 +211,8 @@ def notebook_commands(path: Path, source: str) -> list[Documented]:
     found = []
     for n, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
         text = "".join(cell["source"])
-        found += markdown_commands(text if cell["cell_type"] == "markdown" else f"```\n{text}\n```", source, 0)
-        found = [dataclasses.replace(d, where=d.where.replace(f"{source}:", f"{source} cell {n} line ")) for d in found]
+        text = text if cell["cell_type"] == "markdown" else f"```\n{text}\n```"
+        found += markdown_commands(text, f"{source} cell {n} line", 1 if cell["cell_type"] == "markdown" else 0)
     return found
 
 
