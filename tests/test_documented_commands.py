@@ -373,3 +373,35 @@ def test_a_command_the_code_refuses_is_reported(text, said):
     required ``--out``, a flag without its value), and refusals shown that do not happen."""
     (d,) = markdown_commands(text, "sample.md")
     assert said in (verdict(d) or "")
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["budget", "--preset", "llama3-8b", "--compare", "--flops-table"], "are separate modes"),
+        (["budget", "--preset", "llama3-8b", "--kv-limit", "2GiB"], "--kv-limit belongs to --recommend"),
+        (["budget", "--d-model", "4096"], "missing --n-layers, --n-heads"),
+        (["train", "--out", "o", "--d-model", "16", "--n-heads", "3"], "not a multiple of n_heads=3"),
+        (["study", "heads", "--out", "o", "--seeds", "1,1"], "--seeds lists 1 more than once"),
+        (["show", "--head", "1.2,3.4", "--prompt", "x", "--out", "o"], "--head takes one head"),
+    ],
+)
+def test_check_argv_refuses_what_main_refuses_before_its_run(argv, said, tmp_path, capsys, monkeypatch):
+    """The commands' own checks (``Command.check``: budget's modes and layout, train's and study's
+    settings, show's head) are made by check_argv with the same line as main prints."""
+    from headprobe.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(HeadprobeError, match=re.escape(said)) as e:
+        check_argv(argv)
+    assert main(argv) == 2 and capsys.readouterr().err.strip() == f"{ERROR}{e.value}"
+
+
+def test_check_argv_reads_no_file(tmp_path):
+    """A model folder, a text file and a policy file that do not exist (main refuses each) pass:
+    nothing is read; --help and --version are None."""
+    missing = str(tmp_path / "none")
+    assert check_argv(["scan", "--model", missing, "--text", missing, "--out", missing]) is not None
+    assert check_argv(["budget", "--preset", "llama3-8b", "--policy", missing]) is not None
+    assert check_argv(["view", missing]) is not None
+    assert check_argv(["scan", "--help"]) is None and check_argv(["--version"]) is None
