@@ -17,6 +17,7 @@ import re
 import signal
 import sys
 import threading
+from typing import Any
 
 from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV, figure_formats
 from headprobe.commands import COMMANDS
@@ -173,6 +174,39 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         cmd.add_flags(p)
         p.set_defaults(_run=cmd.execute, **{DEFAULTS_KEY: parsed_defaults(p)})  # which flags were given
     return parser
+
+
+def check_argv(argv: list[str]) -> tuple[argparse.Namespace, Any] | None:
+    """Check the ``headprobe`` command line ``argv`` (``["scan", "--out", "o"]``) as :func:`main`
+    does before its run, and stop there: the flags parsed (negative values attached,
+    :func:`negative_values_attached`), ``--formats`` read, the Config made and checked and the
+    flags that do nothing refused (:meth:`headprobe.commands.Command.checked_config`). Stops before
+    the run's checks that read files or config.json (``--model``, ``--text``, ``--out``, the
+    command's ``preflight``) and before any model loads; prints nothing.
+
+    Returns:
+        ``(args, config)``; None for ``--help`` and ``--version`` (which :func:`main` answers).
+
+    Raises:
+        HeadprobeError: the line :func:`main` would print after ``headprobe: error:`` (a usage
+            error of argparse's too).
+    """
+    import io
+
+    parser = build_parser(argv[0] if argv else None)
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
+            args = parser.parse_args(negative_values_attached(parser, list(argv)))
+    except SystemExit as e:
+        if e.code:
+            raise HeadprobeError(said.getvalue().strip().removeprefix("headprobe: error: ")) from None
+        return None
+    if getattr(args, "formats", None) is not None:
+        from headprobe.settings import OutputSettings
+
+        OutputSettings(out="", formats=args.formats)
+    return args, COMMANDS.get(args.command).checked_config(args)
 
 
 def _version() -> str:

@@ -212,3 +212,25 @@ def test_a_long_prompts_figure_breaks_the_key_axis_and_names_the_keys_not_drawn(
     assert len([ax for ax in fig.axes if ax.images]) == 2
     text = fig.get_supxlabel()
     assert text.startswith(f"key positions 0–3 and {n - 4}–{n - 1} of {n}\n(4–{n - 5} not drawn)"), text
+
+
+def test_prompt_file_makes_a_config_the_type_checks_accept(tiny_dir, tmp_path, capsys, monkeypatch):
+    """``--prompt-file`` leaves ``--prompt`` None until main reads the file into the Config; the Config
+    made from the flags said ``prompt: str``, so under the suite's type checks (jaxtyping and beartype,
+    pyproject's addopts) the command ended in a TypeCheckError traceback before reading the file.
+    Now it reads the file and reaches the model's load (stubbed), the file's text as the prompt."""
+    from headprobe import options
+    from headprobe.cli import main
+    from headprobe.probe.core.errors import HeadprobeError
+
+    seen = []
+
+    def stop(config):
+        seen.append(config.prompt)
+        raise HeadprobeError("stub: the model would load now")
+
+    monkeypatch.setattr(options, "load_for", stop)
+    (tmp_path / "p.txt").write_text(PROMPT + "\n", encoding="utf-8")
+    argv = ["show", "--model", str(tiny_dir), "--head", "1.1", "--prompt-file", str(tmp_path / "p.txt")]
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 2
+    assert "stub: the model would load now" in capsys.readouterr().err and seen == [PROMPT]

@@ -65,6 +65,9 @@ class Command:
             function itself or ``"module:attr"`` imported on first use; None: no Python function.
         epilog: usage notes printed after the flags in ``--help``: kept as written where they span
             several lines, else wrapped as argparse wraps text.
+        check: ``"module:attr"`` of ``attr(args, config) -> None``: the command's own checks of its
+            flags that read no file and load no model (raising ``HeadprobeError``), made after the
+            Config's and before :attr:`run` (by :meth:`checked_config`); None: the Config's suffice.
     """
 
     help: str
@@ -73,6 +76,7 @@ class Command:
     flags: Sequence[Any] = ()
     api: Callable[..., Any] | str | None = None
     epilog: str | None = None
+    check: str | None = None
 
     def config_class(self) -> type | None:
         """The Config dataclass (:attr:`config`), imported now where it is a ``"module:Config"`` string."""
@@ -84,20 +88,32 @@ class Command:
 
         settings.add_layout(parser, self.config_class(), self.flags)
 
-    def execute(self, args: argparse.Namespace) -> int:
-        """Run the command on its parsed flags: the Config made (and checked), the flags given
-        where they do nothing refused (:func:`~headprobe.settings.refuse_inert`), then the run
-        target imported and called.
+    def checked_config(self, args: argparse.Namespace) -> Any:
+        """The Config of the parsed flags ``args``, checked as far as the flags alone decide: made
+        (its own checks), the flags given where they do nothing refused
+        (:func:`~headprobe.settings.refuse_inert`), then :attr:`check`. Reads no file (beyond what
+        a Config's own checks read) and loads no model: :func:`headprobe.cli.check_argv` stops here.
 
         Raises:
-            HeadprobeError: a bad value (the Config's checks), a flag that does nothing with the
-                others, or bad input found by the run.
+            HeadprobeError: a bad value, or a flag that does nothing with the others.
         """
         from headprobe import settings
 
         config = settings.from_args(self.config_class(), args)
         settings.refuse_inert(config, settings.given_on_command_line(args))
-        return resolve(self.run)(args, config)
+        if self.check is not None:
+            resolve(self.check)(args, config)
+        return config
+
+    def execute(self, args: argparse.Namespace) -> int:
+        """Run the command on its parsed flags: the Config made and checked (:meth:`checked_config`),
+        then the run target imported and called.
+
+        Raises:
+            HeadprobeError: a bad value (the Config's checks), a flag that does nothing with the
+                others, or bad input found by the run.
+        """
+        return resolve(self.run)(args, self.checked_config(args))
 
     def function(self) -> Callable[..., Any] | None:
         """The Python function (:attr:`api`), imported now where it is a ``"module:attr"`` string."""

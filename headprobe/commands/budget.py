@@ -1334,14 +1334,12 @@ class BudgetResult:
         return pd.DataFrame({"quantity": list(e), "measured": [m[k] for k in e], "expected": list(e.values())})
 
 
-def run(config: BudgetConfig) -> BudgetResult:
-    """Compute what ``config`` asks for.
+def check_modes(config: BudgetConfig) -> None:
+    """Refuse two modes at once, a flag of another mode (:func:`refuse_other_modes`: ``--kv-limit``
+    without ``--recommend``, ``--preset`` with it...) and both a preset and a model.
 
     Raises:
-        HeadprobeError: two modes at once; a flag of another mode (:func:`refuse_other_modes`:
-            ``--kv-limit`` without ``--recommend``, ``--preset`` with it...); both a preset and
-            a model; a bad layout or workload (see :class:`~headprobe.probe.layout.cost.AttentionLayout`);
-            a model that cannot be loaded.
+        HeadprobeError: one line naming the flags.
     """
     modes = [
         flag
@@ -1355,14 +1353,51 @@ def run(config: BudgetConfig) -> BudgetResult:
     if len(modes) > 1:
         raise HeadprobeError(f"{' and '.join(modes)} are separate modes; give one of them")
     refuse_other_modes(config)
+    if not config.recommend and config.preset and config.model:
+        raise HeadprobeError("give --preset or --model, not both")
+
+
+def _recommend_sizes(config: BudgetConfig) -> tuple[int | None, int | None]:
+    """``(n_params, kv_limit_bytes)`` of ``--recommend``'s ``--params`` and ``--kv-limit`` (None where not given).
+
+    Raises:
+        HeadprobeError: an unreadable count or size, or a bare number under 1 KiB (a forgotten unit).
+    """
+    params, limit = config.params, config.kv_limit
+    if isinstance(limit, str):  # a bare number under 1 KiB is a forgotten unit (sizes.parse_bytes)
+        limit = cost.parse_bytes(limit, "--kv-limit", bare_at_least=cost.KIB)
+    return (cost.parse_count(params) if isinstance(params, str) else params), limit
+
+
+def check(args: argparse.Namespace, config: BudgetConfig) -> None:
+    """What ``headprobe budget`` refuses before it reads a model or a policy file and computes
+    (:attr:`Command.check`): :func:`check_modes`; ``--recommend``'s sizes; without ``--model``, the
+    layout of the preset or the flags and the workload (:func:`layout_from_config`).
+
+    Raises:
+        HeadprobeError: as :func:`run` for these.
+    """
+    check_modes(config)
     if config.recommend:
-        params, limit = config.params, config.kv_limit
-        if isinstance(limit, str):  # a bare number under 1 KiB is a forgotten unit (sizes.parse_bytes)
-            limit = cost.parse_bytes(limit, "--kv-limit", bare_at_least=cost.KIB)
+        _recommend_sizes(config)
+    elif not config.model:
+        cost.kv_bytes_per_request(layout_from_config(config), config.workload_seq_len, config.batch)
+
+
+def run(config: BudgetConfig) -> BudgetResult:
+    """Compute what ``config`` asks for.
+
+    Raises:
+        HeadprobeError: as :func:`check_modes`; a bad layout or workload (see
+            :class:`~headprobe.probe.layout.cost.AttentionLayout`); a model that cannot be loaded.
+    """
+    check_modes(config)
+    if config.recommend:
+        n_params, limit = _recommend_sizes(config)
         rec = cost.recommend(
             seq_len=config.workload_seq_len,
             target=config.target or "gpu-server",
-            n_params=cost.parse_count(params) if isinstance(params, str) else params,
+            n_params=n_params,
             d_model=config.d_model,
             n_layers=config.n_layers,
             kv_limit_bytes=limit,
@@ -1370,8 +1405,6 @@ def run(config: BudgetConfig) -> BudgetResult:
             batch=config.batch,
         )
         return BudgetResult(config, "recommend", rec.layout, rec.to_dict(), recommendation=rec)
-    if config.preset and config.model:
-        raise HeadprobeError("give --preset or --model, not both")
 
     check = None
     base = None
@@ -1505,5 +1538,12 @@ def main(args: argparse.Namespace, config: BudgetConfig) -> int:
     return result.exit_code
 
 
-COMMAND = Command(HELP, config=BudgetConfig, run="headprobe.commands.budget:main", flags=FLAGS, api=budget)
+COMMAND = Command(
+    HELP,
+    config=BudgetConfig,
+    run="headprobe.commands.budget:main",
+    flags=FLAGS,
+    api=budget,
+    check="headprobe.commands.budget:check",
+)
 """``headprobe budget``, registered in :data:`headprobe.commands.COMMANDS`."""

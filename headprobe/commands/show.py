@@ -46,14 +46,17 @@ class ShowConfig(ModelSettings):
 
     Attributes:
         head: ``layer.head`` (or ``L5H1``), checked against the model once it is loaded.
-        prompt: the text (or ``prompt_file``'s content); at most :data:`MAX_TOKENS` tokens.
+        prompt: the text (or ``prompt_file``'s content, read by :func:`main`; None until then); at
+            most :data:`MAX_TOKENS` tokens.
         out: output directory.
     """
 
     head: str = setting(
         MISSING, "the head, as layer.head (e.g. 18.6; L18H6 also accepted)", required=True, kw_only=True
     )
-    prompt: str = setting(MISSING, "the text to run the model on", exclusive="text", required=True, kw_only=True)
+    prompt: str | None = setting(
+        MISSING, "the text to run the model on", exclusive="text", required=True, kw_only=True
+    )  # None: --prompt-file given, read into it by main before the run
     out: str = field(kw_only=True)  # its flag is OutputSettings'
 
 
@@ -95,7 +98,8 @@ def run(cfg: ShowConfig, overwrite: bool = False, model: LoadedModel | None = No
             linear-attention layer, a model whose self-check forbids patterns, or an output directory
             that is not empty (without ``overwrite``).
     """
-    if not cfg.prompt.strip():
+    prompt = cfg.prompt or ""
+    if not prompt.strip():
         raise HeadprobeError("the prompt is empty; give --prompt TEXT or --prompt-file FILE")
 
     from headprobe.analyses import figures as figs
@@ -113,7 +117,7 @@ def run(cfg: ShowConfig, overwrite: bool = False, model: LoadedModel | None = No
     model.self_check.require_patterns("attention patterns")
     spec = model.spec
     layer, head = _selected_head(cfg, spec)
-    tokens = model.to_tokens(cfg.prompt)
+    tokens = model.to_tokens(prompt)
     assert not isinstance(tokens, tuple)  # one text: one tensor, no mask
     n = tokens.shape[1]
     start = _prompt_start(model, cfg, tokens)
@@ -324,14 +328,22 @@ FLAGS = (
 """``--help``'s blocks: the model's flags, the head and the text (``--prompt`` or ``--prompt-file``), the output's."""
 
 
+def check(args: argparse.Namespace, config: ShowConfig) -> None:
+    """``--head``'s form (one head, ``L.H``), before anything is read (:attr:`Command.check`).
+
+    Raises:
+        HeadprobeError: not one head in that form.
+    """
+    if len(parse_heads(args.head, 10**9, 10**9)) != 1:
+        raise HeadprobeError(f"--head takes one head, got {args.head!r}")
+
+
 def main(args: argparse.Namespace, config: ShowConfig) -> int:
-    """``headprobe show``: check the head's form, the text (``--prompt`` or ``--prompt-file``, read
+    """``headprobe show`` (``--head``'s form checked by :func:`check`): check the head's range, the text (``--prompt`` or ``--prompt-file``, read
     into the config's ``prompt``) and the output directory, load, print the model's line
     (:func:`headprobe.options.describe_model`), draw, print the files."""
     from headprobe.probe.core.io import prepare_output_dir, read_text_file
 
-    if len(parse_heads(args.head, 10**9, 10**9)) != 1:  # the form, before anything loads
-        raise HeadprobeError(f"--head takes one head, got {args.head!r}")
     layout = options.peek_layout(args.model)  # the range from config.json, before any weight loads (else after loading)
     if layout is not None:
         parse_heads(args.head, *layout)
@@ -353,5 +365,12 @@ def main(args: argparse.Namespace, config: ShowConfig) -> int:
     return 0
 
 
-COMMAND = Command(HELP, config=ShowConfig, run="headprobe.commands.show:main", flags=FLAGS, api=show)
+COMMAND = Command(
+    HELP,
+    config=ShowConfig,
+    run="headprobe.commands.show:main",
+    flags=FLAGS,
+    api=show,
+    check="headprobe.commands.show:check",
+)
 """``headprobe show``, registered in :data:`headprobe.commands.COMMANDS`."""

@@ -544,8 +544,12 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
     return from_args(StudyConfig, args)
 
 
-def main(args: argparse.Namespace, config: StudyConfig) -> int:
+def check(args: argparse.Namespace, config: StudyConfig) -> None:
+    """:meth:`StudyConfig.validate`, before any work (:attr:`Command.check`)."""
     config.validate()
+
+
+def main(args: argparse.Namespace, config: StudyConfig) -> int:
     prepare_output_dir(args.out, args.overwrite, create=False)  # fail before training, leave nothing behind
     result = run(config, progress=True)
     with out_as_it_was(args.out):
@@ -557,5 +561,12 @@ def main(args: argparse.Namespace, config: StudyConfig) -> int:
     return 0
 
 
-COMMAND = Command(HELP, config=StudyConfig, run="headprobe.commands.study:main", flags=FLAGS, api=study)
+COMMAND = Command(
+    HELP,
+    config=StudyConfig,
+    run="headprobe.commands.study:main",
+    flags=FLAGS,
+    api=study,
+    check="headprobe.commands.study:check",
+)
 """``headprobe study``, registered in :data:`headprobe.commands.COMMANDS`."""

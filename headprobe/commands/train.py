@@ -112,10 +112,19 @@ def plain(config: TrainConfig) -> TrainConfig:
     return TrainConfig(**{f.name: getattr(config, f.name) for f in fields(TrainConfig)})
 
 
-def main(args: argparse.Namespace, config: TrainConfig) -> int:
+def check(args: argparse.Namespace, config: TrainConfig) -> None:
+    """The training settings and the layout they build, before any work (:attr:`Command.check`).
+
+    Raises:
+        HeadprobeError: as ``TrainConfig.validate`` and ``TrainConfig.model_config``.
+    """
     cfg = plain(config)
     cfg.validate()
     cfg.model_config()  # layout errors before any work
+
+
+def main(args: argparse.Namespace, config: TrainConfig) -> int:
+    cfg = plain(config)  # checked by check()
     prepare_output_dir(args.out, args.overwrite, create=False)  # fail before training, leave nothing behind
     result = resolve("headprobe.commands.train_core:run")(cfg, progress=True)
     with out_as_it_was(args.out):
@@ -129,6 +138,11 @@ def main(args: argparse.Namespace, config: TrainConfig) -> int:
 
 
 COMMAND = Command(
-    HELP, config=TrainFlags, run="headprobe.commands.train:main", flags=FLAGS, api="headprobe.commands.train_core:train"
+    HELP,
+    config=TrainFlags,
+    run="headprobe.commands.train:main",
+    flags=FLAGS,
+    api="headprobe.commands.train_core:train",
+    check="headprobe.commands.train:check",
 )
 """``headprobe train``, registered in :data:`headprobe.commands.COMMANDS`."""
