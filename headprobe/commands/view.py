@@ -48,8 +48,9 @@ class ViewConfig(ModelSettings):
         circuit: a ``headprobe circuit`` output directory (summary.json, circuit.svg or .png) of
             the same model, shown in a section of its own.
         model: compute patterns.npz with this model when DIR (a scan) has none; None: never load a model.
-        device, dtype, backend, device_map, max_memory, threads, memory_budget: how ``model`` loads;
-            given without it they would do nothing and are refused (:class:`~headprobe.settings.Needs`).
+        device: where ``model`` loads; this and the other loading settings (``dtype``, ``backend``,
+            ``device_map``, ``max_memory``, ``threads``, ``memory_budget``) given without ``model``
+            would do nothing and are refused (:class:`~headprobe.settings.Needs`).
         prepend_bos: not view's to set (no flag): the patterns are computed with the scan's BOS
             setting (its summary.json); False is refused.
         pattern_len: tokens per example when computing patterns (>= 2).
