@@ -223,9 +223,12 @@ class Needs:
             return f"{flag} only acts with {other}: add {other} or leave {flag} out"
         if self.values == (None,):
             return f"{flag} only acts without {other}, not with {other} {shown}: leave one of them out"
-        wanted = " or ".join(map(str, self.values))
+        wanted = " or ".join(str(v) for v in self.values if v is not None)
         where = f"with {wanted} in {other}" if self.contains else f"with {other} {wanted}"
-        return f"{flag} only acts {where}, not {other} {shown}: leave {flag} out or change {other}"
+        if None in self.values:  # a None default among the values: without the flag, too
+            where = f"without {other} or {where}"
+        now = f"not without {other}" if value is None else f"not {other} {shown}"
+        return f"{flag} only acts {where}, {now}: leave {flag} out or change {other}"
 
 
 def refuse_inert(config, given) -> None:

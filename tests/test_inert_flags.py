@@ -23,6 +23,12 @@ INERT = [
         "--n-probes only acts with --estimate second-order, not --estimate gradient",
     ),
     (["ablate", "--estimate", "atp", "--max-batch", "2"], "--max-batch only acts without --estimate"),
+    (
+        ["ablate", "--estimate", "gradient", "--kind", "mean"],  # Michel et al.'s importance replaces nothing
+        "--kind only acts without --estimate or with --estimate atp or attribution or second-order, "
+        "not --estimate gradient",
+    ),
+    (["ablate", "--n-probes", "4"], "--n-probes only acts with --estimate second-order, not without --estimate"),
     (["prune", "--save-fraction", "0.5"], "--save-fraction only acts with --save-pruned"),
     (["prune", "--method", "michel", "--l0-steps", "3"], "--l0-steps only acts with l0 in --method"),
     (["prune", "--method", "l0", "--n-seeds", "2"], "--n-seeds only acts with random in --method"),

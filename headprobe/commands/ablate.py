@@ -89,7 +89,12 @@ class AblateConfig(options.ModelRunConfig):
         n_probes: sampled-target probes of ``estimate="second-order"`` (>= 1; ignored otherwise).
     """
 
-    kind: str = setting("zero", lambda: _kind_help(), choices=ablation_kinds.names)
+    kind: str = setting(
+        "zero",
+        lambda: _kind_help(),
+        choices=ablation_kinds.names,
+        needs=Needs("estimate", (None, "atp", "attribution", "second-order")),  # gradient: unsigned, no replacement
+    )
     heads: str | tuple[int, int] | Sequence[str | tuple[int, int]] | None = setting(
         None, "sweep only these heads, as layer.head, comma-separated (e.g. 5.1,17.3; L5H1 also accepted); default: all"
     )
