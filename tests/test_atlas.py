@@ -657,3 +657,15 @@ def test_over_training_reads_its_markers_from_a_saved_atlas_csv():
     drawn = markers(over_training_plot(table, "t"))
     assert drawn == [True, False]  # hollow at step 0 (not confirmed), filled at 100
     assert markers(over_training_plot(saved, "t")) == drawn
+
+
+def test_the_readmes_atlas_time_is_the_committed_runs():
+    """The README quotes the committed atlas run's time; it drifted once (1,305 s beside a rerun's
+    1,856 s): it must be ``timings_s.run_s`` of figures/atlas/summary.json, rounded."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    run_s = json.loads((root / "figures" / "atlas" / "summary.json").read_text())["timings_s"]["run_s"]
+    quoted = re.search(r"committed rerun of [0-9-]+ took ([0-9,]+) s", (root / "README.md").read_text())
+    assert quoted is not None and int(quoted.group(1).replace(",", "")) == round(run_s), (quoted, run_s)
