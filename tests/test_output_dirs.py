@@ -46,6 +46,22 @@ def test_overwrite_replaces_the_previous_runs_files_and_keeps_the_users(tiny_dir
     assert json.loads((out / "summary.json").read_text())["config"]["types"] == ["induction"]
 
 
+def test_a_page_view_wrote_is_replaced_by_the_next_overwrite(tiny_dir, text_file, tmp_path, capsys):
+    """``headprobe view DIR`` wrote index.html without recording it: a later ``scan --out DIR
+    --overwrite`` kept the old page (the earlier run's results) as a file "that no headprobe run
+    recorded". Now view adds it to the run's list, before the summary; the next overwrite removes it."""
+    out = tmp_path / "o"
+    assert _scan(tiny_dir, text_file, out, "--types", "induction") == 0
+    assert main(["view", str(out)]) == 0
+    listed = json.loads((out / OUTPUTS_NAME).read_text())["files"]
+    assert "index.html" in listed and listed[-1] == "summary.json"
+    assert main(["view", str(out)]) == 0  # again: listed once
+    assert json.loads((out / OUTPUTS_NAME).read_text())["files"] == listed
+    capsys.readouterr()
+    assert _scan(tiny_dir, text_file, out, "--types", "induction", "--overwrite") == 0
+    assert not (out / "index.html").exists() and "no headprobe run recorded" not in capsys.readouterr().out
+
+
 @pytest.mark.figures
 def test_the_last_line_names_every_file_but_the_figures(tiny_dir, text_file, tmp_path, capsys):
     """The wrote line is computed from the paths a run saved: each table, summary and page by name,

@@ -213,7 +213,7 @@ def run(cfg: ViewConfig) -> Path:
                 f"{'circuit' if flag == '--circuit ' else 'scan or ablate'})"
             )
     from headprobe.analyses.viewer import build_page, load_patterns
-    from headprobe.probe.core.io import write_text
+    from headprobe.probe.core.io import record_output, write_text
 
     found = _read_dir(d)
     if cfg.ablation and not (Path(cfg.ablation) / ABLATION).is_file():
@@ -251,6 +251,8 @@ def run(cfg: ViewConfig) -> Path:
     except ValueError as e:
         raise HeadprobeError(str(e)) from None
     write_text(d / PAGE, page)
+    for made in (PAGE, *([PATTERNS] if found["patterns"] == d / PATTERNS else [])):
+        record_output(d, made)  # the run's own files now: the next --overwrite into d replaces them
     return d / PAGE
 
 

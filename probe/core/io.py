@@ -252,6 +252,18 @@ def previous_outputs(out: str | os.PathLike[str]) -> list[str]:
     return sorted(found, key=lambda n: n in ("summary.json", "study.json"))  # summaries last
 
 
+def record_output(out: str | os.PathLike[str], rel: str) -> None:
+    """Add ``rel``, a file a later command wrote into a run's folder ``out`` (``headprobe view``'s
+    index.html, its patterns.npz), to the run's file list (:data:`OUTPUTS_NAME`; before the summary,
+    which stays last), so that the next ``--overwrite`` replaces it with the run it belongs to. A folder
+    without the list (an older run's) is left as it is."""
+    if not (Path(out) / OUTPUTS_NAME).is_file():
+        return
+    files = previous_outputs(out)
+    if rel not in files:
+        write_json(Path(out) / OUTPUTS_NAME, {"files": [*files[:-1], rel, *files[-1:]]})
+
+
 def foreign_files(out: str | os.PathLike[str]) -> list[str]:
     """The top-level entries of ``out`` that no headprobe run recorded (:func:`previous_outputs`) and
     that are not headprobe's bookkeeping (checkpoints, staging): what ``--overwrite`` left in place."""
