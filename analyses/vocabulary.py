@@ -162,13 +162,17 @@ def reachable(n_random: int, alpha: float) -> bool:
     return Fraction(1, n_random + 1) <= exact_level(alpha)
 
 
-def unreachable_note(n_random: int, alpha: float) -> str | None:
-    """The one line said before a verification whose draws cannot reach ``alpha`` (None if they can)."""
+def unreachable_note(n_random: int, alpha: float, tests: int = 1, correction: str = "") -> str | None:
+    """The one line said before a verification whose draws cannot reach ``alpha`` (None if they can).
+    ``tests`` > 1 verdicts under ``correction``: the line also gives the draws one verdict needs to
+    be CONFIRMED on its own (``tests / alpha - 1``, as the plan's later lines say)."""
     if reachable(n_random, alpha):
         return None
     need = math.ceil(1 / exact_level(alpha)) - 1
+    lone = max(1, math.ceil(tests / exact_level(alpha)) - 1)
+    more = f"; {lone} or more for one verdict on its own under {correction} over {tests} tests" if lone > need else ""
     return (
         f"--n-random {n_random} cannot reach alpha={alpha:g} (the smallest p-value of {n_random} draws is "
         f"1/{n_random + 1} = {1 / (n_random + 1):.3f}): no verdict can be CONFIRMED; the ablations still run and "
-        f"report their p-values (use --n-random {need} or more)"
+        f"report their p-values (use --n-random {need} or more{more})"
     )

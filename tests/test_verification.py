@@ -248,6 +248,17 @@ def test_settings_reachability_and_effect_rule():
     assert not VerificationSettings(k=3, n_random=10).reachable
     note = unreachable_note(VerificationSettings(k=3, n_random=10))
     assert "no verdict can be CONFIRMED" in note and "--n-random 19" in note
+    # scan's first note said 19 where the plan's later lines said 39 (two types under BH): it gives both
+    from headprobe.analyses import statistics, vocabulary
+    from headprobe.commands.scan import ScanConfig
+    from headprobe.commands.scan import unreachable_note as scan_note
+
+    both = scan_note(ScanConfig(types="induction,previous_token", n_random=10, keep_n_random=True))
+    lone = statistics.lone_draws_needed(2, 0.05)
+    assert lone == 39 and both.endswith(
+        f"(use --n-random 19 or more; {lone} or more for one verdict on its own under bh over 2 tests)"
+    )
+    assert vocabulary.unreachable_note(10, 0.05, 1, "bh").endswith("(use --n-random 19 or more)")
     assert (
         VerificationSettings(k=3, n_random=10, alpha=0.1).reachable and VerificationSettings(k=3, n_random=19).reachable
     )

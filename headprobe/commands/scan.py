@@ -285,7 +285,7 @@ def unreachable_note(cfg: ScanConfig) -> str | None:
     verification, or without ``keep_n_random``: then the draws are raised to what a lone verdict needs)."""
     if not cfg.verify or not cfg.keep_n_random:
         return None
-    return vocab.unreachable_note(cfg.n_random, cfg.alpha)
+    return vocab.unreachable_note(cfg.n_random, cfg.alpha, len(cfg.types or ()), cfg.correction)
 
 
 @dataclass(frozen=True)
