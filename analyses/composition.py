@@ -32,7 +32,6 @@ from torch import Tensor
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core import memory
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.sizes import format_bytes
 
 
 @dataclass(frozen=True)
@@ -212,12 +211,8 @@ def composition_plan(spec, device, what: str = "composition scores") -> memory.B
     host = 4 * P if torch.device(device).type == "cpu" else 0
     fixed = host + factors + 3 * 4 * (L * H) ** 2 + max(layer, P)
     per = 6 * 4 * max(1, L - 1) * H * dh * dh
-    total, source = memory.budget(device)
-    if fixed + per > total:  # items_that_fit's advice (fewer or shorter sequences) does not apply to weights
-        raise HeadprobeError(
-            f"{what} needs about {format_bytes(fixed + per)} of working memory (the weights' factors and one later "
-            f"head's products), more than the {source}: state a larger --memory-budget, or skip this step with --no-metrics"
-        )
+    detail = "the weights' factors and one later head's products"
+    total, source = memory.weights_fit(fixed + per, device, what, "--no-metrics", detail)
     return memory.BatchPlan(min(H, (total - fixed) // per), per, fixed, total, source, what)
 
 

@@ -34,7 +34,6 @@ from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core import memory
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import TextFile
-from headprobe.probe.core.sizes import format_bytes
 from headprobe.probe.hooks.capture import patterns_by_layer
 from headprobe.probe.hooks.names import attn_hook, block_hook
 
@@ -813,13 +812,8 @@ def _step_plan(model: LoadedModel, step: tuple[str, int, str], n_seqs: int, T: i
     if passes != "weights":
         label = f"{what} {name} ({n_seqs} x {T} tokens, {passes})"
         return memory.plan(per, model.device, n_seqs, label, 0, cap=n_seqs, skip="--no-metrics")
-    total, source = memory.budget(model.device)  # no sequences: the step is one item, of the weights' size
     label = f"{what} {name} (float32 copies of the embedding, unembedding and head weights)"
-    if per > total:
-        raise HeadprobeError(
-            f"{label} needs about {format_bytes(per)} of working memory, more than the {source}: state a "
-            f"larger --memory-budget, or skip this step with --no-metrics"
-        )
+    total, source = memory.weights_fit(per, model.device, label, "--no-metrics")  # one item, the weights' size
     return memory.BatchPlan(1, per, 0, total, source, label)
 
 

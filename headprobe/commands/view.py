@@ -226,9 +226,11 @@ def run(cfg: ViewConfig) -> Path:
         notes.append(
             f"{found['patterns']} is already there: --model and --pattern-len are not used (delete it to recompute)"
         )
+    made = [PAGE]  # what this call writes into d
     if cfg.model and found["patterns"] is None and found["scores"] is not None:
         notes += compute_patterns(cfg, found["summary"], d / PATTERNS)
         found["patterns"] = d / PATTERNS
+        made.append(PATTERNS)
     for note in notes:
         print(f"NOTE: {note}", flush=True)
     circuit = _read_circuit(Path(cfg.circuit)) if cfg.circuit else None
@@ -251,8 +253,8 @@ def run(cfg: ViewConfig) -> Path:
     except ValueError as e:
         raise HeadprobeError(str(e)) from None
     write_text(d / PAGE, page)
-    for made in (PAGE, *([PATTERNS] if found["patterns"] == d / PATTERNS else [])):
-        record_output(d, made)  # the run's own files now: the next --overwrite into d replaces them
+    for name in made:
+        record_output(d, name)  # the run's own files now: the next --overwrite into d replaces them
     return d / PAGE
 
 

@@ -128,6 +128,24 @@ def items_that_fit(
     return int(n)
 
 
+def weights_fit(need: int, device, what: str, skip: str | None = None, detail: str = "") -> tuple[int, str]:
+    """:func:`budget` of ``device`` where a step of ``need`` bytes fits that no batch size can shrink
+    (copies of weights: the copying score's, the composition scores' factors); ``detail`` says what
+    the bytes are, ``skip`` the flag that leaves the step out.
+
+    Raises:
+        HeadprobeError: ``need`` is above the budget (one line naming ``what``; no advice to use
+            fewer or shorter sequences, which would not help), or a bad budget.
+    """
+    total, source = budget(device)
+    if need > total:
+        raise HeadprobeError(
+            f"{what} needs about {format_bytes(need)} of working memory{f' ({detail})' if detail else ''}, more "
+            f"than the {source}: state a larger --memory-budget{f', or skip this step with {skip}' if skip else ''}"
+        )
+    return total, source
+
+
 @dataclass(frozen=True)
 class BatchPlan:
     """A batch size chosen from the budget (:func:`plan`).
