@@ -1,0 +1,52 @@
+"""The suite's cached type checker (tests/hp_typecheck.py) reuses beartype's checker for a signature it
+has seen and still checks what a fresh one would: two closures with the same annotations share it, a
+closure with other dimensions gets its own."""
+
+import hp_typecheck
+import jaxtyping
+import pytest
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+
+def _closure(dims: str, dtype=Float):
+    @jaxtyping.jaxtyped(typechecker=hp_typecheck.cached_beartype)
+    def head_sum(x: dtype[Tensor, dims], k: int = 1) -> dtype[Tensor, dims]:  # type: ignore[valid-type]
+        return x * k
+
+    return head_sum
+
+
+def test_a_closure_made_again_reuses_the_checker_and_still_checks():
+    first = _closure("batch head")
+    built, reused = hp_typecheck.stats["built"], hp_typecheck.stats["reused"]
+    again = _closure("batch head")  # Float[Tensor, "batch head"] written again: another class
+    assert hp_typecheck.stats["built"] == built and hp_typecheck.stats["reused"] == reused + 2
+    for f in (first, again):
+        assert f(torch.ones(2, 3)).shape == (2, 3)
+        with pytest.raises(jaxtyping.TypeCheckError):
+            f(torch.ones(2, 3, 4))  # one dimension too many
+        with pytest.raises(jaxtyping.TypeCheckError):
+            f(torch.ones(2, 3, dtype=torch.int64))  # not a float tensor
+        with pytest.raises(jaxtyping.TypeCheckError):
+            f(torch.ones(2, 3), k="2")  # k: int
+
+
+def test_other_annotations_get_their_own_checker():
+    built = hp_typecheck.stats["built"]
+    flat, ints = _closure("pos"), _closure("batch head", Int)
+    assert hp_typecheck.stats["built"] >= built + 2
+    assert flat(torch.ones(5)).shape == (5,)
+    with pytest.raises(jaxtyping.TypeCheckError):
+        flat(torch.ones(2, 3))  # the "batch head" checker would pass this
+    assert ints(torch.ones(2, 3, dtype=torch.int64)).shape == (2, 3)
+    with pytest.raises(jaxtyping.TypeCheckError):
+        ints(torch.ones(2, 3))
+
+
+def test_the_suite_runs_headprobe_under_the_cached_checker():
+    """pyproject's addopts name this checker: importing headprobe (conftest does) built checkers with it."""
+    import headprobe.probe.hooks.capture  # noqa: F401
+
+    assert hp_typecheck.stats["built"] > 0
