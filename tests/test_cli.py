@@ -8,6 +8,8 @@ from importlib.metadata import version
 
 import pytest
 
+from headprobe.commands import COMMANDS
+
 
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "headprobe", *args], capture_output=True, text=True, timeout=120)
@@ -214,3 +216,17 @@ def test_every_flag_of_every_command_has_help_that_gives_its_default():
             elif default not in (None, False, True, argparse.SUPPRESS) and shown not in text and "default" not in text:
                 missing.append((name, action.option_strings[0], f"default {shown!r} not shown"))
     assert not missing, missing
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS.names()))
+def test_every_command_refuses_a_bad_flag_before_heavy_imports(name):
+    """A mistyped flag costs an interpreter start, not pandas, matplotlib or torch (``study``'s front
+    module imported pandas and matplotlib: 2-4 s before its one line)."""
+    code = (
+        "import sys\nfrom headprobe.cli import main\n"
+        f"rc = main({[name, *(['heads'] if name == 'study' else []), '--bogus-flag']!r})\n"
+        "print(rc, [m for m in ('torch', 'transformers', 'pandas', 'matplotlib') if m in sys.modules])"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "2 []", proc.stdout + proc.stderr
+    assert proc.stderr.startswith("headprobe: error: ") and proc.stderr.count("\n") == 1

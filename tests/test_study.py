@@ -297,7 +297,7 @@ def test_study_json_records_the_cpu_threads_and_kernels():
 def test_layouts_figure_fills_a_marker_by_study_json_rule(monkeypatch):
     """A marker is filled when some head's induction score passed 0.5 in every seed (study.json's
     ``induction_formed`` takes the minimum over seeds), not when the mean over seeds did."""
-    import headprobe.commands.study as study_command
+    import headprobe.commands.study_core as study_command
 
     seen = {}
     monkeypatch.setattr(study_command.figures, "quality_vs_kv", lambda *a, **kw: seen.update(kw))

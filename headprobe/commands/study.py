@@ -1,4 +1,6 @@
-"""``headprobe study heads|layouts``: train small models side by side.
+"""``headprobe study heads|layouts``: train small models side by side (the run, its Result and the
+Python function are in :mod:`headprobe.commands.study_core`, imported on first use: the flags are
+built and checked before pandas, matplotlib and torch load).
 
 * ``heads``: the same width (d_model 64) split into 1, 2, 4, 8, 16 heads; same data, same steps,
   several seeds.
@@ -29,33 +31,24 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import pandas as pd
-
-from headprobe.analyses import figures
-from headprobe.analyses.train_config import INDUCTION_FORMED, N_CHARS, TrainConfig, refuse_copy_fraction
+from headprobe.analyses.train_config import N_CHARS, TrainConfig, refuse_copy_fraction
 from headprobe.analyses.vocabulary import seed_error
-from headprobe.commands import Command
-from headprobe.options import check_fields, config_inputs, kept_line, out_as_it_was
+from headprobe.commands import Command, lazy_names, resolve
+from headprobe.options import kept_line, out_as_it_was
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.io import ReadsInputs, cpu_kernels, keeps_inputs, prepare_output_dir, summary_envelope
-from headprobe.probe.layout.cost import (
-    AttentionLayout,
-    attention_params_per_layer,
-    kv_bytes_per_request,
-    kv_bytes_per_token,
-)
+from headprobe.probe.core.io import prepare_output_dir
+from headprobe.probe.layout.cost import AttentionLayout
 from headprobe.settings import OUTPUT, Flags, ModelSettings, from_args, setting, shared
 
 HELP = "train small models side by side: how many heads (study heads), MHA vs GQA vs MQA vs MLA (study layouts)"
 
-__all__ = ["HELP", "COMMAND", "StudyConfig", "StudyResult", "run", "study", "FLAGS", "main"]
+_CORE = ("StudyResult", "run", "study", "run_study", "headline", "study_figure")
+__all__ = ["HELP", "COMMAND", "StudyConfig", "FLAGS", "main", *_CORE]
+__getattr__ = lazy_names(__name__, "headprobe.commands.study_core", _CORE)
 
 CONTEXT = 2048  # tokens, for the per-request KV cache column
 STUDIES = ("heads", "layouts")
@@ -267,274 +260,6 @@ def variants(
     return out
 
 
-def run_study(runs: list[tuple[str, TrainConfig]], seeds: list[int], progress: bool = False) -> pd.DataFrame:
-    """Train every (label, config) of ``runs`` once per seed; one row per run: the variant, its
-    layout and cost columns (:mod:`headprobe.probe.layout.cost`), the last evaluation's losses (nats/token)
-    and scores, seconds and the self-check. ``progress`` prints one line per run."""
-    from headprobe.analyses.train import train as train_model  # torch: only when training
-    from headprobe.analyses.train import training_tokenizer
-
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer = training_tokenizer(runs[0][1], tmp)  # every variant shares corpus and vocabulary
-        for label, cfg in runs:
-            for seed in seeds:
-                t0 = time.perf_counter()
-                r = train_model(dataclasses.replace(cfg, seed=seed), tokenizer)
-                last = r.log.iloc[-1]
-                lay = layout_of(cfg)
-                rows.append(
-                    {
-                        "variant": label,
-                        "kind": lay.kind,
-                        "n_heads": cfg.n_heads,
-                        "n_kv_heads": None if lay.is_mla else lay.n_kv_heads,  # MLA caches a latent, not heads
-                        "kv_lora_rank": cfg.kv_lora_rank,
-                        "seed": seed,
-                        "corpus": cfg.corpus,
-                        "steps": cfg.steps,
-                        "attn_params_per_layer": attention_params_per_layer(lay),
-                        "model_params": r.loaded.n_params,
-                        "kv_bytes_per_token": kv_bytes_per_token(lay),
-                        f"kv_bytes_at_{CONTEXT}": kv_bytes_per_request(lay, CONTEXT),
-                        "eval_loss": float(last["eval_loss"]),
-                        "in_context_loss": float(last["in_context_loss"]),
-                        "text_in_context_loss": float(last.get("text_in_context_loss", float("nan"))),
-                        "repeated_loss": float(last["repeated_loss"]),
-                        "max_induction": float(last["max_induction"]),
-                        "max_previous_token": float(last["max_previous_token"]),
-                        "seconds": time.perf_counter() - t0,
-                        "device": r.device,
-                        "self_check_ok": r.loaded.self_check.ok,
-                        "self_check_max_relative_error": r.loaded.self_check.max_relative_error,
-                    }
-                )
-                if progress:
-                    x = rows[-1]
-                    print(
-                        f"{label:<16} seed {seed}: loss {x['eval_loss']:.3f}  in-context {x['in_context_loss']:+.3f}  "
-                        f"induction {x['max_induction']:.2f}  KV/token {x['kv_bytes_per_token']} B  ({x['seconds']:.0f} s)",
-                        flush=True,
-                    )
-    return pd.DataFrame(rows).astype({"n_kv_heads": "Int64", "kv_lora_rank": "Int64"})  # integers, blank if none
-
-
-def headline(which: str, table: pd.DataFrame) -> dict:
-    """Per-variant means and, for layouts, the smallest MLA rank whose cache is below 1/8 of MHA's."""
-    agg = table.groupby("variant", sort=False).agg(
-        eval_loss=("eval_loss", "mean"),
-        eval_loss_sd=("eval_loss", "std"),
-        eval_loss_min=("eval_loss", "min"),
-        eval_loss_max=("eval_loss", "max"),
-        in_context_loss=("in_context_loss", "mean"),
-        in_context_loss_sd=("in_context_loss", "std"),
-        max_induction=("max_induction", "mean"),
-        min_max_induction=("max_induction", "min"),
-        kv_bytes_per_token=("kv_bytes_per_token", "first"),
-        seconds=("seconds", "mean"),
-    )
-    n_seeds = table.groupby("variant", sort=False)["seed"].nunique()
-    one_seed = "undefined: one seed; a standard deviation over seeds needs at least 2 (--seeds)"
-    out: dict[str, Any] = {
-        "per_variant": {
-            k: {
-                **{c: (None if pd.isna(v) else round(float(v), 4)) for c, v in row.items()},
-                **({"sd_null_reason": one_seed} if n_seeds[k] < 2 else {}),
-            }
-            for k, row in agg.iterrows()
-        }
-    }
-    if which == "layouts" and "MHA" in agg.index:
-        mha = agg.loc["MHA"]
-        mla = agg[[v.startswith("MLA") for v in agg.index]]
-        small = mla[mla["kv_bytes_per_token"] < mha["kv_bytes_per_token"] / 8]
-        if len(small):
-            best = small["eval_loss"].idxmin()
-            out["mla_below_one_eighth"] = {
-                "variant": best,
-                "kv_fraction_of_mha": round(
-                    float(small.loc[best, "kv_bytes_per_token"] / mha["kv_bytes_per_token"]), 4
-                ),
-                "loss_gap_vs_mha": round(float(small.loc[best, "eval_loss"] - mha["eval_loss"]), 4),
-                "mha_loss_seed_sd": None if pd.isna(mha["eval_loss_sd"]) else round(float(mha["eval_loss_sd"]), 4),
-                **({"mha_loss_seed_sd_null_reason": one_seed} if pd.isna(mha["eval_loss_sd"]) else {}),
-                # the held-out loss alone hides a missing induction circuit: report the in-context loss too
-                "in_context_loss_gap_vs_mha": round(
-                    float(small.loc[best, "in_context_loss"] - mha["in_context_loss"]), 4
-                ),
-                "induction_formed": bool(small.loc[best, "min_max_induction"] > INDUCTION_FORMED),
-                "every_rank_below": {
-                    v: {
-                        "eval_loss": round(float(r["eval_loss"]), 4),
-                        "in_context_loss": round(float(r["in_context_loss"]), 4),
-                        "max_induction": round(float(r["max_induction"]), 4),
-                    }
-                    for v, r in small.iterrows()
-                },
-            }
-        else:
-            out["mla_below_one_eighth"] = None
-            out["mla_below_one_eighth_null_reason"] = (
-                "no MLA rank of --ranks has a KV cache below 1/8 of MHA's "
-                f"({float(mha['kv_bytes_per_token']) / 8:g} bytes per token)"
-            )
-    return out
-
-
-def study_figure(which: str, table: pd.DataFrame, title: str):
-    """The study's figure from its ``results.csv`` table, as ``(name, Figure)``: ``loss_vs_heads``
-    (held-out loss and in-context loss against heads, every seed shown) or ``quality_vs_kv`` (mean
-    held-out loss with the seed range against KV cache per token; a filled marker: some head's
-    induction score above 0.5 in every seed, the rule of study.json's ``induction_formed``)."""
-    label = "held-out text loss (nats/char)" if (table["corpus"] == "text+copy").all() else "held-out loss (nats/token)"
-    if which == "heads":
-        fig = figures.loss_vs_heads(
-            table["n_heads"].to_numpy(),
-            table["eval_loss"].to_numpy(),
-            title,
-            table["in_context_loss"].to_numpy(),
-            label,
-        )
-        return "loss_vs_heads", fig
-    agg = table.groupby("variant", sort=False).agg(
-        kv=("kv_bytes_per_token", "first"),
-        loss=("eval_loss", "mean"),
-        lo=("eval_loss", "min"),
-        hi=("eval_loss", "max"),
-        induction=("max_induction", "min"),  # formed in every seed, as study.json's induction_formed
-    )
-    fig = figures.quality_vs_kv(
-        list(agg.index),
-        agg["kv"].to_numpy(),
-        agg["loss"].to_numpy(),
-        agg["lo"].to_numpy(),
-        agg["hi"].to_numpy(),
-        title,
-        label,
-        formed=agg["induction"].to_numpy() > INDUCTION_FORMED,
-    )
-    return "quality_vs_kv", fig
-
-
-@dataclass
-class StudyResult(ReadsInputs):
-    """A finished study.
-
-    Attributes:
-        config: the settings it ran with.
-        table: one row per (variant, seed) run, as :func:`run_study` builds it (results.csv).
-    """
-
-    config: StudyConfig
-    table: pd.DataFrame
-
-    def summary(self) -> dict:
-        """The content of study.json: the study, seeds, the shared training settings (``base``), the
-        grid and the headline numbers of :func:`headline`, in the summary envelope
-        (:func:`~headprobe.probe.core.io.summary_envelope`: no one model, so ``model`` and
-        ``weights_precision`` are null; the self-check over every trained model; ``timings_s``:
-        ``train_s``, the runs' training time). Runs on the CPU also record ``cpu_threads`` (torch's
-        intra-op threads) and ``cpu_capability`` (the vector kernels torch picked, e.g. ``AVX512``):
-        float32 training sums in an order both set, so after 1200 steps the losses differ in the
-        4th decimal between thread counts or CPUs; a rerun reproduces a table bit for bit only with both equal."""
-        c, table = self.config, self.table
-        grid = (
-            {"n_heads_list": list(c.n_heads_list or ())}
-            if c.which == "heads"
-            else {"ranks": list(c.ranks or ()), "rope": c.rope}
-        )
-        base = dataclasses.asdict(c.base())
-        if c.which == "heads":
-            del base["n_heads"]  # each variant's own: n_heads_list
-        self_check = {
-            "all_ok": bool(table["self_check_ok"].all()),
-            "max_relative_error": float(f"{table['self_check_max_relative_error'].max():.3g}"),
-            "what": "per trained model: patterns and the per-head W_O decomposition (headprobe.probe.hooks.selfcheck)",
-        }
-        return summary_envelope(
-            {
-                "which": c.which,
-                "seeds": list(c.seeds),
-                "base": base,
-                **grid,
-                **headline(c.which, table),
-                **cpu_kernels(list(table["device"]) if "device" in table else "cpu"),
-            },
-            model=None,
-            precision=None,
-            device=",".join(sorted(set(table["device"]))) if "device" in table else c.device,
-            self_check=self_check,
-            config=c,
-            timings_s={"train_s": float(table["seconds"].sum())},
-        )
-
-    def figures(self) -> dict:
-        """``{"loss_vs_heads": Figure}`` or ``{"quality_vs_kv": Figure}`` (see :func:`study_figure`)."""
-        c = self.config
-        prefix = f"{c.n_heads} heads, " if c.which == "layouts" else ""
-        title = (
-            f"d_model {c.d_model}, {c.steps} steps, {len(c.seeds)} seed{'s' if len(c.seeds) > 1 else ''}, {c.corpus}"
-        )
-        name, fig = study_figure(c.which, self.table, prefix + title)
-        return {name: fig}
-
-    @keeps_inputs
-    def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
-        """Write results.csv, the figure (PNG, PDF) and, last, study.json into ``out_dir`` (created
-        if absent), each file atomically. Returns the paths written.
-
-        Raises:
-            HeadprobeError: ``out_dir`` is a non-empty directory and ``overwrite`` is False, is a
-                file, or cannot be written.
-        """
-        from headprobe.analyses.outputs import write_outputs
-
-        return write_outputs(
-            out_dir,
-            overwrite,
-            summary=self.summary,
-            summary_name="study.json",
-            figures=self.figures,
-            tables={"results.csv": self.table.to_csv(index=False, float_format="%.5f")},
-        )
-
-    def report(self) -> str:
-        """The per-variant means ``headprobe study`` prints."""
-        cols = ["eval_loss", "in_context_loss", "max_induction", "kv_bytes_per_token"]
-        return str(self.table.groupby("variant", sort=False)[cols].mean().round(3))
-
-
-def run(config: StudyConfig, progress: bool = False) -> StudyResult:
-    """Train every variant of ``config`` once per seed (:func:`run_study`); ``progress`` prints one
-    line per run. Every setting is checked before any training.
-
-    Raises:
-        HeadprobeError: settings that cannot run (:meth:`StudyConfig.validate`), no GPU for
-            ``device="cuda"``, a diverged loss.
-    """
-    config.validate()
-    return StudyResult(config, run_study(config.variants(), list(config.seeds), progress))
-
-
-def study(which: str, *, progress: bool = False, **config_fields) -> StudyResult:
-    """``headprobe.study("layouts", steps=600, seeds=(0,), ...)``: :func:`run` on
-    ``StudyConfig(which, **config_fields)`` (see :class:`StudyConfig` for every field and its default).
-
-    Returns:
-        StudyResult: ``table`` (results.csv: one row per variant and seed, losses in nats/token or
-            nats/char, KV-cache bytes per token); ``save(out)`` writes what ``headprobe study`` writes.
-
-    Raises:
-        TypeError: an unknown field (naming the setting meant, :func:`headprobe.options.check_fields`).
-        HeadprobeError: as :func:`run`.
-    """
-    check_fields(StudyConfig, config_fields, "study", positional=("which",))
-    config = StudyConfig(which, **config_fields)
-    result = run(config, progress=progress)
-    result.inputs = config_inputs(config)  # what result.save(overwrite=True) must not remove
-    return result
-
-
 FLAGS = (Flags(only=("which",)), OUTPUT, Flags(skip=("which",)))
 """``headprobe study``'s flags in ``--help`` order."""
 
@@ -551,7 +276,7 @@ def check(args: argparse.Namespace, config: StudyConfig) -> None:
 
 def main(args: argparse.Namespace, config: StudyConfig) -> int:
     prepare_output_dir(args.out, args.overwrite, create=False)  # fail before training, leave nothing behind
-    result = run(config, progress=True)
+    result = resolve("headprobe.commands.study_core:run")(config, progress=True)
     with out_as_it_was(args.out):
         result.save(args.out, overwrite=args.overwrite)
     print(result.report())
@@ -566,7 +291,7 @@ COMMAND = Command(
     config=StudyConfig,
     run="headprobe.commands.study:main",
     flags=FLAGS,
-    api=study,
+    api="headprobe.commands.study_core:study",
     check="headprobe.commands.study:check",
 )
 """``headprobe study``, registered in :data:`headprobe.commands.COMMANDS`."""
