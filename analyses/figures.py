@@ -4,7 +4,8 @@ of models. :func:`save_figure` writes PNG, PDF and SVG atomically.
 Sizes follow a paper's single column (:data:`COLUMN_WIDTH`, 3.25 in) unless a figure is meant to
 span two (:data:`PAGE_WIDTH`, 6.75 in), the text widths of the common two-column templates.
 Colour maps are colourblind-safe: ``viridis``/``cividis`` for sequential scores, ``RdBu_r``
-centred at 0 for signed ones.
+centred at 0 for signed ones. Which of the two a quantity gets follows from its definition (a loss
+change is signed, Michel et al.'s importance ``E|dL/dxi_h|`` is not), never from the values drawn.
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ _RC = {
 }
 """``text.parse_math`` off: no figure here uses mathtext, and every label may carry data (tokens, prompts,
 model names), where two ``$`` would be parsed as mathtext (:func:`literal_text`)."""
+
+
+SEQUENTIAL_CMAP = "viridis"
+"""The colour map of a non-negative quantity (a share, an importance), its scale starting at 0."""
+DIVERGING_CMAP = "RdBu_r"
+"""The colour map of a signed quantity (a loss change), its scale centred at 0 with symmetric limits."""
 
 
 NOT_MEASURED_COLOR = "#bdbdbd"
@@ -942,7 +949,7 @@ def diff_heatmaps(panels: Sequence[tuple], title: str) -> Figure:
     for ax, (name, label, change, boxed, dotted) in zip(axes, panels):
         change = np.asarray(change, dtype=float)
         lim = (float(np.nanmax(np.abs(change))) if np.isfinite(change).any() else 0.0) or 1.0
-        im = ax.imshow(change, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
+        im = ax.imshow(change, cmap=DIVERGING_CMAP, vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
         for layer, head in zip(*np.nonzero(boxed)):
             ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, lw=1.0, ec="black"))
         for (layer, head), filled in dotted.items():
@@ -967,7 +974,9 @@ def signed_head_heatmap(
     centred at 0 with symmetric limits."""
     values = np.asarray(values, dtype=float)
     vmax = float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 1.0
-    return head_heatmap(values, title, cbar_label, cmap="RdBu_r", vmin=-vmax, vmax=vmax, group_size=group_size, ax=ax)
+    return head_heatmap(
+        values, title, cbar_label, cmap=DIVERGING_CMAP, vmin=-vmax, vmax=vmax, group_size=group_size, ax=ax
+    )
 
 
 @_styled
@@ -1042,6 +1051,12 @@ def weights_label(weights: str) -> str:
     return "4-bit weights" if "4-bit" in weights else f"{weights.split(' ')[0]} weights"
 
 
+REMOVED_LABEL = "removed (pruned checkpoint)"
+"""The legend entry of the heads a pruned checkpoint no longer has, drawn pale grey
+(:data:`MASKED_COLOR`) under :data:`REMOVED_HATCH` in every figure that shows them."""
+REMOVED_HATCH = "xxxx"
+
+
 @_styled
 def ablation_effect_panels(
     panels: Sequence[tuple[str, np.ndarray]],
@@ -1049,35 +1064,36 @@ def ablation_effect_panels(
     suptitle: str,
     cbar_label: str = "Δ loss (nats/token)",
     removed: np.ndarray | None = None,
+    signed: bool = True,
 ) -> Figure:
-    """Signed layer x head heatmaps side by side (one per task), each centred at 0.
+    """Layer x head heatmaps side by side (one per task), each on its own scale.
 
+    ``signed``: the quantity can be negative by its definition (a loss change; an estimate of one):
+    :data:`DIVERGING_CMAP` centred at 0 with symmetric limits. False: it cannot (Michel et al.'s
+    importance ``E|dL/dxi_h|``): :data:`SEQUENTIAL_CMAP` from 0 to the largest value.
     ``removed``: ``[layer, head]`` True for heads a pruned checkpoint no longer has: drawn pale
     grey (:data:`MASKED_COLOR`), cross-hatched, named in the legend, whatever their value (NaN, or the 0 of a
     head with zero weights), never as a measured effect."""
     n_layers = np.asarray(panels[0][1]).shape[0]
     fig = _figure(COLUMN_WIDTH if len(panels) == 1 else PAGE_WIDTH * 0.62, min(1.4 + 0.13 * n_layers, 8.0))
     axes = np.atleast_1d(fig.subplots(1, len(panels)))
-    gone = None if removed is None or not np.asarray(removed).any() else np.asarray(removed, dtype=bool)
+    gone = np.zeros(np.shape(panels[0][1]), dtype=bool) if removed is None else np.asarray(removed, dtype=bool)
     for ax, (title, values) in zip(axes, panels):
-        if gone is None:
-            signed_head_heatmap(values, title, cbar_label, group_size, ax=ax)
-            continue
         values = np.where(gone, 0.0, np.asarray(values, dtype=float))  # masked below: any finite value
-        finite = values[np.isfinite(values) & ~gone]
-        vmax = float(np.abs(finite).max()) if finite.size and np.abs(finite).max() > 0 else 1.0
+        finite = np.abs(values[np.isfinite(values) & ~gone])
+        top = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
         head_heatmap(
             values,
             title,
             cbar_label,
-            cmap="RdBu_r",
-            vmin=-vmax,
-            vmax=vmax,
+            cmap=DIVERGING_CMAP if signed else SEQUENTIAL_CMAP,
+            vmin=-top if signed else 0.0,
+            vmax=top,
             group_size=group_size,
             ax=ax,
-            mask=gone,
-            mask_label="removed (pruned checkpoint)",
-            mask_hatch="xxxx",
+            mask=gone if gone.any() else None,
+            mask_label=REMOVED_LABEL,
+            mask_hatch=REMOVED_HATCH,
         )
     fig.suptitle(suptitle)
     return fig
