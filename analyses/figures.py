@@ -248,6 +248,12 @@ not positional): a plain pale grey, unlike the hatched grey of unmeasured heads 
 of the maps used here (Tol's colour for data to be left out)."""
 
 
+REMOVED_LABEL = "removed (pruned checkpoint)"
+"""The legend entry of the heads a pruned checkpoint no longer has, drawn pale grey
+(:data:`MASKED_COLOR`) under :data:`REMOVED_HATCH` in every figure that shows them."""
+REMOVED_HATCH = "xxxx"
+
+
 def _category_colors(values: Sequence[int]) -> list[str]:
     """A colour of :data:`CATEGORY_COLORS` per integer in ``values``, given out by distance from 0
     (ties: the negative first): 0 is always blue and -1 orange, the commonest offsets.
@@ -327,12 +333,7 @@ def head_heatmap(
         ax.patch.set(facecolor=NOT_MEASURED_COLOR, hatch=NOT_MEASURED_HATCH, edgecolor="white", linewidth=0)
     im, levels = _heat_cells(ax, scores, masked, cmap, vmin, vmax, discrete)
     if mask_hatch:
-        from matplotlib.patches import Rectangle
-
-        for layer, head in np.argwhere(masked):
-            ax.add_patch(
-                Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, hatch=mask_hatch, ec=MASK_HATCH_COLOR, lw=0)
-            )
+        _hatch_cells(ax, masked, mask_hatch)
     _head_axes(ax, n_layers, n_heads, group_size)
     if len(title) > 56 and ", " in title and "\n" not in title:  # "<what>, <model>" on two lines when long
         title = ",\n".join(title.split(", ", 1))
@@ -368,7 +369,16 @@ def _heat_cells(ax, scores: np.ndarray, masked: np.ndarray, cmap: str, vmin, vma
     else:
         colors = matplotlib.colormaps[cmap].with_extremes(bad=(0, 0, 0, 0))
         im = ax.imshow(shown, cmap=colors, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
-    if masked.any():  # a second, opaque layer of pale grey over the masked cells only
+    _grey_cells(ax, masked)
+    return im, levels
+
+
+def _grey_cells(ax, masked: np.ndarray) -> None:
+    """A second, opaque image over ``ax``'s heatmap: the ``masked`` cells (``[layer, head]`` bool) in
+    plain pale grey (:data:`MASKED_COLOR`), every other cell transparent; nothing where none is masked."""
+    from matplotlib.colors import ListedColormap
+
+    if masked.any():
         ax.imshow(
             np.where(masked, 1.0, np.nan),
             cmap=ListedColormap([MASKED_COLOR]).with_extremes(bad=(0, 0, 0, 0)),
@@ -377,7 +387,15 @@ def _heat_cells(ax, scores: np.ndarray, masked: np.ndarray, cmap: str, vmin, vma
             aspect="auto",
             interpolation="nearest",
         )
-    return im, levels
+
+
+def _hatch_cells(ax, masked: np.ndarray, hatch: str) -> None:
+    """``hatch`` in grey (:data:`MASK_HATCH_COLOR`) over the ``masked`` cells of ``ax``'s heatmap
+    (``[layer, head]`` bool): an unfilled ``Rectangle`` each, so they stay apart in greyscale print."""
+    from matplotlib.patches import Rectangle
+
+    for layer, head in np.argwhere(masked):
+        ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, hatch=hatch, ec=MASK_HATCH_COLOR, lw=0))
 
 
 def _heat_legend(
@@ -477,24 +495,39 @@ def scores_overview(
     marked: Sequence[Sequence[tuple[int, int]]] | None = None,
     mark_label: str = "",
     score_label: str = OVERVIEW_SCORE_LABEL,
+    removed: np.ndarray | None = None,
 ) -> Figure:
     """Layer x head heatmaps of several scores in [0, 1] side by side (page width), one shared
     colour bar labelled ``score_label``; ``panels`` are ``(title, scores)``. ``marked``: per panel, the ``(layer, head)``
     cells to outline (:data:`OVERVIEW_MARK_WIDTH`; e.g. the heads a verification ablated), explained by
-    ``mark_label`` in a legend below the panels; None: no outlines and no legend."""
+    ``mark_label`` in a legend below the panels; None: no outlines. ``removed``: ``[layer, head]``
+    True for the heads a pruned checkpoint no longer has, drawn pale grey (:data:`MASKED_COLOR`) under
+    :data:`REMOVED_HATCH` whatever their score, :data:`REMOVED_LABEL` in the legend; any other NaN
+    score is hatched grey, "not measured" (as in :func:`head_heatmap`)."""
     n_layers, n_heads = np.asarray(panels[0][1]).shape
+    gone = np.zeros((n_layers, n_heads), dtype=bool) if removed is None else np.asarray(removed, dtype=bool)
+    shown = [np.where(gone, np.nan, np.asarray(scores, dtype=float)) for _, scores in panels]
+    missing = any((np.isnan(v) & ~gone).any() for v in shown)
+    keys = _overview_keys(marked is not None, mark_label, bool(gone.any()), missing)
+    # beside the long outline label the other keys take a row each, else they share one
+    rows = (mark_label.count("\n") + len(keys) - 1) if marked is not None else 0
     # a few layers still leave room for a suptitle of two or three lines (else constrained layout collapses the axes)
-    height = min(max(1.3 + 0.11 * n_layers, 2.6), 6.0) + (0.1 + 0.1 * mark_label.count("\n") if marked else 0.0)
+    height = min(max(1.3 + 0.11 * n_layers, 2.6), 6.0) + (0.1 + 0.1 * rows if keys else 0.0)
     fig = _figure(PAGE_WIDTH, height)
     axes = np.atleast_1d(fig.subplots(1, len(panels), sharey=True))
     # the panels share the page width less the y axis labels and the colour bar (about 1 inch), the
     # height less the titles, tick labels and legend (about 1.8 inches)
     width_in = (PAGE_WIDTH - 1.0) / len(panels) * 0.85
     cell = min(width_in / n_heads, max(height - 1.8, 0.5) / n_layers) * 72  # points
-    for i, (ax, (title, scores)) in enumerate(zip(axes, panels)):
-        im = ax.imshow(
-            np.asarray(scores, dtype=float), cmap="viridis", vmin=0, vmax=1, aspect="auto", interpolation="nearest"
-        )
+    import matplotlib
+
+    cmap = matplotlib.colormaps[SEQUENTIAL_CMAP].with_extremes(bad=(0, 0, 0, 0))
+    for i, (ax, (title, _), values) in enumerate(zip(axes, panels, shown)):
+        if (np.isnan(values) & ~gone).any():  # shows through the transparent NaN cells
+            ax.patch.set(facecolor=NOT_MEASURED_COLOR, hatch=NOT_MEASURED_HATCH, edgecolor="white", linewidth=0)
+        im = ax.imshow(values, cmap=cmap, vmin=0, vmax=1, aspect="auto", interpolation="nearest")
+        _grey_cells(ax, gone)
+        _hatch_cells(ax, gone, REMOVED_HATCH)
         _head_axes(ax, n_layers, n_heads, group_size, width_in=width_in)
         if i:
             ax.set_ylabel("")
@@ -502,23 +535,40 @@ def scores_overview(
         if marked is not None:
             _outline_cells(ax, marked[i], min(1.0, max(cell / OVERVIEW_MARK_CELL, 0.5)))
     fig.colorbar(im, ax=list(axes), shrink=0.8, pad=0.01).set_label(score_label)
-    if marked is not None:
-        _overview_legend(fig, mark_label)
+    if keys:
+        _overview_legend(fig, keys, 1 if marked is not None else len(keys))
     fig.suptitle(suptitle)
     return fig
 
 
-def _overview_legend(fig: Figure, label: str) -> None:
-    """:func:`scores_overview`'s legend below the panels: an outlined cell and ``label``."""
+def _overview_keys(marked: bool, mark_label: str, removed: bool, missing: bool) -> list[tuple[str, dict]]:
+    """:func:`scores_overview`'s legend entries, ``(label, Patch keywords)``: the outlined cells
+    (``marked``, named ``mark_label``), the removed heads, the heads not measured; only those drawn."""
+    keys = [(mark_label, _mark_style())] if marked else []
+    if removed:
+        keys.append(
+            (REMOVED_LABEL, {"facecolor": MASKED_COLOR, "edgecolor": MASK_HATCH_COLOR, "hatch": REMOVED_HATCH, "lw": 0})
+        )
+    if missing:
+        keys.append(
+            ("not measured", {"facecolor": NOT_MEASURED_COLOR, "hatch": NOT_MEASURED_HATCH, "edgecolor": "white"})
+        )
+    return keys
+
+
+def _overview_legend(fig: Figure, keys: Sequence[tuple[str, dict]], ncols: int) -> None:
+    """:func:`scores_overview`'s legend below the panels: one patch a key (:func:`_overview_keys`),
+    in ``ncols`` columns."""
     from matplotlib.patches import Patch
 
     fig.legend(
-        handles=[Patch(label=label, **_mark_style())],
+        handles=[Patch(label=label, **style) for label, style in keys],
         loc="outside lower center",
         frameon=False,
         fontsize=6,
         handlelength=1.0,
         handleheight=1.0,
+        ncols=ncols,
     )
 
 
@@ -1049,12 +1099,6 @@ def weights_label(weights: str) -> str:
     """Short form of a ModelSpec's ``weights`` for figure titles: ``4-bit weights`` for the
     quantized default model, else the first word (``float32 weights``)."""
     return "4-bit weights" if "4-bit" in weights else f"{weights.split(' ')[0]} weights"
-
-
-REMOVED_LABEL = "removed (pruned checkpoint)"
-"""The legend entry of the heads a pruned checkpoint no longer has, drawn pale grey
-(:data:`MASKED_COLOR`) under :data:`REMOVED_HATCH` in every figure that shows them."""
-REMOVED_HATCH = "xxxx"
 
 
 @_styled
