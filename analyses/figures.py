@@ -4,7 +4,8 @@ of models. :func:`save_figure` writes PNG, PDF and SVG atomically.
 Sizes follow a paper's single column (:data:`COLUMN_WIDTH`, 3.25 in) unless a figure is meant to
 span two (:data:`PAGE_WIDTH`, 6.75 in), the text widths of the common two-column templates.
 Colour maps are colourblind-safe: ``viridis``/``cividis`` for sequential scores, ``RdBu_r``
-centred at 0 for signed ones.
+centred at 0 for signed ones. Which of the two a quantity gets follows from its definition (a loss
+change is signed, Michel et al.'s importance ``E|dL/dxi_h|`` is not), never from the values drawn.
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ _RC = {
 }
 """``text.parse_math`` off: no figure here uses mathtext, and every label may carry data (tokens, prompts,
 model names), where two ``$`` would be parsed as mathtext (:func:`literal_text`)."""
+
+
+SEQUENTIAL_CMAP = "viridis"
+"""The colour map of a non-negative quantity (a share, an importance), its scale starting at 0."""
+DIVERGING_CMAP = "RdBu_r"
+"""The colour map of a signed quantity (a loss change), its scale centred at 0 with symmetric limits."""
 
 
 NOT_MEASURED_COLOR = "#bdbdbd"
@@ -241,6 +248,12 @@ not positional): a plain pale grey, unlike the hatched grey of unmeasured heads 
 of the maps used here (Tol's colour for data to be left out)."""
 
 
+REMOVED_LABEL = "removed (pruned checkpoint)"
+"""The legend entry of the heads a pruned checkpoint no longer has, drawn pale grey
+(:data:`MASKED_COLOR`) under :data:`REMOVED_HATCH` in every figure that shows them."""
+REMOVED_HATCH = "xxxx"
+
+
 def _category_colors(values: Sequence[int]) -> list[str]:
     """A colour of :data:`CATEGORY_COLORS` per integer in ``values``, given out by distance from 0
     (ties: the negative first): 0 is always blue and -1 orange, the commonest offsets.
@@ -320,12 +333,7 @@ def head_heatmap(
         ax.patch.set(facecolor=NOT_MEASURED_COLOR, hatch=NOT_MEASURED_HATCH, edgecolor="white", linewidth=0)
     im, levels = _heat_cells(ax, scores, masked, cmap, vmin, vmax, discrete)
     if mask_hatch:
-        from matplotlib.patches import Rectangle
-
-        for layer, head in np.argwhere(masked):
-            ax.add_patch(
-                Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, hatch=mask_hatch, ec=MASK_HATCH_COLOR, lw=0)
-            )
+        _hatch_cells(ax, masked, mask_hatch)
     _head_axes(ax, n_layers, n_heads, group_size)
     if len(title) > 56 and ", " in title and "\n" not in title:  # "<what>, <model>" on two lines when long
         title = ",\n".join(title.split(", ", 1))
@@ -361,7 +369,16 @@ def _heat_cells(ax, scores: np.ndarray, masked: np.ndarray, cmap: str, vmin, vma
     else:
         colors = matplotlib.colormaps[cmap].with_extremes(bad=(0, 0, 0, 0))
         im = ax.imshow(shown, cmap=colors, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
-    if masked.any():  # a second, opaque layer of pale grey over the masked cells only
+    _grey_cells(ax, masked)
+    return im, levels
+
+
+def _grey_cells(ax, masked: np.ndarray) -> None:
+    """A second, opaque image over ``ax``'s heatmap: the ``masked`` cells (``[layer, head]`` bool) in
+    plain pale grey (:data:`MASKED_COLOR`), every other cell transparent; nothing where none is masked."""
+    from matplotlib.colors import ListedColormap
+
+    if masked.any():
         ax.imshow(
             np.where(masked, 1.0, np.nan),
             cmap=ListedColormap([MASKED_COLOR]).with_extremes(bad=(0, 0, 0, 0)),
@@ -370,7 +387,15 @@ def _heat_cells(ax, scores: np.ndarray, masked: np.ndarray, cmap: str, vmin, vma
             aspect="auto",
             interpolation="nearest",
         )
-    return im, levels
+
+
+def _hatch_cells(ax, masked: np.ndarray, hatch: str) -> None:
+    """``hatch`` in grey (:data:`MASK_HATCH_COLOR`) over the ``masked`` cells of ``ax``'s heatmap
+    (``[layer, head]`` bool): an unfilled ``Rectangle`` each, so they stay apart in greyscale print."""
+    from matplotlib.patches import Rectangle
+
+    for layer, head in np.argwhere(masked):
+        ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, hatch=hatch, ec=MASK_HATCH_COLOR, lw=0))
 
 
 def _heat_legend(
@@ -470,24 +495,39 @@ def scores_overview(
     marked: Sequence[Sequence[tuple[int, int]]] | None = None,
     mark_label: str = "",
     score_label: str = OVERVIEW_SCORE_LABEL,
+    removed: np.ndarray | None = None,
 ) -> Figure:
     """Layer x head heatmaps of several scores in [0, 1] side by side (page width), one shared
     colour bar labelled ``score_label``; ``panels`` are ``(title, scores)``. ``marked``: per panel, the ``(layer, head)``
     cells to outline (:data:`OVERVIEW_MARK_WIDTH`; e.g. the heads a verification ablated), explained by
-    ``mark_label`` in a legend below the panels; None: no outlines and no legend."""
+    ``mark_label`` in a legend below the panels; None: no outlines. ``removed``: ``[layer, head]``
+    True for the heads a pruned checkpoint no longer has, drawn pale grey (:data:`MASKED_COLOR`) under
+    :data:`REMOVED_HATCH` whatever their score, :data:`REMOVED_LABEL` in the legend; any other NaN
+    score is hatched grey, "not measured" (as in :func:`head_heatmap`)."""
     n_layers, n_heads = np.asarray(panels[0][1]).shape
+    gone = np.zeros((n_layers, n_heads), dtype=bool) if removed is None else np.asarray(removed, dtype=bool)
+    shown = [np.where(gone, np.nan, np.asarray(scores, dtype=float)) for _, scores in panels]
+    missing = any((np.isnan(v) & ~gone).any() for v in shown)
+    keys = _overview_keys(marked is not None, mark_label, bool(gone.any()), missing)
+    # beside the long outline label the other keys take a row each, else they share one
+    rows = (mark_label.count("\n") + len(keys) - 1) if marked is not None else 0
     # a few layers still leave room for a suptitle of two or three lines (else constrained layout collapses the axes)
-    height = min(max(1.3 + 0.11 * n_layers, 2.6), 6.0) + (0.1 + 0.1 * mark_label.count("\n") if marked else 0.0)
+    height = min(max(1.3 + 0.11 * n_layers, 2.6), 6.0) + (0.1 + 0.1 * rows if keys else 0.0)
     fig = _figure(PAGE_WIDTH, height)
     axes = np.atleast_1d(fig.subplots(1, len(panels), sharey=True))
     # the panels share the page width less the y axis labels and the colour bar (about 1 inch), the
     # height less the titles, tick labels and legend (about 1.8 inches)
     width_in = (PAGE_WIDTH - 1.0) / len(panels) * 0.85
     cell = min(width_in / n_heads, max(height - 1.8, 0.5) / n_layers) * 72  # points
-    for i, (ax, (title, scores)) in enumerate(zip(axes, panels)):
-        im = ax.imshow(
-            np.asarray(scores, dtype=float), cmap="viridis", vmin=0, vmax=1, aspect="auto", interpolation="nearest"
-        )
+    import matplotlib
+
+    cmap = matplotlib.colormaps[SEQUENTIAL_CMAP].with_extremes(bad=(0, 0, 0, 0))
+    for i, (ax, (title, _), values) in enumerate(zip(axes, panels, shown)):
+        if (np.isnan(values) & ~gone).any():  # shows through the transparent NaN cells
+            ax.patch.set(facecolor=NOT_MEASURED_COLOR, hatch=NOT_MEASURED_HATCH, edgecolor="white", linewidth=0)
+        im = ax.imshow(values, cmap=cmap, vmin=0, vmax=1, aspect="auto", interpolation="nearest")
+        _grey_cells(ax, gone)
+        _hatch_cells(ax, gone, REMOVED_HATCH)
         _head_axes(ax, n_layers, n_heads, group_size, width_in=width_in)
         if i:
             ax.set_ylabel("")
@@ -495,23 +535,40 @@ def scores_overview(
         if marked is not None:
             _outline_cells(ax, marked[i], min(1.0, max(cell / OVERVIEW_MARK_CELL, 0.5)))
     fig.colorbar(im, ax=list(axes), shrink=0.8, pad=0.01).set_label(score_label)
-    if marked is not None:
-        _overview_legend(fig, mark_label)
+    if keys:
+        _overview_legend(fig, keys, 1 if marked is not None else len(keys))
     fig.suptitle(suptitle)
     return fig
 
 
-def _overview_legend(fig: Figure, label: str) -> None:
-    """:func:`scores_overview`'s legend below the panels: an outlined cell and ``label``."""
+def _overview_keys(marked: bool, mark_label: str, removed: bool, missing: bool) -> list[tuple[str, dict]]:
+    """:func:`scores_overview`'s legend entries, ``(label, Patch keywords)``: the outlined cells
+    (``marked``, named ``mark_label``), the removed heads, the heads not measured; only those drawn."""
+    keys = [(mark_label, _mark_style())] if marked else []
+    if removed:
+        keys.append(
+            (REMOVED_LABEL, {"facecolor": MASKED_COLOR, "edgecolor": MASK_HATCH_COLOR, "hatch": REMOVED_HATCH, "lw": 0})
+        )
+    if missing:
+        keys.append(
+            ("not measured", {"facecolor": NOT_MEASURED_COLOR, "hatch": NOT_MEASURED_HATCH, "edgecolor": "white"})
+        )
+    return keys
+
+
+def _overview_legend(fig: Figure, keys: Sequence[tuple[str, dict]], ncols: int) -> None:
+    """:func:`scores_overview`'s legend below the panels: one patch a key (:func:`_overview_keys`),
+    in ``ncols`` columns."""
     from matplotlib.patches import Patch
 
     fig.legend(
-        handles=[Patch(label=label, **_mark_style())],
+        handles=[Patch(label=label, **style) for label, style in keys],
         loc="outside lower center",
         frameon=False,
         fontsize=6,
         handlelength=1.0,
         handleheight=1.0,
+        ncols=ncols,
     )
 
 
@@ -942,7 +999,7 @@ def diff_heatmaps(panels: Sequence[tuple], title: str) -> Figure:
     for ax, (name, label, change, boxed, dotted) in zip(axes, panels):
         change = np.asarray(change, dtype=float)
         lim = (float(np.nanmax(np.abs(change))) if np.isfinite(change).any() else 0.0) or 1.0
-        im = ax.imshow(change, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
+        im = ax.imshow(change, cmap=DIVERGING_CMAP, vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
         for layer, head in zip(*np.nonzero(boxed)):
             ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, lw=1.0, ec="black"))
         for (layer, head), filled in dotted.items():
@@ -967,7 +1024,9 @@ def signed_head_heatmap(
     centred at 0 with symmetric limits."""
     values = np.asarray(values, dtype=float)
     vmax = float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 1.0
-    return head_heatmap(values, title, cbar_label, cmap="RdBu_r", vmin=-vmax, vmax=vmax, group_size=group_size, ax=ax)
+    return head_heatmap(
+        values, title, cbar_label, cmap=DIVERGING_CMAP, vmin=-vmax, vmax=vmax, group_size=group_size, ax=ax
+    )
 
 
 @_styled
@@ -1049,35 +1108,36 @@ def ablation_effect_panels(
     suptitle: str,
     cbar_label: str = "Δ loss (nats/token)",
     removed: np.ndarray | None = None,
+    signed: bool = True,
 ) -> Figure:
-    """Signed layer x head heatmaps side by side (one per task), each centred at 0.
+    """Layer x head heatmaps side by side (one per task), each on its own scale.
 
+    ``signed``: the quantity can be negative by its definition (a loss change; an estimate of one):
+    :data:`DIVERGING_CMAP` centred at 0 with symmetric limits. False: it cannot (Michel et al.'s
+    importance ``E|dL/dxi_h|``): :data:`SEQUENTIAL_CMAP` from 0 to the largest value.
     ``removed``: ``[layer, head]`` True for heads a pruned checkpoint no longer has: drawn pale
     grey (:data:`MASKED_COLOR`), cross-hatched, named in the legend, whatever their value (NaN, or the 0 of a
     head with zero weights), never as a measured effect."""
     n_layers = np.asarray(panels[0][1]).shape[0]
     fig = _figure(COLUMN_WIDTH if len(panels) == 1 else PAGE_WIDTH * 0.62, min(1.4 + 0.13 * n_layers, 8.0))
     axes = np.atleast_1d(fig.subplots(1, len(panels)))
-    gone = None if removed is None or not np.asarray(removed).any() else np.asarray(removed, dtype=bool)
+    gone = np.zeros(np.shape(panels[0][1]), dtype=bool) if removed is None else np.asarray(removed, dtype=bool)
     for ax, (title, values) in zip(axes, panels):
-        if gone is None:
-            signed_head_heatmap(values, title, cbar_label, group_size, ax=ax)
-            continue
         values = np.where(gone, 0.0, np.asarray(values, dtype=float))  # masked below: any finite value
-        finite = values[np.isfinite(values) & ~gone]
-        vmax = float(np.abs(finite).max()) if finite.size and np.abs(finite).max() > 0 else 1.0
+        finite = np.abs(values[np.isfinite(values) & ~gone])
+        top = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
         head_heatmap(
             values,
             title,
             cbar_label,
-            cmap="RdBu_r",
-            vmin=-vmax,
-            vmax=vmax,
+            cmap=DIVERGING_CMAP if signed else SEQUENTIAL_CMAP,
+            vmin=-top if signed else 0.0,
+            vmax=top,
             group_size=group_size,
             ax=ax,
-            mask=gone,
-            mask_label="removed (pruned checkpoint)",
-            mask_hatch="xxxx",
+            mask=gone if gone.any() else None,
+            mask_label=REMOVED_LABEL,
+            mask_hatch=REMOVED_HATCH,
         )
     fig.suptitle(suptitle)
     return fig

@@ -334,3 +334,41 @@ def test_ablate_bad_estimate_exits_2(tiny_dir, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("headprobe: error:") and "--estimate" in err[0], err
     assert not (tmp_path / "x").exists()
+
+
+def test_the_readmes_estimate_correlations_are_the_benchmarks():
+    """README's ``headprobe ablate`` line names four estimates and gave three Spearman values, which
+    one was whose unsaid. Each estimate it names must carry one value, the benchmark's output recorded in
+    docs/results.md (lines ``Spearman over the 60 heads: ...``), rounded: the signed estimates against
+    the signed exact effect, the unsigned importance against its size."""
+    import re
+    from pathlib import Path
+
+    from headprobe.analyses.vocabulary import ESTIMATORS
+
+    root = Path(__file__).resolve().parents[1]
+    lines = [
+        line
+        for line in (root / "docs" / "results.md").read_text(encoding="utf-8").splitlines()
+        if line.startswith("Spearman over the 60 heads:")
+    ]
+    patterns = {
+        "second-order": r"second order vs the signed effect (-?[0-9.]+)",
+        "atp": r"signed AtP\* \(AtP's sign\) vs the signed effect (-?[0-9.]+)",
+        "attribution": r"attribution patching vs the signed effect (-?[0-9.]+)",
+        "gradient": r"importance vs \|exact effect\| (-?[0-9.]+)",
+    }
+    measured = {}
+    for method, pattern in patterns.items():
+        found = {float(m) for line in lines for m in re.findall(pattern, line)}
+        assert len(found) == 1, (method, found)  # every recorded run agrees
+        measured[method] = found.pop()
+    row = next(
+        line for line in (root / "README.md").read_text(encoding="utf-8").splitlines() if "`headprobe ablate`" in line
+    )
+    named = re.search(r"--estimate ([a-z\\|-]+)`", row)
+    assert named is not None and set(named.group(1).split("\\|")) == set(ESTIMATORS) == set(measured), row
+    quoted = row.split("Spearman", 1)[1]
+    for method, rho in measured.items():
+        said = re.findall(rf"(?<![\w-]){re.escape(method)} (-?[0-9.]+)", quoted)
+        assert said == [f"{rho:.2f}"], (method, said, rho)

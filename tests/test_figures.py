@@ -711,3 +711,53 @@ def test_a_pattern_under_a_long_title_keeps_its_axes_and_every_text_inside(tmp_p
     assert " ".join(text.get_text().split()).replace("- ", "-") == " ".join(title.split())  # broken at spaces only
     assert _inside(fig, text) and box.y0 >= axes_box.y1
     assert ax.yaxis.label.get_window_extent(renderer).height <= axes_box.height
+
+
+@pytest.fixture(scope="module")
+def estimate_figures(tiny_dir, text_file):
+    """``ablate --estimate`` of every method on the tiny Llama: method -> its result's figure."""
+    import headprobe
+    from headprobe.commands.ablate import ESTIMATES
+
+    model = headprobe.load_model(str(tiny_dir), device="cpu", quiet=True)
+    settings = {"text": str(text_file), "seq_len": 16, "n_natural": 3, "n_repeated": 2, "period": 6}
+    return {
+        method: headprobe.ablate(
+            model, estimate=method, **settings, **({"n_probes": 2} if method == "second-order" else {})
+        ).figures()["ablation_estimate"]
+        for method in ESTIMATES
+    }
+
+
+def test_an_unsigned_estimate_is_drawn_on_a_sequential_scale_from_zero(estimate_figures):
+    """Michel et al.'s importance E|dL/dxi_h| is >= 0 by definition: it was drawn on the diverging
+    scale of the signed estimates, centred on 0, its lower half unused and suggesting negative
+    values. Chosen by the quantity's definition (summary.json's ``signed``), not by the data: an
+    unsigned estimate starts at 0 on ``viridis``, a signed one (a loss change) is centred on 0 on ``RdBu_r``."""
+    from headprobe.commands.ablate_core import ESTIMATE_SIGNED
+
+    assert ESTIMATE_SIGNED == {"atp": True, "attribution": True, "gradient": False, "second-order": True}
+    for method, fig in estimate_figures.items():
+        for ax in fig.axes[:2]:  # the two tasks' heatmaps (then their colour bars)
+            image = ax.images[0]
+            values = np.ma.filled(np.ma.asarray(image.get_array(), dtype=float), np.nan)
+            top = float(np.nanmax(np.abs(values)))
+            if ESTIMATE_SIGNED[method]:
+                assert image.cmap.name == "RdBu_r", (method, image.cmap.name)
+                assert image.norm.vmin == pytest.approx(-top) and image.norm.vmax == pytest.approx(top), method
+            else:
+                assert image.cmap.name == "viridis", (method, image.cmap.name)
+                assert image.norm.vmin == 0.0 and image.norm.vmax == pytest.approx(top), method
+                assert np.nanmin(values) >= 0.0  # the definition holds on the data too
+
+
+def test_an_unsigned_panel_keeps_zero_at_the_bottom_whatever_its_values():
+    """The scale is the quantity's, not the data's: an unsigned panel starts at 0 even where every
+    value is far above it, and a signed panel is centred on 0 even where every value is positive."""
+    values = np.array([[2.0, 3.0], [4.0, 5.0]])
+    unsigned = figs.ablation_effect_panels([("a", values)], None, "t", cbar_label="importance", signed=False)
+    signed = figs.ablation_effect_panels([("a", values)], None, "t")
+    assert (unsigned.axes[0].images[0].norm.vmin, unsigned.axes[0].images[0].norm.vmax) == (0.0, 5.0)
+    assert unsigned.axes[0].images[0].cmap.name == figs.SEQUENTIAL_CMAP
+    assert (signed.axes[0].images[0].norm.vmin, signed.axes[0].images[0].norm.vmax) == (-5.0, 5.0)
+    assert signed.axes[0].images[0].cmap.name == figs.DIVERGING_CMAP

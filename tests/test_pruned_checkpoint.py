@@ -270,3 +270,89 @@ def test_the_pruning_figure_redrawn_from_the_saved_folder_is_the_runs(pruned_dir
             np.testing.assert_allclose(x2, x, atol=1e-5)
             for col in ys:
                 np.testing.assert_allclose(ys2[col], ys[col], atol=1e-5)
+
+
+def _overview(model_dir, text_file):
+    """scan's overview figure (no verification, every head type) of the model in ``model_dir``."""
+    import headprobe
+    from headprobe.commands.scan_core import figure_makers
+
+    model = headprobe.load_model(str(model_dir), device="cpu", quiet=True)
+    result = headprobe.scan(model, text=str(text_file), seq_len=16, n_natural=3, n_repeated=2, period=6, verify=False)
+    return figure_makers(result)["overview"]()
+
+
+@pytest.mark.figures
+def test_the_overview_of_a_pruned_checkpoint_draws_removed_heads_hatched_grey_and_names_them(
+    pruned_dir, text_file, tmp_path
+):
+    """The overview drew a removed head (NaN score) plain white, like no colour of its scale and
+    with no legend entry. Now every panel draws exactly the removed heads in the pale grey of
+    ablate's figure (:data:`MASKED_COLOR`), cross-hatched, and the legend names them."""
+    import matplotlib.pyplot as plt
+
+    from headprobe.analyses import figures as figs
+
+    fig = _overview(pruned_dir, text_file)
+    panels = [ax for ax in fig.axes if ax.get_images() and ax.get_title()]
+    assert len(panels) >= 2
+    for ax in panels:
+        grey = [im for im in ax.get_images() if getattr(im.cmap, "colors", None) == [figs.MASKED_COLOR]]
+        assert len(grey) == 1, (ax.get_title(), "no layer of removed cells")
+        drawn = np.isfinite(np.ma.filled(np.ma.asarray(grey[0].get_array(), dtype=float), np.nan))
+        assert {tuple(map(int, x)) for x in np.argwhere(drawn)} == set(REMOVED), ax.get_title()
+        hatched = {
+            (round(p.get_y() + p.get_height() / 2), round(p.get_x() + p.get_width() / 2))
+            for p in ax.patches
+            if p.get_hatch() == figs.REMOVED_HATCH
+        }
+        assert hatched == set(REMOVED), ax.get_title()
+        scores = np.ma.filled(np.ma.asarray(ax.get_images()[0].get_array(), dtype=float), np.nan)
+        assert np.isnan([scores[h] for h in REMOVED]).all()  # no colour of the scale under them
+    labels = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert figs.REMOVED_LABEL in labels, labels
+    fig.savefig(tmp_path / "overview.png")  # draws (the hatches and legend keys included)
+    plt.close(fig)
+
+
+def test_a_pruned_checkpoint_keeps_its_sources_4_bit_note(tiny_dir, text_file, tmp_path):
+    """``prune --save-pruned`` of the 4-bit SmolLM2 wrote a checkpoint whose figures said
+    ``float32 weights``: the saved model is the dequantized 4-bit model, as the unpruned one whose
+    figures say ``4-bit weights`` (:func:`~headprobe.analyses.figures.weights_label`). Now the
+    checkpoint records its source's weights and the overview's title keeps the note; a checkpoint
+    written before that, of the embedded ``smollm2-135m``, gets it from its ``source``."""
+    import dataclasses
+    import shutil
+
+    import headprobe
+    from headprobe.analyses import figures as figs
+    from headprobe.probe.backends.sources import SMOLLM2_NAME, SMOLLM2_PRECISION
+
+    model = headprobe.load_model(str(tiny_dir), device="cpu", backend="native", quiet=True)
+    model.spec = dataclasses.replace(model.spec, weights=SMOLLM2_PRECISION)  # stands in for the 4-bit SmolLM2
+    assert figs.weights_label(model.spec.weights) == "4-bit weights"
+    curve = headprobe.prune(
+        model, methods=("random",), n_seeds=1, step_fraction=0.25, max_fraction=0.25, save_pruned=True,
+        save_fraction=0.25, text=str(text_file), seq_len=16, n_natural=3,
+    )  # fmt: skip
+    curve.save(tmp_path / "prune")
+    saved = tmp_path / "prune" / "pruned_model"
+    loaded = headprobe.load_model(str(saved), device="cpu", quiet=True)
+    assert "pruned headprobe checkpoint" in loaded.spec.weights and SMOLLM2_PRECISION in loaded.spec.weights
+    assert figs.weights_label(loaded.spec.weights) == "4-bit weights"
+    title = _overview(saved, text_file).get_suptitle()
+    assert f"({figs.weights_label(SMOLLM2_PRECISION)})" in title, title
+    # a checkpoint of the embedded model saved without the record: its source names the weights
+    old = tmp_path / "old"
+    shutil.copytree(saved, old)
+    meta = json.loads((old / "config.json").read_text())
+    meta["pruned"].pop("source_weights", None)
+    meta["source"] = SMOLLM2_NAME
+    (old / "config.json").write_text(json.dumps(meta))
+    assert figs.weights_label(headprobe.load_model(str(old), device="cpu", quiet=True).spec.weights) == "4-bit weights"
+    # and one of another model says nothing of 4 bits
+    meta["source"] = str(tiny_dir)
+    (old / "config.json").write_text(json.dumps(meta))
+    assert (
+        figs.weights_label(headprobe.load_model(str(old), device="cpu", quiet=True).spec.weights) == "float32 weights"
+    )

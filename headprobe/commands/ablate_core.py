@@ -313,8 +313,8 @@ class AblateResult(ReadsInputs):
                     "method": cfg.estimate,
                     "description": ESTIMATE_LABELS[cfg.estimate],
                     "exact": False,
-                    "signed": cfg.estimate != "gradient",
-                    "units": "nats per unit of head mask" if cfg.estimate == "gradient" else "nats/token",
+                    "signed": ESTIMATE_SIGNED[cfg.estimate],
+                    "units": "nats/token" if ESTIMATE_SIGNED[cfg.estimate] else "nats per unit of head mask",
                     "forward_equivalents_per_task": forward_equivalents(cfg.estimate, spec.n_layers, cfg.n_probes),
                     **({"n_probes": cfg.n_probes} if cfg.estimate == "second-order" else {}),
                     "note": "a gradient estimate of each head's single-head ablation effect, not an exact "
@@ -343,7 +343,8 @@ class AblateResult(ReadsInputs):
         for head in _removed(spec):
             removed[head] = True
         if self.config.estimate:
-            unit = "importance" if self.config.estimate == "gradient" else "estimated Δ loss (nats/token)"
+            signed = ESTIMATE_SIGNED[self.config.estimate]
+            unit = "estimated Δ loss (nats/token)" if signed else "importance (≥ 0)"
             fig = figs.ablation_effect_panels(
                 [
                     ("natural text", self.tasks["natural"].estimated),
@@ -353,6 +354,7 @@ class AblateResult(ReadsInputs):
                 estimate_title(self.config.estimate, tag),
                 cbar_label=unit,
                 removed=removed,
+                signed=signed,
             )
             return {"ablation_estimate": fig}
         fig = figs.ablation_effect_panels(
@@ -475,6 +477,10 @@ ESTIMATE_LABELS = {
     "second-order": "attribution patching plus half the Gauss-Newton curvature d^T G d, estimated with targets "
     "sampled from the model (LeCun et al. 1990; Martens & Grosse 2015)",
 }
+ESTIMATE_SIGNED = {"atp": True, "attribution": True, "gradient": False, "second-order": True}
+"""Whether each ``--estimate`` can be negative by its definition: the signed ones estimate a loss
+change (drawn on a diverging scale centred at 0); Michel et al.'s importance ``E|dL/dxi_h|`` is an
+expected absolute value, >= 0 (drawn on a sequential scale from 0; summary.json's ``signed``)."""
 ESTIMATE_SHORT = {
     "atp": "AtP*: attribution patching with GradDrop",
     "attribution": "attribution patching, first order",
@@ -500,7 +506,7 @@ ESTIMATE_COLUMN = {
     "second-order": "second_order_estimate",
 }
 """head_ablation.csv column (after ``<task>_``) of each ``--estimate``: never ``loss_delta``, the exact effect."""
-assert set(ESTIMATE_LABELS) == set(ESTIMATE_SHORT) == set(ESTIMATE_COLUMN) == set(ESTIMATES)
+assert set(ESTIMATE_LABELS) == set(ESTIMATE_SHORT) == set(ESTIMATE_COLUMN) == set(ESTIMATE_SIGNED) == set(ESTIMATES)
 
 
 def _estimate(

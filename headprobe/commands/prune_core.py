@@ -268,7 +268,7 @@ class PruneResult(ReadsInputs):
             HeadprobeError: ``out_dir`` is a file, not writable, or holds other files and ``overwrite`` is False.
         """
         from headprobe.analyses.outputs import write_outputs
-        from headprobe.probe.model.pruned import save_pruned_dir
+        from headprobe.probe.model.pruned import save_pruned_dir, source_weights
 
         curve = self.table.assign(margin=self.table["margin"].map(lambda v: "" if v != v else f"{v:.4g}"))
         tables = {"pruning_curve.csv": curve.to_csv(index=False, float_format="%.5f")}  # a margin near a tie in full
@@ -278,7 +278,13 @@ class PruneResult(ReadsInputs):
         def pruned_model(out: Path) -> list[Path]:
             if self.pruned is None:
                 return []
-            save_pruned_dir(self.pruned, out / PRUNED_DIR, self.tokenizer, source=self.spec.name)
+            save_pruned_dir(
+                self.pruned,
+                out / PRUNED_DIR,
+                self.tokenizer,
+                source=self.spec.name,
+                source_weights=source_weights(self.spec.weights),  # a 4-bit model's stay so named
+            )
             return [out / PRUNED_DIR]
 
         return write_outputs(

@@ -812,7 +812,8 @@ def overview_maker(result: ScanResult, dets: Sequence, suptitle: str) -> Callabl
     """The ``overview`` figure of :func:`figure_makers`, not drawn yet: a panel per type of ``dets``
     (its ranking score). After verification each panel outlines the heads that type's verification
     ablated (its top k) and its title says the verdict (:data:`~headprobe.analyses.verdicts.LABELS`);
-    with none, no outlines and the type's name alone."""
+    with none, no outlines and the type's name alone. A pruned checkpoint's removed heads
+    (``spec.removed_heads``) are drawn as removed, not as unmeasured."""
     verdicts = type_verdicts(result.verifications)
     ablated = {v.head_type: v.top_heads for v in result.verifications}
     panels = [
@@ -823,9 +824,14 @@ def overview_maker(result: ScanResult, dets: Sequence, suptitle: str) -> Callabl
         for det in dets
     ]
     label = figs.overview_score_label([(det.panel_title, det.overview_unit) for det in dets if det.overview_unit])
-    if not result.verifications:
-        return partial(figs.scores_overview, panels, result.spec.group_size, suptitle, score_label=label)
     n_layers, n_heads = result.spec.n_layers, result.spec.n_heads
+    removed = np.zeros((n_layers, n_heads), dtype=bool)  # a pruned checkpoint's heads: drawn as removed
+    for head in result.spec.removed_heads:
+        removed[head] = True
+    if not result.verifications:
+        return partial(
+            figs.scores_overview, panels, result.spec.group_size, suptitle, score_label=label, removed=removed
+        )
     marked = [
         parse_heads(",".join(ablated[det.name]), n_layers, n_heads) if ablated.get(det.name) else [] for det in dets
     ]
@@ -839,6 +845,7 @@ def overview_maker(result: ScanResult, dets: Sequence, suptitle: str) -> Callabl
         marked=marked,
         mark_label=mark,
         score_label=label,
+        removed=removed,
     )
 
 

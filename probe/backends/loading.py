@@ -483,8 +483,12 @@ def load_native(
         ) from None
     weights = "float32 (headprobe checkpoint)"
     if "pruned" in meta:
+        from headprobe.probe.model.pruned import pruned_weights
+
         p = meta["pruned"]
-        weights = f"{p.get('dtype', 'float32')} (pruned headprobe checkpoint, {p.get('n_removed')} heads removed, zero weights)"
+        # a checkpoint saved before source_weights was recorded: the embedded model's weights are known
+        source = p.get("source_weights") or (SMOLLM2_PRECISION if meta.get("source") == SMOLLM2_NAME else None)
+        weights = pruned_weights(p.get("dtype", "float32"), p.get("n_removed"), source)
     spec = dataclasses.replace(spec_from_native(str(path), str(path), weights, cfg), removed_heads=removed)
     loaded = cls(model.to(device).eval(), tokenizer, spec, prepend_bos=prepend_bos)
     train = meta.get("train") or {}
