@@ -551,7 +551,7 @@ class ModelSettings:
 
     model: str = setting(DEFAULT_MODEL, MODEL_HELP)
     """Model name or path (see :func:`headprobe.probe.backends.loading.load_model`)."""
-    device: str = setting("auto", "auto: cuda when a GPU is present, else cpu", choices=DEVICES)
+    device: str = setting("auto", "where to run (default auto: cuda when a GPU is present, else cpu)", choices=DEVICES)
     """``auto``, ``cpu`` or ``cuda``; applies when the model is loaded by name (a loaded model runs
     where it is: another device is refused, and its own is recorded; its dtype likewise)."""
     dtype: str = setting(
@@ -564,8 +564,8 @@ class ModelSettings:
     """Compute precision (``float32``, ``bfloat16``, ``float16``, or bf16/fp16/fp32), stored as torch's name."""
     backend: str = setting(
         "auto",
-        "native: headprobe's own transformer (auto picks it where it supports the architecture); "
-        "transformer-lens: TransformerLens' TransformerBridge around the Hugging Face model",
+        "native: headprobe's own transformer; transformer-lens: TransformerLens' TransformerBridge around "
+        "the Hugging Face model (default auto: native where it supports the architecture)",
         choices=BACKENDS,
     )
     """``auto`` (native where supported), ``native`` or ``transformer-lens``."""
@@ -580,7 +580,8 @@ class ModelSettings:
         None,
         "split a model too large for one device over the GPUs, CPU memory and disk (accelerate; "
         "the bridge in float32 only): auto/balanced spread the blocks evenly over the GPUs, sequential fills each in turn; "
-        "the embedding and unembedding stay on the first device; replaces --device (leave it at auto)",
+        "the embedding and unembedding stay on the first device; replaces --device (leave it at auto) "
+        "(default: none, one device)",
         choices=DEVICE_MAPS,
     )
     """``auto``, ``balanced`` or ``sequential``: split the model over devices; None: one device."""

@@ -110,7 +110,7 @@ class AblateConfig(options.ModelRunConfig):
         "no sweep: write a gradient estimate of each head's effect instead (atp: AtP* with "
         "GradDrop, ~n_layers+2 forward passes; attribution: attribution patching, ~3; gradient: "
         "Michel et al.'s unsigned importance, ~3; second-order: attribution patching plus a "
-        "sampled Gauss-Newton curvature term, ~3+2*n_probes)",
+        "sampled Gauss-Newton curvature term, ~3+2*n_probes; default: none, the exact sweep)",
         choices=ESTIMATES,
     )
     n_probes: int = setting(

@@ -173,7 +173,8 @@ class AtlasConfig(ModelSettings, DataSettings):
     )
     checkpoints: str | None = setting(
         None,
-        "scan the snapshots of a headprobe train --save-every run (RUN/checkpoints/step-*) in step order",
+        "scan the snapshots of a headprobe train --save-every run (RUN/checkpoints/step-*) in step order "
+        "(default: none)",
         metavar="RUN",
     )
     seq_len: int | None = shared(

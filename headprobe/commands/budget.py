@@ -138,17 +138,19 @@ class BudgetConfig:
         HeadprobeError: an unknown dtype.
     """
 
-    preset: str | None = setting(None, f"a published layout: {', '.join(cost.PRESETS)}")
+    preset: str | None = setting(None, f"a published layout: {', '.join(cost.PRESETS)} (default: none)")
     model: str | None = setting(
         None,
         "load this model (e.g. smollm2-135m, gpt2, a local directory, a headprobe "
         "train or prune --save-pruned directory), read its layout and check the formulas "
         "against its own KV cache and attention parameters (a Hugging Face model runs on the "
-        "TransformerLens backend here, for transformers' own cache)",
+        "TransformerLens backend here, for transformers' own cache) (default: none)",
     )
-    d_model: int | None = setting(None, "residual width D", type=positive_int)
-    n_layers: int | None = setting(None, "number of attention layers", type=positive_int)
-    n_heads: int | None = setting(None, "query heads H", type=positive_int)
+    d_model: int | None = setting(None, "residual width D (default: the preset's or model's)", type=positive_int)
+    n_layers: int | None = setting(
+        None, "number of attention layers (default: the preset's or model's)", type=positive_int
+    )
+    n_heads: int | None = setting(None, "query heads H (default: the preset's or model's)", type=positive_int)
     n_kv_heads: int | None = setting(
         None, "key/value heads (default: --n-heads, i.e. MHA; 1 is MQA)", type=positive_int
     )
@@ -167,20 +169,27 @@ class BudgetConfig:
     )
     sliding_window: int | None = setting(
         None,
-        "layers attend to (and cache) at most W positions (Mistral: 4096); see --global-every",
+        "layers attend to (and cache) at most W positions (Mistral: 4096; default: the preset's or model's, else "
+        "none); see --global-every",
         type=positive_int,
         metavar="W",
     )
     global_every: int | None = setting(
         None,
-        "with --sliding-window: every N-th layer is global (Gemma 2: 2, Gemma 3: 6)",
+        "with --sliding-window: every N-th layer is global (Gemma 2: 2, Gemma 3: 6; default: none, all windowed)",
         type=positive_int,
         metavar="N",
     )
-    kv_lora_rank: int | None = setting(None, "MLA: width of the cached KV latent (DeepSeek-V3: 512)", type=positive_int)
-    q_lora_rank: int | None = setting(None, "MLA: width of the query latent (DeepSeek-V3: 1536)", type=positive_int)
+    kv_lora_rank: int | None = setting(
+        None, "MLA: width of the cached KV latent (DeepSeek-V3: 512; default: none, not MLA)", type=positive_int
+    )
+    q_lora_rank: int | None = setting(
+        None, "MLA: width of the query latent (DeepSeek-V3: 1536; default: full-rank queries)", type=positive_int
+    )
     qk_rope_head_dim: int | None = setting(
-        None, "MLA: width of the decoupled rotary key (DeepSeek-V3: 64)", type=positive_int
+        None,
+        "MLA: width of the decoupled rotary key (DeepSeek-V3: 64; default: the preset's or model's, else 0)",
+        type=positive_int,
     )
     qk_nope_head_dim: int | None = setting(
         None,
@@ -216,14 +225,18 @@ class BudgetConfig:
     recommend: bool = setting(
         False, "propose a head layout for --params/--d-model, --seq-len, --kv-limit, --target", action="store_true"
     )
-    params: str | int | None = setting(None, "recommend: parameter budget without embeddings, e.g. 135M, 8B")
-    kv_limit: str | int | None = setting(None, "recommend: KV-cache memory limit per request, e.g. 2GiB, 512MiB")
+    params: str | int | None = setting(
+        None, "recommend: parameter budget without embeddings, e.g. 135M, 8B (default: none)"
+    )
+    kv_limit: str | int | None = setting(
+        None, "recommend: KV-cache memory limit per request, e.g. 2GiB, 512MiB (default: none)"
+    )
     target: str | None = setting(None, "recommend: deployment target (default gpu-server)", choices=cost.TARGETS)
     policy: str | None = setting(
         None,
         "cost a head-level KV policy (headprobe kv's policy.json: per layer and KV group, "
         "full or streaming with S sink + W recent positions; format in docs/kv.md) at "
-        "--seq-len",
+        "--seq-len (default: none)",
         metavar="FILE",
     )
 

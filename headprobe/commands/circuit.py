@@ -138,8 +138,10 @@ class CircuitConfig(ModelSettings):
         20, "path patch this many top edges and as many random ones exactly (default %(default)s; 0: none)", type=int
     )
     top: int = setting(20, "edges in the figure and summary (default %(default)s)", type=positive_int)
-    receivers: str | None = setting(None, "path patch every earlier head into these, e.g. 18.6:k,17.3:k,logits")
-    qk_head: str | None = setting(None, "explain this head's attention by QK attribution, e.g. 18.6")
+    receivers: str | None = setting(
+        None, "path patch every earlier head into these, e.g. 18.6:k,17.3:k,logits (default: none)"
+    )
+    qk_head: str | None = setting(None, "explain this head's attention by QK attribution, e.g. 18.6 (default: none)")
     memory_gb: float | None = setting(
         None,
         "working memory beyond the weights, GiB; wins over --memory-budget (default: --memory-budget's "

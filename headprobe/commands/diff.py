@@ -133,7 +133,7 @@ class DiffConfig(ModelSettings, DataSettings):
     requantize_b: str | None = setting(
         None,
         "round B's block weights first: int8 per output channel, int4/int3 per "
-        "group of 32 inputs (scale and minimum, as GGUF's Q4_1)",
+        "group of 32 inputs (scale and minimum, as GGUF's Q4_1; default: none)",
         choices=REQUANTIZE,
     )
 

@@ -140,7 +140,8 @@ class KVConfig(ModelSettings):
     )
     loss_tolerance: float | None = setting(
         None,
-        "instead: the most natural-text loss increase (nats/token); the fewest full groups that meet it",
+        "instead: the most natural-text loss increase (nats/token); the fewest full groups that meet it "
+        "(default: none, --kv-budget)",
         type=float,
         exclusive="budget",
     )

@@ -86,7 +86,9 @@ class PatchConfig(ModelSettings):
         "ioi", "built-in prompt pairs (default %(default)s: indirect-object identification)", choices=TASKS
     )
     prompts: str | None = setting(
-        None, "your own pairs instead: JSONL with clean, corrupted, correct, wrong per line", metavar="FILE"
+        None,
+        "your own pairs instead: JSONL with clean, corrupted, correct, wrong per line (default: none)",
+        metavar="FILE",
     )
     n_prompts: int | None = setting(
         None,

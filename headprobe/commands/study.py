@@ -146,7 +146,7 @@ class StudyConfig:
         ModelSettings,
         "device",
         "auto",
-        help="auto: cuda when a GPU is present, else cpu; trains and scores in float32 (no --dtype)",
+        help="where to run (default auto: cuda when a GPU is present, else cpu); trains and scores in float32 (no --dtype)",
     )
     """``"auto"`` (cuda when a GPU is present), ``"cpu"`` or ``"cuda"``."""
 

@@ -74,7 +74,8 @@ class TrainFlags(TrainConfig):
         "device",
         _T.device,
         help=(
-            "auto: cuda when a GPU is present, else cpu; trains in float32 (no --dtype: small models train in full precision)"
+            "where to run (default auto: cuda when a GPU is present, else cpu); trains in float32 "
+            "(no --dtype: small models train in full precision)"
         ),
     )
     corpus: str = setting(

@@ -67,11 +67,13 @@ class ViewConfig(ModelSettings):
         kw_only=True,
     )  # required: keyword-only, as it follows the group's defaulted fields
     ablation: str | None = setting(
-        None, "an ablate run's directory: add its per-head loss increases to the table and maps", metavar="DIR2"
+        None,
+        "an ablate run's directory: add its per-head loss increases to the table and maps (default: none)",
+        metavar="DIR2",
     )
     circuit: str | None = setting(
         None,
-        "a headprobe circuit run's directory: add its figure, top edges and path patching as a section",
+        "a headprobe circuit run's directory: add its figure, top edges and path patching as a section (default: none)",
         metavar="DIR3",
     )
     model: str | None = None  # type: ignore[assignment]  # optional here (the patterns need it), required by the other commands
