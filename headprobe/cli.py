@@ -25,20 +25,53 @@ from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.registry import did_you_mean
 from headprobe.settings import DEFAULTS_KEY, parsed_defaults
 
+REQUIRED_MESSAGE = "the following arguments are required: "
+"""How argparse begins the usage error of required arguments left out."""
+
 
 class OneLineErrorParser(argparse.ArgumentParser):
     """argparse with usage errors as one line (``headprobe: error: ... (see headprobe scan
     --help)``) and exit status 2, like every other bad input; subparsers inherit it."""
 
+    def parse_known_args(self, args=None, namespace=None):
+        self._words = list(sys.argv[1:] if args is None else args)  # read by error(): the words it parses
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str):
         prog = self.prog
-        if message.startswith("unrecognized arguments:"):  # reported by the top parser, about a command's flags
+        if message.startswith(REQUIRED_MESSAGE) and (meant := self._meant(self._unknown_flags(), message)):
+            message = f"unrecognized arguments: {' '.join(self._unknown_flags())}{meant}"  # the flag meant, not the gap
+        elif message.startswith("unrecognized arguments:"):  # reported by the top parser, about a command's flags
             message += _did_you_mean(message.split(":", 1)[1].split(), self._known_options())
             command = next((c for c in self._known_options() if c and c in sys.argv[1:2]), None)
             prog = f"{self.prog} {command}" if command else prog
         if message.startswith("argument COMMAND: invalid choice:"):  # a misspelt command: the registry's suggestion
             message += did_you_mean(message.split("'")[1], COMMANDS.names())
         self.exit(2, f"headprobe: error: {message} (see {prog} --help)\n")
+
+    def _unknown_flags(self) -> list[str]:
+        """The words this parser was given that spell no option of it (``--to``, ``--outt=x``: their
+        flags), whole or abbreviated as argparse takes them; argparse says only which required flags
+        are missing when one of these was probably meant as one."""
+        known = [o for a in self._actions for o in a.option_strings]
+        flags = (w.split("=", 1)[0] for w in getattr(self, "_words", ()) if w.startswith("--") and w != "--")
+        return [f for f in flags if f not in known and sum(o.startswith(f) for o in known) != 1]
+
+    def _meant(self, unknown: list[str], message: str) -> str:
+        """`` (did you mean --out?)`` for the ``unknown`` flags given where argparse's ``message`` says
+        required flags are missing: each one's closest option (:func:`_did_you_mean`), else, for one
+        unknown flag given a value where one required flag is missing, the missing one (the value
+        stood where its value goes: ``--to DIR``, ``--out``'s name before 0.1.0); ``""``: none is meant."""
+        if not unknown:
+            return ""
+        close = _did_you_mean(unknown, {"": [o for a in self._actions for o in a.option_strings]}, words=set())
+        missing = [w for w in message.removeprefix(REQUIRED_MESSAGE).replace(",", " ").split() if w.startswith("--")]
+        if close or len(unknown) != 1 or len(missing) != 1:
+            return close
+        words = list(getattr(self, "_words", ()))
+        given = [i for i, w in enumerate(words) if w.split("=", 1)[0] == unknown[0]]
+        valued = any("=" in words[i] or (i + 1 < len(words) and not words[i + 1].startswith("-")) for i in given)
+        return f" (did you mean {missing[0]}?)" if valued else ""
 
     def _known_options(self) -> dict[str, list[str]]:
         """Option strings of this parser and, per subcommand, of its subparsers."""
@@ -50,12 +83,12 @@ class OneLineErrorParser(argparse.ArgumentParser):
         return known
 
 
-def _did_you_mean(unknown: list[str], known: dict[str, list[str]]) -> str:
+def _did_you_mean(unknown: list[str], known: dict[str, list[str]], words: set[str] | None = None) -> str:
     """`` (did you mean --seq-len?)`` for misspelt flags (``--seq_len``), from the options of the
-    subcommand named on the command line (all options if none is)."""
+    subcommand named among ``words`` (None: the command line's; all options if none is)."""
     import difflib
 
-    words = set(sys.argv[1:])
+    words = set(sys.argv[1:]) if words is None else words
     pool = next((opts for cmd, opts in known.items() if cmd and cmd in words), None)
     pool = pool or sorted({o for opts in known.values() for o in opts})
     hints = []

@@ -436,8 +436,8 @@ MODEL_ARGS = ("model", "models", "b")
 """The settings that hold models (``diff A B``'s second is ``b``): an embedded model's name there
 is no path, even where a folder of that name exists (:func:`model_paths`)."""
 
-OUTPUT_ARGS = ("out", "to")
-"""The settings that name the folder a run writes (``export``'s ``to``: ``out``'s alias): never its inputs."""
+OUTPUT_ARGS = ("out",)
+"""The settings that name the folder a run writes: never its inputs."""
 
 
 def model_paths(value) -> list[str]:
@@ -760,16 +760,18 @@ def check_fields(
     """Raise ``TypeError`` naming the command's function (``function``, else the Config's name without
     ``Config``: ``scan()``, not ``ScanConfig``), the unknown setting and the nearest valid one
     (:func:`nearest_keyword`), for a keyword ``config_cls`` does not have (``positional``: fields
-    the function takes as arguments, not keywords)."""
+    the function takes as arguments, not keywords, though named as keywords too: suggested and listed first)."""
     import dataclasses
 
-    valid = [f.name for f in dataclasses.fields(config_cls) if f.name not in positional]
+    names = [f.name for f in dataclasses.fields(config_cls)]
+    valid = [n for n in names if n not in positional]
     for name in config_fields:
         if name not in valid:
-            near = nearest_keyword(name, valid)
-            hint = _flag_hint(name, config_cls, valid) or (f"; did you mean {near}?" if near else "")
+            named = [*(n for n in positional if n in names), *valid]
+            near = nearest_keyword(name, named)
+            hint = _flag_hint(name, config_cls, named) or (f"; did you mean {near}?" if near else "")
             command = function or config_cls.__name__.removesuffix("Config").lower()
-            raise TypeError(f"{command}() got an unknown setting {name!r}{hint} (settings: {', '.join(valid)})")
+            raise TypeError(f"{command}() got an unknown setting {name!r}{hint} (settings: {', '.join(named)})")
 
 
 def _flag_hint(name: str, config_cls, valid: list[str]) -> str | None:

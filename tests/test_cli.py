@@ -26,6 +26,9 @@ def test_version_is_the_installed_distributions():
         (["scan", "--seq_len", "3", "--out", "x"], "did you mean --seq-len?"),
         (["budget", "--presett", "llama3-8b"], "did you mean --preset?"),
         (["ablate", "--out", "x", "--Heads", "1.1"], "did you mean --heads?"),
+        # an unknown flag where a required one is missing: argparse named only the missing one
+        (["scan", "--outt", "x"], "did you mean --out?"),
+        (["export", "--from", "x", "--to", "y"], "did you mean --out?"),  # --to: --out's name before 0.1.0
     ],
 )
 def test_misspelt_flags_get_a_suggestion_on_one_line(args, hint, tmp_path):

@@ -483,38 +483,31 @@ def test_a_graph_of_another_model_width_is_refused(tmp_path, tiny_dir):
         ImportConfig(model=str(tiny_dir), heads_file=str(tmp_path / "g.json")).preflight()
 
 
-# --- export --out (and --to, its alias for one release) -------------------------------------------
+# --- export --out (its old name --to is gone: no release ever had it) ---------------------------------
 
 
-def test_export_writes_to_out_and_to_is_a_deprecated_alias(circuit_run, tmp_path, capsys):
+def test_export_writes_to_out_and_refuses_the_old_to_with_a_suggestion(circuit_run, tmp_path, capsys):
+    """``--to``, ``--out``'s name before the commands shared it, was kept as a deprecated alias for a
+    release that never came: it is now an unknown flag like any other, refused in one line that
+    points at ``--out`` (argparse alone says only that --out is missing), and nothing is written."""
     assert main(["export", "--from", str(circuit_run), "--out", str(tmp_path / "a"), "--format", "mib"]) == 0
-    assert "deprecated" not in capsys.readouterr().err
-    assert main(["export", "--from", str(circuit_run), "--to", str(tmp_path / "b"), "--format", "mib"]) == 0
-    err = capsys.readouterr().err
-    assert "--to is deprecated" in err and "--out" in err
-    a, b = (json.loads((tmp_path / d / "circuit_graph.json").read_text()) for d in "ab")
-    assert a == b
-    # --to's folder is the output, not an input: its overwrite was refused as removing "this run's input"
-    assert (
-        main(["export", "--from", str(circuit_run), "--to", str(tmp_path / "b"), "--format", "mib", "--overwrite"]) == 0
+    assert (tmp_path / "a" / "circuit_graph.json").is_file()
+    capsys.readouterr()
+    assert main(["export", "--from", str(circuit_run), "--to", str(tmp_path / "b"), "--format", "mib"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        "headprobe: error: unrecognized arguments: --to (did you mean --out?) (see headprobe export --help)\n"
     )
+    assert not (tmp_path / "b").exists()
 
 
-def test_export_refuses_both_out_and_to(circuit_run, tmp_path, capsys):
-    with pytest.raises(SystemExit) as e:
-        raise SystemExit(
-            main(["export", "--from", str(circuit_run), "--out", str(tmp_path / "a"), "--to", str(tmp_path / "b")])
-        )
-    assert e.value.code == 2 and "--to" in capsys.readouterr().err
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
-
-
-def test_export_function_takes_out_and_to_with_a_warning(circuit_run, tmp_path):
+def test_export_function_takes_out_and_not_the_old_to(circuit_run, tmp_path):
     import headprobe
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         headprobe.export(str(circuit_run), out=str(tmp_path / "a"), format="mib")
-    with pytest.warns(DeprecationWarning, match="out="):
+    assert (tmp_path / "a" / "circuit_graph.json").is_file()
+    with pytest.raises(TypeError, match=r"export\(\) got an unknown setting 'to' \(settings: source, out, format"):
         headprobe.export(str(circuit_run), to=str(tmp_path / "b"), format="mib")
-    assert (tmp_path / "a" / "circuit_graph.json").read_text() == (tmp_path / "b" / "circuit_graph.json").read_text()
+    assert not (tmp_path / "b").exists()

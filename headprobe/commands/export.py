@@ -21,7 +21,6 @@ refusal leaves nothing half-written. No model is loaded and no torch imported.
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import MISSING, dataclass
 
 from headprobe import options
@@ -51,7 +50,6 @@ class ExportConfig:
         source: a folder written by ``headprobe scan``, ``kv`` or ``circuit`` (flag ``--from``).
         out: the folder the files go to (empty or absent unless ``overwrite``; None: nothing is
             written, :func:`~headprobe.commands.export_core.export` returns the files).
-        to: ``out``'s deprecated alias (flag ``--to``, removed in the next release).
         format: ``duo``, ``headkv``, ``mib``, ``parquet`` or ``all`` (every one the source has).
         score: a scan's column written as DuoAttention values and HeadKV scores (None:
             ``retrieval`` where the scan computed it, else ``induction``); refused for a kv or
@@ -63,8 +61,7 @@ class ExportConfig:
         overwrite: replace the files of a non-empty ``out``.
 
     Raises:
-        HeadprobeError: an unknown format, a negative sink or recent size, or ``out`` and ``to``
-            naming two folders.
+        HeadprobeError: an unknown format, or a negative sink or recent size.
     """
 
     source: str = setting(
@@ -79,12 +76,8 @@ class ExportConfig:
         None,
         "folder to write (empty or absent unless --overwrite)",
         metavar="OUT",
-        exclusive="out",
         required=True,
         kw_only=True,
-    )
-    to: str | None = setting(
-        None, "deprecated alias of --out (removed in the next release)", metavar="OUT", exclusive="out", kw_only=True
     )
     format: str = setting(
         "all", f"{', '.join(FORMATS)} or all (every format the source has; default %(default)s)", choices=CHOICES
@@ -110,12 +103,6 @@ class ExportConfig:
     overwrite: bool = setting(False, "replace files in a non-empty --out folder", action="store_true")
 
     def __post_init__(self):
-        if self.to is not None:
-            if self.out is not None and self.out != self.to:
-                raise HeadprobeError(
-                    f"--to is --out's deprecated alias: give --out only, not --out {self.out} and --to {self.to}"
-                )
-            object.__setattr__(self, "out", self.to)
         if self.format not in CHOICES:
             raise HeadprobeError(f"--format must be one of {', '.join(CHOICES)}, got {self.format!r}")
         if (self.sink is not None and self.sink < 0) or (self.recent is not None and self.recent < 1):
@@ -124,8 +111,6 @@ class ExportConfig:
 
 def main(args: argparse.Namespace, config: ExportConfig) -> int:
     """Read the source folder, build every file in memory, then write the folder (nothing on a refusal)."""
-    if config.to is not None:
-        print("headprobe: note: --to is deprecated (removed in the next release); use --out", file=sys.stderr)
     result = resolve("headprobe.commands.export_core:run")(config)  # named as a string: no import cycle
     paths = result.save(config.out, overwrite=config.overwrite)
     print(result.report())

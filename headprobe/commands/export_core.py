@@ -523,9 +523,9 @@ def check_flags_apply(config: ExportConfig, src: Source, formats: tuple[str, ...
         raise HeadprobeError(f"--score {config.score}: for a scan folder's duo and headkv files; {why}")
 
 
-def export(source: str, out: str | None = None, *, to: str | None = None, **fields) -> ExportResult:
+def export(source: str, out: str | None = None, **fields) -> ExportResult:
     """``headprobe export`` as a function: the files built (``result.files``) and, with ``out``,
-    written (``to``: ``out``'s deprecated alias, with a ``DeprecationWarning``).
+    written.
 
     Returns:
         ExportResult: ``files`` (relative path -> text or bytes) and ``notes`` (format -> how its files
@@ -538,14 +538,8 @@ def export(source: str, out: str | None = None, *, to: str | None = None, **fiel
     from headprobe.options import check_fields, config_inputs
     from headprobe.settings import given_in_python, refuse_inert
 
-    check_fields(ExportConfig, fields, "export", positional=("source", "out", "to"))
-    if to is not None:
-        import warnings
-
-        warnings.warn(
-            "export(to=...) is deprecated (removed in the next release); use out=", DeprecationWarning, stacklevel=2
-        )
-    config = ExportConfig(source=source, out=out, to=to, **fields)
+    check_fields(ExportConfig, fields, "export", positional=("source", "out"))
+    config = ExportConfig(source=source, out=out, **fields)
     refuse_inert(config, given_in_python(ExportConfig, fields))  # sink= with format="headkv": as the flags
     result = run(config)
     result.inputs = config_inputs(config)  # what result.save(overwrite=True) must not remove
