@@ -50,7 +50,7 @@ def fake_quantize(w: torch.Tensor, scheme: str, group: int = GROUP) -> torch.Ten
 
 EXPERT_WEIGHTS = ("gate_up", "down")
 """The native mixture of experts' stacked expert weights ``[expert, out, in]``
-(:class:`headprobe.probe.model.transformer.MoE`)."""
+(:class:`headprobe.probe.model.feedforward.MoE`)."""
 
 
 def _is_weight_matrix(name: str, p: torch.Tensor) -> bool:

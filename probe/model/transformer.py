@@ -19,8 +19,7 @@ model read as an encoder (``causal=False``, ``post_ln``, ``embed_norm``) loads B
 al. 2019; e.g. sentence-transformers' all-MiniLM-L6-v2).
 
 Every hook point is named as TransformerLens names it and declared with its shape where it is
-created. The parts' public names stay importable from this module for one release; import them
-from their own modules.
+created. The parts' names are imported from their own modules.
 """
 
 from __future__ import annotations
@@ -38,34 +37,17 @@ from transformer_lens.hook_points import HookPoint
 
 from headprobe.probe.core.errors import HeadprobeError, padding_mask
 from headprobe.probe.layout.attention import KVPolicy
-from headprobe.probe.model.attention import QKV as QKV
-from headprobe.probe.model.attention import STREAMING_MASK_ENTRIES as STREAMING_MASK_ENTRIES
-from headprobe.probe.model.attention import Attention as Attention
-from headprobe.probe.model.attention import SelfAttention
-from headprobe.probe.model.attention import merge_heads as merge_heads
-from headprobe.probe.model.attention import split_heads as split_heads
+from headprobe.probe.model.attention import (
+    Attention,
+    SelfAttention,
+)
 from headprobe.probe.model.cache import KVCache, StreamingKVCache
-from headprobe.probe.model.config import OLD_FIELDS as OLD_FIELDS
-from headprobe.probe.model.config import OLD_QK_NORM as OLD_QK_NORM
-from headprobe.probe.model.config import ROUTERS as ROUTERS
 from headprobe.probe.model.config import TransformerConfig
-from headprobe.probe.model.feedforward import MLP as MLP
-from headprobe.probe.model.feedforward import MoE as MoE
-from headprobe.probe.model.feedforward import SharedExpert as SharedExpert
 from headprobe.probe.model.feedforward import make_mlp
 from headprobe.probe.model.latent_attention import LatentAttention
 from headprobe.probe.model.linear_attention import LinearAttention
-from headprobe.probe.model.masks import key_mask as key_mask
-from headprobe.probe.model.masks import streaming_key_mask as streaming_key_mask
-from headprobe.probe.model.masks import with_sink_key as with_sink_key
 from headprobe.probe.model.norms import Norm, PostNorm
-from headprobe.probe.model.norms import RMSNorm as RMSNorm
-from headprobe.probe.model.norms import l2_norm as l2_norm
-from headprobe.probe.model.norms import make_norm as make_norm
 from headprobe.probe.model.positions import Embedding, Rotary
-from headprobe.probe.model.positions import YaRN as YaRN
-from headprobe.probe.model.positions import rotate_half as rotate_half
-from headprobe.probe.model.positions import rotate_pairs as rotate_pairs
 
 
 def make_attention(cfg: TransformerConfig, layer: int = 0) -> SelfAttention:
