@@ -249,6 +249,31 @@ def test_forward_from_a_layer_equals_the_whole_forward(tiny_tokenizer, family):
         LoadedModel.forward_from(model, 1, seen["r"])
 
 
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_forward_from_a_layer_of_a_padded_batch_reads_its_mask_as_the_forward(tiny_tokenizer, side):
+    """``forward_from`` with ``attention_mask`` gives the padding and positions the whole forward
+    gives (its logits at every position, 1e-5), and refuses a mask holding a 2 as the forward does:
+    ``_resid_from`` derived them itself and read a 2 as a real token. Reference: ``model.forward``."""
+    from headprobe.probe.core.errors import InputValueError
+    from headprobe.probe.hooks.capture import pad_prompts
+
+    model = wrap(zoo.make_checkpoint("llama", tiny_tokenizer), backend="native")
+    g = torch.Generator().manual_seed(1)
+    tokens, mask = pad_prompts([torch.randint(0, 100, (n,), generator=g) for n in (10, 6)], 0, side)
+    seen = {}
+    hook = ("blocks.1.hook_resid_pre", lambda x, hook: seen.setdefault("r", x.detach().clone()))
+    want = model.forward(tokens, fwd_hooks=[hook], attention_mask=mask)
+    torch.testing.assert_close(model.forward_from(1, seen["r"], attention_mask=mask), want, rtol=1e-5, atol=1e-5)
+    assert (model.forward_from(1, seen["r"]) - want).abs().max() > 1e-3  # the mask is not vacuous
+    bad = mask.clone()
+    bad[0, -1 if side == "right" else 0] = 2
+    with pytest.raises(InputValueError, match="attention_mask must hold 1 .* or 0 .* only, got 2") as refused:
+        model.forward(tokens, attention_mask=bad)
+    with pytest.raises(InputValueError, match="attention_mask must hold 1") as resumed:
+        model.forward_from(1, seen["r"], attention_mask=bad)
+    assert str(resumed.value) == str(refused.value)
+
+
 @pytest.mark.real_model
 def test_smollm2_induction_keys_read_the_previous_token_heads(smollm2_native):
     """On SmolLM2's repeated random task, path patching into induction head 18.6's key puts the

@@ -21,7 +21,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from headprobe.probe.backends.base import HookFn, LoadedModel, _module_type, scored_loss
-from headprobe.probe.core.errors import HeadprobeError, padding_mask
+from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.padding import padding_mask
 from headprobe.probe.hooks.names import UNEMBED_IN, attn_hook, block_hook
 from headprobe.probe.layout.attention import layout_from_hf_config, parallel_attn_mlp_from_hf_config
 from headprobe.probe.layout.spec import Checkpoint, ModelSpec

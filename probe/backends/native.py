@@ -21,6 +21,7 @@ from torch import Tensor
 from headprobe.probe.backends.base import LOSS_ROWS, HookFn, LoadedModel, _module_type, cross_entropy_inplace
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.layout.spec import Checkpoint
+from headprobe.probe.model.positions import padding_and_positions
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -176,7 +177,7 @@ class NativeModel(LoadedModel):
         block_device = self._block_device(layer)
         with self._aligned(net.blocks[layer]):  # resume is not a forward: accelerate's hook does not load the weights
             x = net.blocks[layer].resume(resid_pre.to(block_device), attn_out.to(block_device))
-        positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+        _, positions = padding_and_positions(x.shape[0], x.shape[1], x.device)
         for later in net.blocks[layer + 1 :]:
             x = later(x, positions)
         return self._losses(x.to(self.device), tokens, first)
@@ -202,14 +203,14 @@ class NativeModel(LoadedModel):
         """Blocks ``layer ..`` from ``resid_pre``: the final residual before the final norm
         (:meth:`forward_from`, :meth:`scored_losses_from`; their callers hold the hooks).
         Positions ``0 .. pos-1`` without ``attention_mask``; with it (1 real, 0 padding) the
-        positions and padding keys of :meth:`forward` on a padded batch."""
+        positions and padding keys of :meth:`forward` on a padded batch, from the same code
+        (:func:`~headprobe.probe.model.positions.padding_and_positions`).
+
+        Raises:
+            InputValueError: a mask value other than 0 and 1, as :meth:`forward` refuses it."""
         x = resid_pre.to(self._block_device(layer), self.dtype)
-        if attention_mask is None:
-            padding = None
-            positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
-        else:  # as Transformer.forward does for a padded batch
-            padding = attention_mask.to(x.device, torch.bool)
-            positions = (padding.long().cumsum(-1) - 1).clamp(min=0)
+        mask = None if attention_mask is None else attention_mask.to(x.device)
+        padding, positions = padding_and_positions(x.shape[0], x.shape[1], x.device, mask)  # as Transformer.forward
         for block in self.model.blocks[layer:]:
             x = block(x, positions, padding)
         return x

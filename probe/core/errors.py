@@ -1,7 +1,5 @@
 """The one exception type the CLI turns into a single line on stderr and exit code 2."""
 
-from typing import Any
-
 
 class HeadprobeError(Exception):
     """A problem with the user's input or environment (not a bug in headprobe).
@@ -15,24 +13,6 @@ class InputValueError(HeadprobeError, ValueError):
     """A bad value of a Python function's argument (an empty ``heads=[]``, an ``attention_mask``
     holding a 2): a :class:`HeadprobeError` (one line; the CLI's exit status 2) that ``except
     ValueError`` catches too, as the standard library's own bad-value errors."""
-
-
-def padding_mask(attention_mask: Any, what: str = "attention_mask") -> Any:
-    """``attention_mask`` (1 real, 0 padding; integers or bools) as a bool tensor, refusing any other
-    value: a 2 or 0.5 read as "real" where ``.to(bool)`` took it so (every backend's padding path).
-
-    Raises:
-        InputValueError: a value other than 0 and 1, naming ``what`` and the first such value.
-    """
-    import torch
-
-    if attention_mask.dtype == torch.bool:
-        return attention_mask
-    bad = (attention_mask != 0) & (attention_mask != 1)
-    if bool(bad.any()):
-        value = attention_mask[bad].flatten()[0].item()
-        raise InputValueError(f"{what} must hold 1 (real token) or 0 (padding) only, got {value!r}")
-    return attention_mask.to(torch.bool)
 
 
 def one_line_repr(value: object, width: int = 60) -> str:

@@ -24,7 +24,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from headprobe.probe.core.errors import HeadprobeError, InputValueError, one_line_repr, padding_mask
+from headprobe.probe.core.errors import HeadprobeError, InputValueError, one_line_repr
+from headprobe.probe.core.padding import padding_mask
 from headprobe.probe.hooks.ablation import HookCounter
 from headprobe.probe.hooks.names import attn_hook, block_hook
 

@@ -8,10 +8,34 @@ import math
 from dataclasses import dataclass
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int, Shaped
 from torch import Tensor, nn
 
+from headprobe.probe.core.padding import padding_mask
 from headprobe.probe.model.config import TransformerConfig
+
+
+def padding_and_positions(
+    batch: int,
+    n_tokens: int,
+    device: torch.device | str,
+    attention_mask: Shaped[Tensor, "batch pos"] | None = None,
+    past: int = 0,
+) -> tuple[Bool[Tensor, "batch pos"] | None, Int[Tensor, "batch pos"]]:
+    """``(padding, positions)`` of a batch of ``batch`` sequences of ``n_tokens`` tokens, as the
+    model's forward pass and a run resumed at a block (the native backend's ``forward_from``) give
+    them to every layer: without ``attention_mask`` no padding and positions ``past .. past +
+    n_tokens - 1`` on ``device``; with it (1 real, 0 padding, any side) its bool form
+    (:func:`~headprobe.probe.core.padding.padding_mask`, on the mask's device) and positions that
+    count real tokens only, so a left-padded sequence gets its unpadded positions.
+
+    Raises:
+        InputValueError: a mask value other than 0 and 1.
+    """
+    if attention_mask is None:
+        return None, torch.arange(past, past + n_tokens, device=device).expand(batch, n_tokens)
+    padding = padding_mask(attention_mask)
+    return padding, (padding.long().cumsum(-1) - 1).clamp(min=0)
 
 
 class Embedding(nn.Module):

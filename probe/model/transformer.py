@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from headprobe.probe.core.errors import HeadprobeError, padding_mask
+from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.layout.attention import KVPolicy
 from headprobe.probe.model.attention import (
     Attention,
@@ -47,7 +47,7 @@ from headprobe.probe.model.feedforward import make_mlp
 from headprobe.probe.model.latent_attention import LatentAttention
 from headprobe.probe.model.linear_attention import LinearAttention
 from headprobe.probe.model.norms import Norm, PostNorm
-from headprobe.probe.model.positions import Embedding, Rotary
+from headprobe.probe.model.positions import Embedding, Rotary, padding_and_positions
 
 
 def make_attention(cfg: TransformerConfig, layer: int = 0) -> SelfAttention:
@@ -300,12 +300,8 @@ class Transformer(HookedRootModule):
             raise HeadprobeError("a KV cache cannot be combined with attention_mask (padding)")
         if cfg.positional == "learned" and past + T > cfg.n_ctx:
             raise HeadprobeError(f"{past + T} tokens with the cache are longer than the model's n_ctx={cfg.n_ctx}")
-        if attention_mask is None:
-            positions = torch.arange(past, past + T, device=tokens.device).expand(B, T)
-            padding = None
-        else:  # each layer's attention masks the padding keys (key_mask)
-            padding = padding_mask(attention_mask)
-            positions = (padding.long().cumsum(-1) - 1).clamp(min=0)
+        # each layer's attention masks the padding keys (key_mask)
+        padding, positions = padding_and_positions(B, T, tokens.device, attention_mask, past)
 
         tok_embed, pos_embed = self.embed(tokens, positions)
         resid = self.hook_embed(tok_embed)
