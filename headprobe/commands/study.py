@@ -45,6 +45,7 @@ from headprobe.commands import Command
 from headprobe.options import check_fields, config_inputs, kept_line, out_as_it_was
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import ReadsInputs, cpu_kernels, keeps_inputs, prepare_output_dir, summary_envelope
+from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.layout.cost import (
     AttentionLayout,
     attention_params_per_layer,
@@ -416,8 +417,8 @@ def study_figure(which: str, table: pd.DataFrame, title: str):
     return "quality_vs_kv", fig
 
 
-@dataclass
-class StudyResult(ReadsInputs):
+@dataclass(repr=False)
+class StudyResult(CompactRepr, ReadsInputs):
     """A finished study.
 
     Attributes:
