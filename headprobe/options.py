@@ -428,6 +428,9 @@ def set_threads(requested: int | None = None) -> str:
     import torch
 
     n, why = choose_threads(requested)
+    for before in _THREADS_BEFORE:  # an open threads_restored block that began before torch was imported
+        if not before:
+            before.append(torch.get_num_threads())
     torch.set_num_threads(n)
     return f"torch threads {n} ({why})"
 
@@ -469,19 +472,29 @@ def config_inputs(config) -> tuple[Path, ...]:
     return tuple(input_paths(input_values(fields)))
 
 
+_THREADS_BEFORE: list[list[int]] = []
+"""One list per open :func:`threads_restored` block: torch's CPU threads before the block set any
+(empty until torch is imported and :func:`set_threads` first sets them)."""
+
+
 @contextlib.contextmanager
 def threads_restored():
     """Within the block, :func:`set_threads` may set torch's CPU threads; on leaving (however the
     block ends) torch has the threads it had before: a command's Python function given a model name
-    (``headprobe.scan("gpt2", threads=4)``) sets them for its own run, not for the rest of the process."""
-    import torch
-
-    before = torch.get_num_threads()
+    (``headprobe.scan("gpt2", threads=4)``) or :func:`headprobe.cli.main` called from Python sets
+    them for its own run, not for the rest of the process. Imports no torch: where torch is not
+    imported yet, the count to go back to is torch's own, read by :func:`set_threads` before it
+    first sets one (``headprobe budget`` and the refusals before a run start without torch)."""
+    torch = sys.modules.get("torch")
+    before = [torch.get_num_threads()] if torch is not None else []
+    _THREADS_BEFORE.append(before)
     try:
         yield
     finally:
-        if torch.get_num_threads() != before:
-            torch.set_num_threads(before)
+        _THREADS_BEFORE.remove(before)
+        torch = sys.modules.get("torch")
+        if before and torch is not None and torch.get_num_threads() != before[0]:
+            torch.set_num_threads(before[0])
 
 
 @contextlib.contextmanager

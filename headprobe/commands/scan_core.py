@@ -592,11 +592,13 @@ scan = options.command_function(
 
 
 def run_scan(cfg: ScanConfig, model: LoadedModel | None = None, progress: bool = True) -> ScanResult:
-    """Compatibility: :func:`run` on ``model``, or on ``cfg.model`` loaded when ``model`` is None."""
-    t0 = time.perf_counter()
-    loaded = options.load_for(cfg) if model is None else model
-    load_s = time.perf_counter() - t0
-    result = run(loaded, cfg, progress=progress)
+    """Compatibility: :func:`run` on ``model``, or on ``cfg.model`` loaded when ``model`` is None;
+    ``cfg.threads`` and ``cfg.memory_budget`` hold for this run only (:func:`~headprobe.options.own_run`)."""
+    with options.own_run():
+        t0 = time.perf_counter()
+        loaded = options.load_for(cfg) if model is None else model
+        load_s = time.perf_counter() - t0
+        result = run(loaded, cfg, progress=progress)
     result.load_s = load_s if model is None else 0.0
     return result
 
