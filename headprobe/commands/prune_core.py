@@ -34,6 +34,7 @@ from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import format_head
 from headprobe.probe.core.io import ReadsInputs, keeps_inputs, summary_envelope
 from headprobe.probe.core.memory import BatchPlan
+from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.layout.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -79,8 +80,8 @@ def figure_labels(
     return title, xlabel, saved
 
 
-@dataclass
-class PruneResult(ReadsInputs):
+@dataclass(repr=False)
+class PruneResult(CompactRepr, ReadsInputs):
     """Every method's pruning curve (losses in nats/token) and, with ``save_pruned``, the pruned model.
 
     Attributes:
