@@ -269,7 +269,8 @@ class PruneResult(CompactRepr, ReadsInputs):
             HeadprobeError: ``out_dir`` is a file, not writable, or holds other files and ``overwrite`` is False.
         """
         from headprobe.analyses.outputs import write_outputs
-        from headprobe.probe.model.pruned import save_pruned_dir, source_weights
+        from headprobe.probe.model.checkpoint import source_weights
+        from headprobe.probe.model.pruned import save_pruned_dir
 
         curve = self.table.assign(margin=self.table["margin"].map(lambda v: "" if v != v else f"{v:.4g}"))
         tables = {"pruning_curve.csv": curve.to_csv(index=False, float_format="%.5f")}  # a margin near a tie in full
