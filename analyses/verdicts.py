@@ -48,6 +48,16 @@ def label(confirmed: bool | None) -> str:
     return LABELS[confirmed]
 
 
+def verdict_counts(confirmed: Mapping[str, bool | None]) -> str:
+    """``2 CONFIRMED (induction, previous_token); 1 not confirmed (duplicate)``: head type ->
+    ``confirmed`` (summary.json's ``confirmed``) counted by :func:`label`, each count's types in
+    brackets; ``""`` for none."""
+    groups: dict[str, list[str]] = {}
+    for name, verdict in confirmed.items():
+        groups.setdefault(label(verdict), []).append(name)
+    return "; ".join(f"{len(names)} {said} ({', '.join(names)})" for said, names in groups.items())
+
+
 @dataclass(frozen=True)
 class VerdictRule:
     """The rule that makes a tested verdict CONFIRMED, in one place: the verification decides with

@@ -391,10 +391,11 @@ def main(argv: list[str] | None = None) -> int:
     signals = (signal.SIGINT, signal.SIGTERM)
     previous = {s: signal.signal(s, stop) for s in signals} if in_main else {}
     try:
-        from headprobe.options import input_values
+        from headprobe.options import input_values, own_run
         from headprobe.probe.core.io import run_inputs
 
-        with _figure_formats(getattr(args, "formats", None)), run_inputs(input_values(vars(args))):
+        # own_run: --threads and --memory-budget hold for this run, not for a Python caller's next
+        with own_run(), _figure_formats(getattr(args, "formats", None)), run_inputs(input_values(vars(args))):
             figure_formats()  # a bad $HEADPROBE_FIGURE_FORMATS is refused before any work, not at the first figure
             return int(args._run(args) or 0)
     except HeadprobeError as e:

@@ -428,6 +428,9 @@ def set_threads(requested: int | None = None) -> str:
     import torch
 
     n, why = choose_threads(requested)
+    for before in _THREADS_BEFORE:  # an open threads_restored block that began before torch was imported
+        if not before:
+            before.append(torch.get_num_threads())
     torch.set_num_threads(n)
     return f"torch threads {n} ({why})"
 
@@ -469,19 +472,29 @@ def config_inputs(config) -> tuple[Path, ...]:
     return tuple(input_paths(input_values(fields)))
 
 
+_THREADS_BEFORE: list[list[int]] = []
+"""One list per open :func:`threads_restored` block: torch's CPU threads before the block set any
+(empty until torch is imported and :func:`set_threads` first sets them)."""
+
+
 @contextlib.contextmanager
 def threads_restored():
     """Within the block, :func:`set_threads` may set torch's CPU threads; on leaving (however the
     block ends) torch has the threads it had before: a command's Python function given a model name
-    (``headprobe.scan("gpt2", threads=4)``) sets them for its own run, not for the rest of the process."""
-    import torch
-
-    before = torch.get_num_threads()
+    (``headprobe.scan("gpt2", threads=4)``) or :func:`headprobe.cli.main` called from Python sets
+    them for its own run, not for the rest of the process. Imports no torch: where torch is not
+    imported yet, the count to go back to is torch's own, read by :func:`set_threads` before it
+    first sets one (``headprobe budget`` and the refusals before a run start without torch)."""
+    torch = sys.modules.get("torch")
+    before = [torch.get_num_threads()] if torch is not None else []
+    _THREADS_BEFORE.append(before)
     try:
         yield
     finally:
-        if torch.get_num_threads() != before:
-            torch.set_num_threads(before)
+        _THREADS_BEFORE.remove(before)
+        torch = sys.modules.get("torch")
+        if before and torch is not None and torch.get_num_threads() != before[0]:
+            torch.set_num_threads(before[0])
 
 
 @contextlib.contextmanager
@@ -769,7 +782,11 @@ def check_fields(
         if name not in valid:
             named = [*(n for n in positional if n in names), *valid]
             near = nearest_keyword(name, named)
-            hint = _flag_hint(name, config_cls, named) or (f"; did you mean {near}?" if near else "")
+            hint = (
+                _flag_hint(name, config_cls, named)
+                or output_hint(name, config_cls)
+                or (f"; did you mean {near}?" if near else "")
+            )
             command = function or config_cls.__name__.removesuffix("Config").lower()
             raise TypeError(f"{command}() got an unknown setting {name!r}{hint} (settings: {', '.join(named)})")
 
@@ -783,6 +800,51 @@ def _flag_hint(name: str, config_cls, valid: list[str]) -> str | None:
         flag = next((x for x in flags if x.lstrip("-").replace("-", "_") == name), None)
         if flag is not None and field_name in valid:
             return f"; the flag {flag} is the setting {field_name}{switch_value(config_cls, field_name)}"
+    return None
+
+
+def output_hint(name: str, config_cls) -> str | None:
+    """``; formats is an output setting: ...`` where ``name`` is a flag of the command whose Config
+    is ``config_cls`` that its Python function does not take because it says where and how the
+    files are written (``--out``, ``--overwrite``, ``--formats``, ``scan --html``, ``budget --json``,
+    ``show --prompt-file``: the fields of its flag blocks other than the Config's): where the
+    setting goes in Python, read from the signature of the result's ``save``. None otherwise. The
+    command is the ``COMMAND`` of ``config_cls``'s module (imported already: this module imports no
+    command); its result class is imported now (a refusal, not a run).
+    """
+    import dataclasses
+    import inspect
+
+    from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV
+
+    command = getattr(sys.modules.get(config_cls.__module__), "COMMAND", None)
+    if command is None or command.config_class() is not config_cls:
+        return None
+    blocks = [b.settings for b in command.flags if b.settings is not None and b.settings is not config_cls]
+    owner = next((s for s in blocks if name in {f.name for f in dataclasses.fields(s)}), None)
+    function = command.function()
+    if owner is None or function is None:
+        return None
+    returned = inspect.signature(function).return_annotation
+    result = returned if inspect.isclass(returned) else getattr(inspect.getmodule(function), str(returned), None)
+    save = getattr(result, "save", None)
+    params = dict(inspect.signature(save).parameters) if save is not None else {}
+    params.pop("self", None)
+    writer = "result.save(path)" if save is not None else f"{function.__name__}()"
+    said = f"; {name} is an output setting: "
+    if name == "formats":
+        env = FIGURE_FORMATS_ENV
+        none = " (or pass figures=False for none)" if "figures" in params else ""
+        return f"{said}{writer} writes the figures in the formats ${env} names: set os.environ[{env!r}] = 'png' before it{none}"
+    if save is not None and name == "out":
+        return f"{said}pass the folder to result.save(path)"
+    if name in params:
+        value = "True" if isinstance(params[name].default, bool) else "..."
+        return f"{said}pass it to result.save(path, {name}={value})"
+    if name == "json" and hasattr(result, "to_dict"):
+        return f"{said}{function.__name__}() returns the result; result.to_dict() is what --json prints"
+    if name == "prompt_file":
+        return "; prompt_file is a flag of the command line: pass the file's text as prompt="
     return None
 
 

@@ -4,6 +4,7 @@ tiny model, ``--types``, and checks that fail before any weights load."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 
 import pandas as pd
@@ -445,3 +446,77 @@ def test_every_command_function_says_what_it_returns():
     functions = {name: COMMANDS.get(name).function() for name in COMMANDS.names()}
     missing = [n for n, f in functions.items() if f is not None and "Returns:" not in inspect.getdoc(f).splitlines()]
     assert missing == []
+
+
+SCAN_CALL = lambda **kw: headprobe.scan("smollm2-135m", **kw)  # the calls of the next test
+FORMATS = r"the figures in the formats \$HEADPROBE_FIGURE_FORMATS names: set os\.environ\['HEADPROBE_FIGURE_FORMATS'\] = 'png' before it"
+
+
+@pytest.mark.parametrize(
+    ("call", "keyword", "said"),
+    [
+        (SCAN_CALL, "out", r"out is an output setting: pass the folder to result\.save\(path\) \("),
+        (SCAN_CALL, "overwrite", r"overwrite is an output setting: pass it to result\.save\(path, overwrite=True\) \("),
+        (SCAN_CALL, "html", r"html is an output setting: pass it to result\.save\(path, html=True\) \("),
+        (
+            SCAN_CALL,
+            "formats",
+            rf"formats is an output setting: result\.save\(path\) writes {FORMATS} \(or pass figures=False for none\) \(",
+        ),
+        (
+            lambda **kw: headprobe.ablate("smollm2-135m", **kw),
+            "formats",
+            rf"formats is an output setting: result\.save\(path\) writes {FORMATS} \(settings",
+        ),
+        (
+            lambda **kw: headprobe.diff("a", "b", **kw),
+            "out",
+            r"out is an output setting: pass the folder to result\.save\(path\)",
+        ),
+        (
+            lambda **kw: headprobe.study("heads", **kw),
+            "overwrite",
+            r"overwrite is an output setting: pass it to result\.save\(path, overwrite=True\)",
+        ),
+        (
+            lambda **kw: headprobe.atlas(out="never-written", **kw),
+            "formats",
+            rf"formats is an output setting: atlas\(\) writes {FORMATS} \(settings",
+        ),
+        (
+            lambda **kw: headprobe.budget(**kw),
+            "json",
+            r"json is an output setting: budget\(\) returns the result; result\.to_dict\(\) is what --json prints",
+        ),
+        (
+            lambda **kw: headprobe.show("smollm2-135m", head="1.1", prompt="a b", out="never-written", **kw),
+            "prompt_file",
+            r"prompt_file is a flag of the command line: pass the file's text as prompt=",
+        ),
+    ],
+    ids=[
+        "scan-out",
+        "scan-overwrite",
+        "scan-html",
+        "scan-formats",
+        "ablate-formats",
+        "diff-out",
+        "study-overwrite",
+        "atlas-formats",
+        "budget-json",
+        "show-prompt-file",
+    ],
+)
+def test_an_output_flag_given_to_a_function_says_where_it_goes(call, keyword, said, tmp_path, monkeypatch, no_loading):
+    """A flag of the command line that says where and how the files are written is no keyword of
+    the function: the TypeError says where it goes in Python (the result's ``save``, checked here
+    to take what it is told to, or the environment variable of the figure formats)."""
+    from headprobe.commands.scan_core import ScanResult
+    from headprobe.commands.study import StudyResult
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TypeError, match=rf"\(\) got an unknown setting '{keyword}'; {said}"):
+        call(**{keyword: "png" if keyword == "formats" else True})
+    assert list(tmp_path.iterdir()) == []  # nothing written
+    assert {"overwrite", "html", "figures"} <= set(inspect.signature(ScanResult.save).parameters)
+    assert "overwrite" in inspect.signature(StudyResult.save).parameters

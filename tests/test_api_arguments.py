@@ -302,3 +302,46 @@ def test_a_functions_threads_are_for_its_own_run(tiny_dir, text_file, no_stated_
     assert seen == [asked, asked] and torch.get_num_threads() == before
     headprobe.diff(str(tiny_dir), str(tiny_dir), threads=asked, n_perm=9, **small)
     assert seen == [asked] * 4 and torch.get_num_threads() == before
+
+
+def test_the_cli_main_and_run_scan_leave_the_threads_as_they_were(
+    tiny_dir, text_file, tmp_path, no_stated_budget, monkeypatch
+):
+    """``headprobe.cli.main([... "--threads", "1"])`` called from Python and ``scan_core.run_scan``
+    with ``threads=1`` set torch's threads for the rest of the process (as the functions did before
+    ``own_run``); now the caller's count is back afterwards, after a refusal too. The run itself
+    has 1 (seen at the load)."""
+    from headprobe.cli import main
+    from headprobe.commands import scan_core
+    from headprobe.commands.scan import ScanConfig
+
+    seen = []
+    load_for = options.load_for
+
+    def spy(cfg):
+        model = load_for(cfg)
+        seen.append(torch.get_num_threads())
+        return model
+
+    monkeypatch.setattr(options, "load_for", spy)
+    before = torch.get_num_threads()
+    k = 3 if before != 3 else 2
+    flags = ["--text", str(text_file), "--types", "induction", "--no-metrics", "--device", "cpu", "--threads", "1"]
+    flags += ["--n-natural", "2", "--seq-len", "12", "--n-repeated", "2", "--period", "5"]
+    try:
+        torch.set_num_threads(k)
+        assert main(["scan", "--model", str(tiny_dir), "--out", str(tmp_path / "a"), *flags, "--no-verify"]) == 0
+        assert seen == [1] and torch.get_num_threads() == k
+        refused = [*flags, "-k", "2", "--n-random", "2", "--memory-budget", "1KiB"]
+        assert main(["scan", "--model", str(tiny_dir), "--out", str(tmp_path / "b"), *refused]) == 2  # after the load
+        assert seen == [1, 1] and torch.get_num_threads() == k
+        small = dict(text=str(text_file), types=("induction",), verify=False, metrics=False, device="cpu", **SMALL)
+        scan_core.run_scan(ScanConfig(model=str(tiny_dir), threads=1, **small), progress=False)
+        assert seen == [1, 1, 1] and torch.get_num_threads() == k
+        with pytest.raises(HeadprobeError, match="the stated budget 1 KiB"):
+            scan_core.run_scan(
+                ScanConfig(model=str(tiny_dir), threads=1, memory_budget="1KiB", **{**small, "verify": True})
+            )
+        assert seen == [1, 1, 1, 1] and torch.get_num_threads() == k
+    finally:
+        torch.set_num_threads(before)

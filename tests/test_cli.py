@@ -55,6 +55,17 @@ def test_model_short_names_are_case_insensitive(tmp_path, monkeypatch):
     assert canonical_name("GPT2") == "GPT2"  # an existing directory is a path, not a short name
 
 
+def _main_in_a_fresh_interpreter(argv: list[str]) -> subprocess.CompletedProcess:
+    """``headprobe.cli.main(argv)`` in a new interpreter; stdout: its exit status and which of torch,
+    transformers, pandas and matplotlib it imported."""
+    code = (
+        "import sys\nfrom headprobe.cli import main\n"
+        f"rc = main({argv!r})\n"
+        "print(rc, [m for m in ('torch', 'transformers', 'pandas', 'matplotlib') if m in sys.modules])"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -71,12 +82,7 @@ def test_bad_flags_are_refused_before_torch_loads(argv, message, tmp_path):
     """Ablate and prune check what the flags alone decide in their light front module: one line
     on stderr, exit 2, no output directory, and torch (and the model) never imported."""
     out = tmp_path / "out"
-    code = (
-        "import sys\nfrom headprobe.cli import main\n"
-        f"rc = main({[*argv, '--out', str(out)]!r})\n"
-        "print(rc, [m for m in ('torch', 'transformers', 'pandas', 'matplotlib') if m in sys.modules])"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = _main_in_a_fresh_interpreter([*argv, "--out", str(out)])
     assert proc.stdout.strip() == "2 []", proc.stdout + proc.stderr
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("headprobe: error: ") and message in proc.stderr
     assert not out.exists()
@@ -262,11 +268,6 @@ def test_the_default_check_finds_a_help_without_one():
 def test_every_command_refuses_a_bad_flag_before_heavy_imports(name):
     """A mistyped flag costs an interpreter start, not pandas, matplotlib or torch (``study``'s front
     module imported pandas and matplotlib: 2-4 s before its one line)."""
-    code = (
-        "import sys\nfrom headprobe.cli import main\n"
-        f"rc = main({[name, *(['heads'] if name == 'study' else []), '--bogus-flag']!r})\n"
-        "print(rc, [m for m in ('torch', 'transformers', 'pandas', 'matplotlib') if m in sys.modules])"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = _main_in_a_fresh_interpreter([name, *(["heads"] if name == "study" else []), "--bogus-flag"])
     assert proc.stdout.strip() == "2 []", proc.stdout + proc.stderr
     assert proc.stderr.startswith("headprobe: error: ") and proc.stderr.count("\n") == 1

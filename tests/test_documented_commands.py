@@ -6,8 +6,9 @@ command makes before it reads a file or loads a model (:func:`headprobe.cli.chec
 the Config's checks, flags that do nothing with the others, the command's own ``check``); nothing
 is read and nothing runs, so placeholders (``DIR``, ``out/x``) are fine. A command the docs show
 as refused (a ``headprobe: error:`` line after it in a code block, or :data:`REFUSED_IN_PROSE`)
-must be refused, with the line the docs quote. Not checked here: what the run decides from files
-(``--model``'s config.json, ``--text``, ``--out``, a head past the model's last layer).
+must be refused, with the line the docs quote. Not checked by check_argv: what the run decides from
+files (``--model``'s config.json, ``--text``, ``--out``, a head past the model's last layer); a
+repository path a command reads must exist (or be a documented command's ``--out``).
 """
 
 from __future__ import annotations
@@ -297,6 +298,41 @@ def test_every_documented_command_line_is_accepted(commands, tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     bad = [v for d in commands if (v := verdict(d, monkeypatch, capsys))]
     assert not bad, f"{len(bad)} of {len(commands)} documented command lines disagree with the code:\n" + "\n".join(bad)
+
+
+REPO_FOLDERS = ("figures/", "docs/", "tests/", "benchmarks/", "scripts/")
+"""A word starting so names a file of the repository (a model folder, a policy, a run)."""
+
+
+def _repo_paths_read(d: Documented) -> list[str]:
+    """The repository paths ``d`` reads: its words under :data:`REPO_FOLDERS` (a ``--flag=value``'s
+    value, each of a comma-separated list), not the value of ``--out``."""
+    read = []
+    for i, word in enumerate(d.argv):
+        if word.startswith("--out=") or (i and d.argv[i - 1] == "--out"):
+            continue
+        read += [p.rstrip("/") for p in word.split("=")[-1].split(",") if p.startswith(REPO_FOLDERS)]
+    return read
+
+
+def test_every_repository_path_a_documented_command_reads_exists(commands):
+    """What check_argv leaves to the run: ``--model figures/train-default``, ``--policy docs/...``,
+    ``headprobe view figures/...`` name committed files, or the output of a documented command
+    (``--out``) that a reader runs first."""
+    outs = {
+        w.split("=", 1)[-1].rstrip("/")
+        for d in commands
+        for i, w in enumerate(d.argv)
+        if w.startswith("--out=") or (i and d.argv[i - 1] == "--out")
+    }
+    missing = [
+        f"{d.where}: {p}"
+        for d in commands
+        for p in _repo_paths_read(d)
+        if not (ROOT / p).exists() and not any(p == o or p.startswith(o + "/") for o in outs)
+    ]
+    assert not missing, "documented commands read repository paths that no one makes:\n" + "\n".join(missing)
+    assert sum(len(_repo_paths_read(d)) for d in commands) >= 10  # the docs do read committed runs
 
 
 def test_every_source_and_listed_exception_is_read(commands):

@@ -40,6 +40,7 @@ from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import format_head
 from headprobe.probe.core.io import ReadsInputs, keeps_inputs, summary_envelope
 from headprobe.probe.core.memory import BatchPlan
+from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.hooks.capture import kv_head_of
 from headprobe.probe.layout.spec import ModelSpec
 
@@ -197,8 +198,8 @@ def _rank_correlations(tasks: dict, induction_score) -> dict[str, tuple[float | 
 TOP_N = 10
 
 
-@dataclass
-class AblateResult(ReadsInputs):
+@dataclass(repr=False)
+class AblateResult(CompactRepr, ReadsInputs):
     """What ``ablate`` measured (losses in nats/token).
 
     Attributes:

@@ -38,13 +38,14 @@ from headprobe.commands.atlas import (  # noqa: F401 - the light module's names,
 )
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import RunCheckpoint, prepare_output_dir, run_inputs, summary_envelope, write_json
+from headprobe.probe.core.reprs import CompactRepr
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
-@dataclass
-class AtlasResult:
+@dataclass(repr=False)
+class AtlasResult(CompactRepr):
     """A finished atlas.
 
     Attributes:

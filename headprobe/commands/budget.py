@@ -37,6 +37,7 @@ from headprobe.commands import Command
 from headprobe.options import dtype_name, positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import finite_json
+from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.layout import cost
 from headprobe.probe.layout.attention import attention_module, windows_from_hf_config
 from headprobe.probe.layout.cost import AttentionLayout, format_bytes, format_flops, format_tflop
@@ -1234,8 +1235,8 @@ def format_layers_report(d: dict[str, Any], lay: AttentionLayout, dtype: str) ->
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class BudgetResult:
+@dataclass(frozen=True, repr=False)
+class BudgetResult(CompactRepr):
     """What ``headprobe budget`` computed.
 
     Attributes:

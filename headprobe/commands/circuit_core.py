@@ -12,6 +12,7 @@ from headprobe import options
 from headprobe.commands.circuit import HELP, CircuitConfig, parse_qk_head, parse_receivers  # noqa: F401 - the light module's names, re-exported
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import ReadsInputs, keeps_inputs, summary_envelope
+from headprobe.probe.core.reprs import CompactRepr
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -21,8 +22,8 @@ if TYPE_CHECKING:
     from headprobe.probe.layout.spec import ModelSpec
 
 
-@dataclass
-class CircuitResult(ReadsInputs):
+@dataclass(repr=False)
+class CircuitResult(CompactRepr, ReadsInputs):
     """A finished ``circuit`` run: ``config``, the model's ``spec``, ``edges`` (edges.csv),
     ``agreement`` (EAP(-IG) against exact path patching on the verified edges, or None),
     ``paths`` (path_patching.csv or None), ``qk`` (:class:`~headprobe.analyses.qk_attribution.QKAttribution`

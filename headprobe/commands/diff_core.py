@@ -37,6 +37,7 @@ from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import parse_heads
 from headprobe.probe.core.io import ReadsInputs, keeps_inputs, open_text_file, summary_envelope
+from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.hooks.ablation import format_head
 from headprobe.probe.layout.spec import ModelSpec
 
@@ -114,8 +115,8 @@ def compare(
     return out
 
 
-@dataclass
-class DiffResult(ReadsInputs):
+@dataclass(repr=False)
+class DiffResult(CompactRepr, ReadsInputs):
     """What ``headprobe diff`` found: per quantity the two models' values and the tests, the top-k
     sets of each type in each model, the flipped heads, the table (diff.csv) and the settings.
     ``load_s``: seconds loading model A (set by the caller that loaded it); ``timings``: seconds

@@ -18,6 +18,7 @@ from headprobe.analyses import exchange as ex
 from headprobe.commands.export import DUO_RECENT, DUO_SINK, HELP, ExportConfig  # noqa: F401 - the light module's names, re-exported
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import ReadsInputs, keeps_inputs
+from headprobe.probe.core.reprs import CompactRepr
 
 SUPPORTED = {"scan": ("duo", "headkv", "parquet"), "kv": ("duo", "headkv", "parquet"), "circuit": ("mib", "parquet")}
 """The formats each source kind can be written in."""
@@ -39,8 +40,8 @@ class Source:
         return {**self.layout.identity(), **self.provenance}
 
 
-@dataclass
-class ExportResult(ReadsInputs):
+@dataclass(repr=False)
+class ExportResult(CompactRepr, ReadsInputs):
     """The files to write (relative path -> text or bytes) and how each was made (``notes``)."""
 
     config: ExportConfig

@@ -12,18 +12,20 @@ from typing import cast
 from headprobe import options
 from headprobe.analyses import exchange as ex
 from headprobe.analyses.ablation import Verification
+from headprobe.analyses.verdicts import verdict_counts
 from headprobe.commands import scan_core
 from headprobe.commands.import_heads import HELP, ImportConfig, refuse_unused  # noqa: F401 - the light module's names, re-exported
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import Head, check_head_layers
+from headprobe.probe.core.reprs import CompactRepr
 
 SET_NAME = "imported"
 """The head set's name in the verification (its test and its control streams' seed)."""
 
 
-@dataclass
-class ImportResult:
+@dataclass(repr=False)
+class ImportResult(CompactRepr):
     """The file (:class:`~headprobe.analyses.exchange.HeadFile`), the heads checked, the
     verifications (tested kind first) and their design, and the KV measurement (``kv``: rows
     ``policy, kv_fraction, natural_loss_increase, long_range_loss, copy_accuracy``, or None)."""
@@ -39,6 +41,11 @@ class ImportResult:
     notes: list[str] = field(default_factory=list)
     """What the flags did not do with this file, and the verification's notes (a layer whose
     heads are all under test, so its layer-matched controls come from the nearest layers)."""
+
+    def _repr_notes(self) -> dict[str, str]:
+        """The verdicts counted (:func:`~headprobe.commands.scan_core.type_verdicts`), first in ``repr``."""
+        counts = verdict_counts(scan_core.type_verdicts(self.verifications))
+        return {"verdicts": counts} if counts else {}
 
     def report(self) -> str:
         """The heads read and each verdict, with what a NOT CONFIRMED one fell short of (the

@@ -13,6 +13,7 @@ from headprobe import options
 from headprobe.commands.kv import HELP, KVConfig, check_context  # noqa: F401 - the light module's names, re-exported
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import ReadsInputs, keeps_inputs, summary_envelope, write_json
+from headprobe.probe.core.reprs import CompactRepr
 
 if TYPE_CHECKING:
     from headprobe.analyses.kvpolicy import GroupCosts, Quality
@@ -23,8 +24,8 @@ if TYPE_CHECKING:
     from headprobe.probe.layout.spec import ModelSpec
 
 
-@dataclass
-class KVResult(ReadsInputs):
+@dataclass(repr=False)
+class KVResult(CompactRepr, ReadsInputs):
     """A finished ``headprobe kv`` run.
 
     Attributes:

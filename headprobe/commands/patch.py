@@ -42,6 +42,7 @@ from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import heads_text, read_heads
 from headprobe.probe.core.io import ReadsInputs, keeps_inputs, read_text_file, summary_envelope
+from headprobe.probe.core.reprs import CompactRepr
 from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
 
 if TYPE_CHECKING:  # torch-free module: the flags are checked before torch loads
@@ -225,8 +226,8 @@ SITE_TEXT = {
 }
 
 
-@dataclass
-class PatchResult(ReadsInputs):
+@dataclass(repr=False)
+class PatchResult(CompactRepr, ReadsInputs):
     """A finished patching run: ``config``, the model's ``spec``, ``patching``
     (:class:`headprobe.analyses.patching.PatchingResult`), ``table`` (head_patching.csv, or
     resid_patching.csv for ``--site resid``), ``seconds`` (the run's) and ``load_s`` (the model's load,

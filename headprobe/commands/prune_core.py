@@ -34,6 +34,7 @@ from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import format_head
 from headprobe.probe.core.io import ReadsInputs, keeps_inputs, summary_envelope
 from headprobe.probe.core.memory import BatchPlan
+from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.layout.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -79,8 +80,8 @@ def figure_labels(
     return title, xlabel, saved
 
 
-@dataclass
-class PruneResult(ReadsInputs):
+@dataclass(repr=False)
+class PruneResult(CompactRepr, ReadsInputs):
     """Every method's pruning curve (losses in nats/token) and, with ``save_pruned``, the pruned model.
 
     Attributes:
@@ -268,7 +269,8 @@ class PruneResult(ReadsInputs):
             HeadprobeError: ``out_dir`` is a file, not writable, or holds other files and ``overwrite`` is False.
         """
         from headprobe.analyses.outputs import write_outputs
-        from headprobe.probe.model.pruned import save_pruned_dir, source_weights
+        from headprobe.probe.model.checkpoint import source_weights
+        from headprobe.probe.model.pruned import save_pruned_dir
 
         curve = self.table.assign(margin=self.table["margin"].map(lambda v: "" if v != v else f"{v:.4g}"))
         tables = {"pruning_curve.csv": curve.to_csv(index=False, float_format="%.5f")}  # a margin near a tie in full

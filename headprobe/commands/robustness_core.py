@@ -34,6 +34,7 @@ from headprobe.probe.core import ablation_kinds
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import ReadsInputs, keeps_inputs, open_text_file, summary_envelope
 from headprobe.probe.core.progress import progress_bar
+from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.hooks.ablation import format_head
 from headprobe.probe.layout.spec import ModelSpec
 
@@ -147,8 +148,8 @@ class Outcome:
     no_verdict: dict[str, str | None]
 
 
-@dataclass
-class RobustnessResult(ReadsInputs):
+@dataclass(repr=False)
+class RobustnessResult(CompactRepr, ReadsInputs):
     """What ``headprobe robustness`` found.
 
     Attributes:

@@ -43,7 +43,7 @@ from headprobe.analyses.data import (
 )
 from headprobe.analyses.scoring import example_patterns, score_plan, score_token_set, score_tokens  # noqa: F401 - score_token_set re-exported
 from headprobe.analyses.statistics import interval_rule, mean_ci
-from headprobe.analyses.verdicts import VerdictRule, evidence_text
+from headprobe.analyses.verdicts import VerdictRule, evidence_text, verdict_counts
 from headprobe.analyses.verdicts import label as verdict_label
 from headprobe.commands.scan import DEFAULT_K, DEFAULT_PERIOD, DEFAULT_SEQ_LEN, EPILOG, HELP, ScanConfig  # noqa: F401
 from headprobe.probe.backends.base import LoadedModel
@@ -51,6 +51,7 @@ from headprobe.probe.core.heads import parse_heads
 from headprobe.probe.core.io import ReadsInputs, keeps_inputs, prepare_output_dir, summary_envelope, write_text
 from headprobe.probe.core.memory import BatchPlan
 from headprobe.probe.core.progress import progress_bar
+from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.hooks.ablation import format_head
 from headprobe.probe.hooks.capture import kv_head_of
 from headprobe.probe.layout.spec import ModelSpec
@@ -59,8 +60,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
-@dataclass
-class ScanResult(ReadsInputs):
+@dataclass(repr=False)
+class ScanResult(CompactRepr, ReadsInputs):
     """What a scan found. Losses in nats/token, scores as defined in :mod:`headprobe.analyses.detectors`.
 
     Attributes:
@@ -141,6 +142,11 @@ class ScanResult(ReadsInputs):
     def html(self) -> str:
         """The viewer page (``headprobe view``'s index.html) of this result: self-contained, offline."""
         return viewer.build_page(self.table, self.summary(), self.patterns)
+
+    def _repr_notes(self) -> dict[str, str]:
+        """The verdicts counted (:func:`type_verdicts`), first in ``repr``; none without verification."""
+        counts = verdict_counts(type_verdicts(self.verifications))
+        return {"verdicts": counts} if counts else {}
 
     def _repr_html_(self) -> str:
         """Jupyter shows the viewer page, in a sandboxed iframe."""
@@ -586,11 +592,13 @@ scan = options.command_function(
 
 
 def run_scan(cfg: ScanConfig, model: LoadedModel | None = None, progress: bool = True) -> ScanResult:
-    """Compatibility: :func:`run` on ``model``, or on ``cfg.model`` loaded when ``model`` is None."""
-    t0 = time.perf_counter()
-    loaded = options.load_for(cfg) if model is None else model
-    load_s = time.perf_counter() - t0
-    result = run(loaded, cfg, progress=progress)
+    """Compatibility: :func:`run` on ``model``, or on ``cfg.model`` loaded when ``model`` is None;
+    ``cfg.threads`` and ``cfg.memory_budget`` hold for this run only (:func:`~headprobe.options.own_run`)."""
+    with options.own_run():
+        t0 = time.perf_counter()
+        loaded = options.load_for(cfg) if model is None else model
+        load_s = time.perf_counter() - t0
+        result = run(loaded, cfg, progress=progress)
     result.load_s = load_s if model is None else 0.0
     return result
 

@@ -18,6 +18,7 @@ from headprobe import options
 from headprobe.commands import Command
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import check_head_layers, heads_text, parse_heads
+from headprobe.probe.core.reprs import CompactRepr
 from headprobe.settings import OUTPUT, Flags, ModelSettings, setting
 
 if TYPE_CHECKING:
@@ -71,8 +72,8 @@ class PromptFile:
     """A UTF-8 file holding the prompt."""
 
 
-@dataclass
-class ShowResult:
+@dataclass(repr=False)
+class ShowResult(CompactRepr):
     """The head's pattern and where it was written.
 
     Attributes:

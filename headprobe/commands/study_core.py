@@ -17,6 +17,7 @@ from headprobe.analyses.train_config import INDUCTION_FORMED, TrainConfig
 from headprobe.commands.study import CONTEXT, StudyConfig, layout_of
 from headprobe.options import check_fields, config_inputs
 from headprobe.probe.core.io import ReadsInputs, cpu_kernels, keeps_inputs, summary_envelope
+from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.layout.cost import attention_params_per_layer, kv_bytes_per_request, kv_bytes_per_token
 
 __all__ = ["StudyResult", "headline", "run", "run_study", "study", "study_figure"]
@@ -171,8 +172,8 @@ def study_figure(which: str, table: pd.DataFrame, title: str):
     return "quality_vs_kv", fig
 
 
-@dataclass
-class StudyResult(ReadsInputs):
+@dataclass(repr=False)
+class StudyResult(CompactRepr, ReadsInputs):
     """A finished study.
 
     Attributes:

@@ -46,14 +46,15 @@ from headprobe.analyses.train import (
     train as train_model,
 )
 from headprobe.probe.core.io import ReadsInputs, cpu_kernels, keeps_inputs, summary_envelope
+from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.hooks.ablation import format_head
 from headprobe.probe.model.checkpoint import NATIVE_WEIGHTS, save_native_state
 
 __all__ = ["TrainConfig", "TrainResult", "run", "train"]
 
 
-@dataclass
-class TrainResult(TrainRun, ReadsInputs):
+@dataclass(repr=False)
+class TrainResult(CompactRepr, TrainRun, ReadsInputs):
     """A finished ``headprobe train`` run: the trained model and its log
     (fields of :class:`headprobe.analyses.train.TrainRun`: ``config``, ``loaded``, ``log``
     (DataFrame), ``final_scores``, ``seconds``, ``device``), with the command's outputs."""

@@ -483,7 +483,7 @@ def load_native(
         ) from None
     weights = "float32 (headprobe checkpoint)"
     if "pruned" in meta:
-        from headprobe.probe.model.pruned import pruned_weights
+        from headprobe.probe.model.checkpoint import pruned_weights
 
         p = meta["pruned"]
         # a checkpoint saved before source_weights was recorded: the embedded model's weights are known

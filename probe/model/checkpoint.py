@@ -20,6 +20,25 @@ PRUNED_WEIGHTS = "headprobe_model.safetensors"
 config.json has the same format, plus ``pruned``)."""
 
 
+PRUNED_FROM = "; pruned from "
+"""Between a pruned checkpoint's own ``weights`` (:func:`pruned_weights`) and those of the model it was
+pruned from."""
+
+
+def pruned_weights(dtype: str, n_removed: Any, source_weights: str | None) -> str:
+    """A pruned checkpoint's ``ModelSpec.weights``: its dtype, the heads removed and, when recorded
+    (:func:`headprobe.probe.model.pruned.save_pruned_dir`'s ``source_weights``), the weights it was pruned from (e.g. the 4-bit
+    SmolLM2's ``4-bit Q4_1 GGUF (...), dequantized to float32``: its values are those, as stored)."""
+    own = f"{dtype} (pruned headprobe checkpoint, {n_removed} heads removed, zero weights)"
+    return own + (f"{PRUNED_FROM}{source_weights}" if source_weights else "")
+
+
+def source_weights(weights: str) -> str:
+    """The weights of the first model in a chain of prunings: ``weights`` after the first
+    :data:`PRUNED_FROM` (:func:`pruned_weights`), or ``weights`` itself for a model never pruned."""
+    return weights.split(PRUNED_FROM, 1)[-1]
+
+
 def is_native_dir(path: str | Path) -> bool:
     """Whether ``path`` is a headprobe checkpoint directory (it holds ``headprobe_model.pt``, or
     ``headprobe_model.safetensors`` for a pruned model)."""

@@ -287,25 +287,6 @@ def _attn_keys(layer: int) -> dict[str, str]:
     }
 
 
-PRUNED_FROM = "; pruned from "
-"""Between a pruned checkpoint's own ``weights`` (:func:`pruned_weights`) and those of the model it was
-pruned from."""
-
-
-def pruned_weights(dtype: str, n_removed: Any, source_weights: str | None) -> str:
-    """A pruned checkpoint's ``ModelSpec.weights``: its dtype, the heads removed and, when recorded
-    (:func:`save_pruned_dir`'s ``source_weights``), the weights it was pruned from (e.g. the 4-bit
-    SmolLM2's ``4-bit Q4_1 GGUF (...), dequantized to float32``: its values are those, as stored)."""
-    own = f"{dtype} (pruned headprobe checkpoint, {n_removed} heads removed, zero weights)"
-    return own + (f"{PRUNED_FROM}{source_weights}" if source_weights else "")
-
-
-def source_weights(weights: str) -> str:
-    """The weights of the first model in a chain of prunings: ``weights`` after the first
-    :data:`PRUNED_FROM` (:func:`pruned_weights`), or ``weights`` itself for a model never pruned."""
-    return weights.split(PRUNED_FROM, 1)[-1]
-
-
 def save_pruned_dir(
     net: Transformer,
     out: str | os.PathLike[str],
@@ -318,7 +299,7 @@ def save_pruned_dir(
     tensors, in the model's dtype; safetensors), ``config.json`` (the headprobe checkpoint format of
     :mod:`headprobe.probe.model.checkpoint`, with ``pruned``: the kept and the removed heads per layer in
     the original numbering and ``source_weights``, the unpruned model's ``ModelSpec.weights``
-    (:func:`source_weights`), and ``source``) and the tokenizer's files (``tokenizer.save_pretrained``)
+    (:func:`~headprobe.probe.model.checkpoint.source_weights`), and ``source``) and the tokenizer's files (``tokenizer.save_pretrained``)
     when ``tokenizer`` is given. :func:`load_pruned_dir` rebuilds the small model.
 
     Raises:

@@ -1,0 +1,137 @@
+"""``print(result)`` of every command's Python result: the class, its settings and the shapes of
+its arrays, tensors and tables in at most 2 kB (the dataclass repr printed every value: ~180 kB
+for a scan of SmolLM2-135M), each command run at tiny settings on the tiny model."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from test_patch import _pairs
+
+import headprobe
+from headprobe.commands import COMMANDS
+
+LIMIT = 2000
+DATA = dict(n_natural=3, seq_len=16, n_repeated=2, period=6, device="cpu")
+SCAN = dict(DATA, k=2, n_random=2)
+
+
+@pytest.fixture(scope="module")
+def results(tiny_dir, text_file, tmp_path_factory):
+    """``{command: its result}`` for every command with a Python function that returns an object."""
+    out = tmp_path_factory.mktemp("repr")
+    prompts = out / "pairs.jsonl"
+    prompts.write_text("\n".join(json.dumps(vars(p)) for p in _pairs(4)) + "\n", encoding="utf-8")
+    model = headprobe.load_model(str(tiny_dir), device="cpu", quiet=True)
+    text = str(text_file)
+    r = {"scan": headprobe.scan(model, text=text, **SCAN)}
+    r["ablate"] = headprobe.ablate(model, text=text, **DATA)
+    r["prune"] = headprobe.prune(model, text=text, n_seeds=1, l0_lambdas=(1.0,), l0_steps=2, step_fraction=0.5, **DATA)
+    r["budget"] = headprobe.budget(preset="llama3-8b", seq_len=4096)
+    r["patch"] = headprobe.patch(model, prompts=str(prompts))
+    r["circuit"] = headprobe.circuit(model, n_seqs=2, period=6, steps=2, verify=4, top=5, qk_head="1.3")
+    r["kv"] = headprobe.kv(model, text=text, seq_len=64, n_random=1, budgets=(0.5,))
+    r["kv"].save(out / "kv")
+    r["export"] = headprobe.export(str(out / "kv"))
+    r["export"].save(out / "export")
+    r["import"] = getattr(headprobe, "import")(model, text=text, heads_file=str(out / "export"), seq_len=64, n_random=2)
+    r["robustness"] = headprobe.robustness(model, text=text, kinds=("zero",), control_seeds=1, n_boot=10, **SCAN)
+    r["diff"] = headprobe.diff(model, str(tiny_dir), text=text, k=2, **DATA)
+    r["show"] = headprobe.show(model, head="1.2", prompt="t1 t2 t3 t4 t1 t2 t3", out=str(out / "show"))
+    r["atlas"] = headprobe.atlas(
+        out=str(out / "atlas"), models=str(tiny_dir), text=text, types=("induction",), pattern_len=0, **SCAN
+    )
+    tiny_train = dict(d_model=16, n_heads=2, n_words=16, seq_len=33, max_period=12, eval_period=8, device="cpu")
+    r["train"] = headprobe.train(steps=4, eval_every=2, n_eval=8, **tiny_train)
+    r["study"] = headprobe.study(
+        "layouts", steps=2, eval_every=2, seeds=(0,), d_model=16, n_heads=4, ranks=(2,), rope=2, device="cpu"
+    )
+    return r
+
+
+def _shapes(value) -> list[str]:
+    """The shape texts the repr must show for a field's value: a table's rows and columns, an
+    array's or tensor's dtype and shape, for the value and a mapping's values (written here from
+    pandas', numpy's and torch's own attributes)."""
+    if isinstance(value, pd.DataFrame):
+        return [f"DataFrame[{len(value)} rows x {len(value.columns)}]"]
+    if isinstance(value, np.ndarray):
+        return [f"{value.dtype.name}[{', '.join(map(str, value.shape))}]"]
+    if isinstance(value, torch.Tensor):
+        return [f"{str(value.dtype).split('.')[1]}[{', '.join(map(str, value.shape))}]"]
+    if isinstance(value, dict) and len(value) <= 4:
+        return [s for v in value.values() for s in _shapes(v) if not isinstance(v, dict)]
+    return []
+
+
+def test_every_command_result_has_the_one_compact_repr():
+    """Every class a command's Python function returns uses the shared repr (a new result that
+    forgets ``repr=False`` on its dataclass gets the dataclass's own, which prints every value)."""
+    from headprobe.probe.core.reprs import CompactRepr
+
+    classes = {}
+    for name in COMMANDS.names():
+        function = COMMANDS.get(name).function()
+        returned = inspect.signature(function).return_annotation
+        cls = returned if inspect.isclass(returned) else getattr(inspect.getmodule(function), str(returned), None)
+        if cls is not None and dataclasses.is_dataclass(cls):
+            classes[name] = cls
+    assert len(classes) >= 14, sorted(classes)
+    assert [n for n, c in classes.items() if c.__repr__ is not CompactRepr.__repr__] == []
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "scan",
+        "ablate",
+        "prune",
+        "budget",
+        "patch",
+        "circuit",
+        "kv",
+        "export",
+        "import",
+        "robustness",
+        "diff",
+        "show",
+        "atlas",
+        "train",
+        "study",
+    ],
+)
+def test_repr_is_short_and_names_the_class_and_shapes(results, command):
+    result = results[command]
+    text = repr(result)
+    assert len(text) <= LIMIT, f"{len(text)} characters"
+    assert text.startswith(f"{type(result).__name__}(") and str(result) == text
+    shown = [s for f in dataclasses.fields(result) for s in _shapes(getattr(result, f.name))]
+    assert all(s in text for s in shown), (shown, text)
+    if command in ("scan", "ablate", "prune", "patch", "circuit", "robustness", "diff", "atlas", "study", "train"):
+        assert "DataFrame[" in text  # each has a table
+
+
+def test_repr_reads_no_values_and_stays_under_the_limit():
+    """Shapes come from attributes alone: a tensor on the meta device (no data: ``.item()`` or a
+    sum would raise) is shown, and fifty long fields still fit in the limit with the notes whole."""
+    from headprobe.probe.core.reprs import CompactRepr
+
+    fields = [("x", object), ("t", object), ("df", object)] + [(f"f{i}", str) for i in range(50)]
+    Big = dataclasses.make_dataclass("Big", fields, bases=(CompactRepr,), repr=False)
+    Big._repr_notes = lambda self: {"verdicts": "2 CONFIRMED (induction, previous_token)"}
+    big = Big(
+        {"scores": np.zeros((30, 9), np.float32)},
+        torch.empty(1000, 1000, 64, device="meta", dtype=torch.bfloat16),
+        pd.DataFrame({"a": range(270), "b": 0.0}),
+        *(["word " * 200] * 50),
+    )
+    text = repr(big)
+    assert len(text) <= LIMIT and "verdicts: 2 CONFIRMED (induction, previous_token)," in text
+    assert "x={scores: float32[30, 9]}" in text and "t=bfloat16[1000, 1000, 64]" in text
+    assert "df=DataFrame[270 rows x 2]" in text and text.count("f49=") == 1
