@@ -28,13 +28,29 @@ from headprobe.settings import DEFAULTS_KEY, parsed_defaults
 
 class OneLineErrorParser(argparse.ArgumentParser):
     """argparse with usage errors as one line (``headprobe: error: ... (see headprobe scan
-    --help)``) and exit status 2, like every other bad input; subparsers inherit it."""
+    --help)``) and exit status 2, like every other bad input, and no abbreviated options
+    (``allow_abbrev=False``: ``scan --type induction`` is refused with "did you mean --types?",
+    where argparse took it as ``--types``, and a flag added later cannot change what an
+    abbreviation meant); subparsers inherit both (``add_parser`` makes this class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+        self._argv: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):  # unannotated: argparse's overloads
+        self._argv = list(sys.argv[1:] if args is None else args)  # the words an error's hint reads
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
         prog = self.prog
+        argv = self._argv
+        if message.startswith("the following arguments are required: COMMAND") and argv[:1] and argv[0][:1] == "-":
+            # an unknown option before any command (`headprobe --vers`): argparse says only that none was named
+            message = f"unrecognized arguments: {argv[0]}"
         if message.startswith("unrecognized arguments:"):  # reported by the top parser, about a command's flags
-            message += _did_you_mean(message.split(":", 1)[1].split(), self._known_options())
-            command = next((c for c in self._known_options() if c and c in sys.argv[1:2]), None)
+            message += _did_you_mean(message.split(":", 1)[1].split(), self._known_options(), argv)
+            command = next((c for c in self._known_options() if c and c in argv[:1]), None)
             prog = f"{self.prog} {command}" if command else prog
         if message.startswith("argument COMMAND: invalid choice:"):  # a misspelt command: the registry's suggestion
             message += did_you_mean(message.split("'")[1], COMMANDS.names())
@@ -50,20 +66,22 @@ class OneLineErrorParser(argparse.ArgumentParser):
         return known
 
 
-def _did_you_mean(unknown: list[str], known: dict[str, list[str]]) -> str:
-    """`` (did you mean --seq-len?)`` for misspelt flags (``--seq_len``), from the options of the
-    subcommand named on the command line (all options if none is)."""
+def _did_you_mean(unknown: list[str], known: dict[str, list[str]], argv: list[str]) -> str:
+    """`` (did you mean --seq-len?)`` for misspelt or abbreviated flags (``--seq_len``, ``--type``,
+    ``--over``), from the options of the subcommand named on the command line (all options if none
+    is): the one option the flag abbreviates, else the closest by :func:`difflib.get_close_matches`;
+    several an abbreviation fits are all named (``--n`` -> ``--n-natural or --n-repeated``)."""
     import difflib
 
-    words = set(sys.argv[1:])
+    words = set(argv)
     pool = next((opts for cmd, opts in known.items() if cmd and cmd in words), None)
     pool = pool or sorted({o for opts in known.values() for o in opts})
     hints = []
-    for flag in (u.split("=", 1)[0] for u in unknown if u.startswith("--")):
-        close = difflib.get_close_matches(flag.replace("_", "-").lower(), pool, n=1, cutoff=0.7)
+    for flag in (u.split("=", 1)[0].replace("_", "-").lower() for u in unknown if u.startswith("--")):
+        close = [o for o in pool if o.startswith(flag)] or difflib.get_close_matches(flag, pool, n=1, cutoff=0.7)
         if close:
-            hints.append(close[0])
-    return f" (did you mean {' '.join(hints)}?)" if hints else ""
+            hints.append(" or ".join(close))
+    return f" (did you mean {', '.join(hints)}?)" if hints else ""
 
 
 _NEGATIVE = re.compile(r"^-[0-9.]")
@@ -76,8 +94,8 @@ def negative_values_attached(parser: argparse.ArgumentParser, argv: list[str]) -
     option before it, where that option of the command's parser takes one value (``--kv-limit
     -1GiB`` -> ``--kv-limit=-1GiB``): argparse would read ``-1GiB`` as an unknown option and answer
     "expected one argument"; attached, it reaches the option's type and checks, which refuse it by
-    name ("--kv-limit must be positive, got -1GiB"). Options are matched as argparse matches them,
-    whole or by a unique prefix; ``--`` ends the options.
+    name ("--kv-limit must be positive, got -1GiB"). Options are matched whole, as argparse
+    matches them (no abbreviations, :class:`OneLineErrorParser`); ``--`` ends the options.
 
     Such a word among the values of an option that takes several (``budget --flops-table 1024
     -5k``; ``nargs`` ``*``, ``+`` or a number) cannot be attached: it is read by the option's type
@@ -97,11 +115,7 @@ def negative_values_attached(parser: argparse.ArgumentParser, argv: list[str]) -
     def option(word: str) -> argparse.Action | None:
         if not word.startswith("-") or "=" in word or _NEGATIVE.match(word):
             return None
-        action = options.get(word)
-        if action is None and word.startswith("--"):
-            matches = {a for o, a in options.items() if o.startswith(word)}
-            action = matches.pop() if len(matches) == 1 else None
-        return action
+        return options.get(word)
 
     def takes_one_value(word: str) -> bool:
         action = option(word)

@@ -34,6 +34,72 @@ def test_misspelt_flags_get_a_suggestion_on_one_line(args, hint, tmp_path):
     assert lines[0].endswith(f"(see headprobe {args[0]} --help)")
 
 
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (
+            ["scan", "--type", "induction", "--out", "x"],
+            "unrecognized arguments: --type induction (did you mean --types?)",
+        ),
+        (["scan", "--over", "--out", "x"], "unrecognized arguments: --over (did you mean --overwrite?)"),
+        (["ablate", "--hea", "1.1", "--out", "x"], "unrecognized arguments: --hea 1.1 (did you mean --heads?)"),
+        (["--vers"], "unrecognized arguments: --vers (did you mean --version?)"),
+    ],
+)
+def test_an_abbreviated_flag_is_refused_with_the_flag_it_abbreviates(argv, said, capsys, tmp_path):
+    """argparse took a unique prefix as the whole flag (``--type`` as ``--types``): a typo ran as
+    something else, and a flag added later would change what an abbreviation meant. Old code: exit 0
+    from parsing, the scan configured with ``--types induction``."""
+    from headprobe.cli import main
+
+    argv = [str(tmp_path / "x") if a == "x" else a for a in argv]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert captured.out == "" and len(lines) == 1 and lines[0].startswith(f"headprobe: error: {said}"), lines
+    assert not (tmp_path / "x").exists()
+
+
+def _required_words(sub) -> list[str]:
+    """Words that satisfy ``sub``'s positionals, required flags and required exclusive groups
+    (the first choice, else ``0.0``): argparse reports those before unrecognized ones."""
+    import argparse
+
+    words: list[str] = []
+    one_of = [g._group_actions[0] for g in sub._mutually_exclusive_groups if g.required]
+    for a in sub._actions:
+        if isinstance(a, argparse._HelpAction) or not (a.required or not a.option_strings or a in one_of):
+            continue
+        n = a.nargs if isinstance(a.nargs, int) else 1
+        words += a.option_strings[:1] + [str(next(iter(a.choices))) if a.choices else "0.0"] * n
+    return words
+
+
+def test_no_long_flag_of_any_command_can_be_abbreviated():
+    """Every long flag of every command, less its last letter (where that is not a flag itself),
+    is refused as unrecognized, naming the flag. Old code: each was read as the flag (361 of 361)."""
+    import argparse
+
+    from headprobe.cli import build_parser, check_argv
+    from headprobe.commands import COMMANDS
+    from headprobe.probe.core.errors import HeadprobeError
+
+    checked = 0
+    for name in COMMANDS.names():
+        parser = build_parser(name)
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+        flags = [o for a in sub._actions for o in a.option_strings]
+        for flag in flags:
+            if not flag.startswith("--") or flag == "--help" or flag[:-1] in flags:
+                continue
+            with pytest.raises(HeadprobeError) as e:
+                check_argv([name, *_required_words(sub), f"{flag[:-1]}=1"])
+            said = str(e.value)
+            assert said.startswith(f"unrecognized arguments: {flag[:-1]}=1 (did you mean") and flag in said, said
+            checked += 1
+    assert checked > 300  # every command's flags, not a few
+
+
 def test_unrelated_flag_gets_no_suggestion():
     p = _cli("budget", "--zzzzzz", "1")
     assert p.returncode == 2 and "did you mean" not in p.stderr
