@@ -42,6 +42,16 @@ class OneLineErrorParser(argparse.ArgumentParser):
         self._argv = list(sys.argv[1:] if args is None else args)  # the words an error's hint reads
         return super().parse_known_args(args, namespace)
 
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """argparse's check of a flag's ``choices`` (and of the command's name), its line followed by
+        the closest choices (:func:`~headprobe.probe.core.registry.did_you_mean`, as every value
+        chosen from a fixed set): ``invalid choice: 'uniformm' (choose from ...) (did you mean 'uniform'?)``."""
+        choices = action.choices
+        if choices is not None and value not in choices:
+            listed = ", ".join(map(repr, choices))
+            hint = did_you_mean(str(value), [str(c) for c in choices])
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r} (choose from {listed}){hint}")
+
     def error(self, message: str):
         prog = self.prog
         argv = self._argv
@@ -52,8 +62,6 @@ class OneLineErrorParser(argparse.ArgumentParser):
             message += _did_you_mean(message.split(":", 1)[1].split(), self._known_options(), argv)
             command = next((c for c in self._known_options() if c and c in argv[:1]), None)
             prog = f"{self.prog} {command}" if command else prog
-        if message.startswith("argument COMMAND: invalid choice:"):  # a misspelt command: the registry's suggestion
-            message += did_you_mean(message.split("'")[1], COMMANDS.names())
         self.exit(2, f"headprobe: error: {message} (see {prog} --help)\n")
 
     def _known_options(self) -> dict[str, list[str]]:

@@ -49,6 +49,7 @@ from headprobe.analyses.vocabulary import (
     seed_error,
 )
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.core.vocabulary import (  # defined once there (torch-free)
     BACKENDS,
     DEVICE_MAPS,
@@ -119,7 +120,7 @@ def dtype_name(text: Any) -> str:
     name = DTYPE_ALIASES.get(text.lower().removeprefix("torch."), text.lower().removeprefix("torch."))
     if name not in DTYPES:
         raise argparse.ArgumentTypeError(
-            f"unknown dtype {text!r}; choose one of {', '.join(DTYPES)} (or {', '.join(DTYPE_ALIASES)})"
+            f"unknown dtype {text!r}{did_you_mean(text.lower(), (*DTYPES, *DTYPE_ALIASES))}; choose one of {', '.join(DTYPES)} (or {', '.join(DTYPE_ALIASES)})"
         )
     return name
 
@@ -137,7 +138,7 @@ def check_device(device: Any, indexed: bool = False) -> None:
     if isinstance(device, str) and (device in DEVICES or (indexed and _CUDA_INDEX.match(device))):
         return
     choices = ", ".join(DEVICES) + (", cuda:N" if indexed else "")
-    raise HeadprobeError(f"--device {device!r} is not one of {choices}")
+    raise HeadprobeError(f"--device {device!r} is not one of {choices}{did_you_mean(str(device), DEVICES)}")
 
 
 _SIZE = re.compile(r"^\d+(\.\d+)?\s*([KMGT]i?B)?$", re.IGNORECASE)
@@ -696,7 +697,9 @@ def check_device_map(device: str | None, device_map: str | dict | None, max_memo
         HeadprobeError: one line naming the flag.
     """
     if isinstance(device_map, str) and device_map not in DEVICE_MAPS:  # a dict: a hand map, checked on dispatch
-        raise HeadprobeError(f"--device-map {device_map!r} is not one of {', '.join(DEVICE_MAPS)}")
+        raise HeadprobeError(
+            f"--device-map {device_map!r} is not one of {', '.join(DEVICE_MAPS)}{did_you_mean(device_map, DEVICE_MAPS)}"
+        )
     if max_memory is not None and device_map is None:
         raise HeadprobeError("--max-memory needs --device-map (auto, balanced or sequential)")
     if device_map is not None and device not in (None, "auto", "cpu"):
@@ -773,7 +776,9 @@ def check_settings(cfg) -> None:
     if has("device"):
         check_device(cfg.device)
     if has("backend") and cfg.backend not in BACKENDS:
-        raise HeadprobeError(f"--backend {cfg.backend!r} is not one of {', '.join(BACKENDS)}")
+        raise HeadprobeError(
+            f"--backend {cfg.backend!r} is not one of {', '.join(BACKENDS)}{did_you_mean(str(cfg.backend), BACKENDS)}"
+        )
     if has("max_memory"):  # kept as text (JSON keys stay as typed), checked now
         max_memory_dict(cfg.max_memory)
     check_device_map(getattr(cfg, "device", None), getattr(cfg, "device_map", None), getattr(cfg, "max_memory", None))

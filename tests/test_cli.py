@@ -280,3 +280,102 @@ def test_every_flag_of_every_command_has_help_that_gives_its_default():
             elif default not in (None, False, True, argparse.SUPPRESS) and shown not in text and "default" not in text:
                 missing.append((name, action.option_strings[0], f"default {shown!r} not shown"))
     assert not missing, missing
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["scan", "--control", "uniformm", "--out", "x"], "invalid choice: 'uniformm' (choose from"),  # argparse's
+        (["scan", "--dtype", "bflaot16", "--out", "x"], "unknown dtype 'bflaot16'"),
+        (["scan", "--formats", "pnng", "--out", "x"], "unknown figure format 'pnng'"),
+        (["prune", "--method", "michel,randm", "--out", "x"], "unknown pruning method 'randm'"),
+        (["robustness", "--vary", "kindd", "--out", "x"], "got kindd"),
+        (["budget", "--preset", "llama3-8"], "unknown preset 'llama3-8'"),
+        (["budget", "--preset", "gpt2-small", "--dtype", "bf61"], "unknown dtype 'bf61'"),
+        (["sccan"], "invalid choice: 'sccan'"),
+    ],
+)
+def test_a_value_from_a_fixed_set_gets_the_closest_names(argv, said, capsys, tmp_path):
+    """Every value chosen from a fixed set, checked by argparse's ``choices`` or by our own code,
+    names the closest choices (the registry's :func:`did_you_mean`). Old code: no suggestion for
+    any of these but the command's."""
+    from headprobe.cli import main
+
+    argv = [str(tmp_path / "x") if a == "x" else a for a in argv]
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("headprobe: error: ") and said in lines[0], lines
+    meant = {
+        "uniformm": "uniform",
+        "bflaot16": "bfloat16",
+        "pnng": "png",
+        "randm": "random",
+        "kindd": "kind",
+        "llama3-8": "llama3-8b",
+        "bf61": "bf16",
+        "sccan": "scan",
+    }
+    typo = next(w for w in meant if w in said)
+    assert f"did you mean '{meant[typo]}'" in lines[0] and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    "config, field, typo, meant",
+    [
+        ("headprobe.commands.kv:KVConfig", "method", "retrival", "retrieval"),
+        ("headprobe.commands.export:ExportConfig", "format", "headkvv", "headkv"),
+        ("headprobe.commands.circuit:CircuitConfig", "method", "eap-igg", "eap-ig"),
+        ("headprobe.commands.ablate:AblateConfig", "estimate", "atpp", "atp"),
+        ("headprobe.commands.patch:PatchConfig", "site", "residd", "resid"),
+        ("headprobe.commands.scan:ScanConfig", "correction", "hlom", "holm"),
+        ("headprobe.commands.scan:ScanConfig", "device", "cpuu", "cpu"),
+        ("headprobe.commands.scan:ScanConfig", "backend", "nativ", "native"),
+        ("headprobe.commands.scan:ScanConfig", "streaming", "onn", "on"),
+    ],
+)
+def test_a_fixed_set_value_given_from_python_gets_the_closest_names(config, field, typo, meant):
+    """The same values given as the Python functions' keywords, where no argparse ``choices`` runs:
+    our own checks name the closest choice. Old code: "--method must be one of ..., got 'retrival'"."""
+    from headprobe.commands import resolve
+    from headprobe.probe.core.errors import HeadprobeError
+
+    cls = resolve(config)
+    required = {"out": "o"} if config.endswith("ExportConfig") else {}
+    required |= {"source": "s"} if config.endswith("ExportConfig") else {}
+    with pytest.raises(HeadprobeError) as e:
+        cls(**required, **{field: typo})
+    assert repr(typo) in str(e.value) and f"did you mean '{meant}'" in str(e.value), str(e.value)
+
+
+def test_every_refusal_that_lists_a_fixed_set_names_the_closest_choice():
+    """Structural: each ``raise HeadprobeError(...)`` (or argparse's ``ArgumentTypeError``) whose line
+    lists choices ("one of", "choose from", ...) calls :func:`did_you_mean`, so a new validator
+    cannot forget it. The listed exceptions name no value a user chose from the set."""
+    import ast
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    phrases = re.compile(r"one of|choose from|takes names from")
+    no_value_chosen = {
+        ("headprobe/commands/budget.py", "separate modes"),  # two modes given: no value to match
+        ("headprobe/commands/view.py", "is a run of"),  # two runs of different models
+        ("headprobe/settings.py", "bad --max-memory entry"),  # a malformed entry, not a name
+        ("headprobe/settings.py", "--formats {self.formats!r}: choose from"),  # nothing named at all
+        ("probe/backends/sources.py", "has no weights"),  # files a folder lacks
+    }
+    missing = []
+    for folder in ("headprobe", "probe", "analyses"):
+        for path in sorted((root / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args):
+                    continue
+                if not ast.unparse(node.exc.func).endswith(("HeadprobeError", "ArgumentTypeError")):
+                    continue
+                text = ast.unparse(node.exc.args[0])
+                rel = path.relative_to(root).as_posix()
+                if not phrases.search(text) or "did_you_mean" in text or "hint" in text:
+                    continue
+                if not any(rel == f and part in text for f, part in no_value_chosen):
+                    missing.append(f"{rel}:{node.lineno}")
+    assert not missing, missing

@@ -28,6 +28,7 @@ from headprobe import options
 from headprobe.analyses.exchange import FORMATS
 from headprobe.commands import Command, lazy_names, resolve
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.settings import Needs, setting
 
 _CORE = ("ExportResult", "run", "export")
@@ -117,7 +118,9 @@ class ExportConfig:
                 )
             object.__setattr__(self, "out", self.to)
         if self.format not in CHOICES:
-            raise HeadprobeError(f"--format must be one of {', '.join(CHOICES)}, got {self.format!r}")
+            raise HeadprobeError(
+                f"--format must be one of {', '.join(CHOICES)}, got {self.format!r}{did_you_mean(str(self.format), CHOICES)}"
+            )
         if (self.sink is not None and self.sink < 0) or (self.recent is not None and self.recent < 1):
             raise HeadprobeError(f"--sink must be >= 0 and --recent >= 1, got {self.sink} and {self.recent}")
 

@@ -45,6 +45,7 @@ from headprobe.commands import Command
 from headprobe.options import check_fields, config_inputs, kept_line, out_as_it_was
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import ReadsInputs, cpu_kernels, keeps_inputs, prepare_output_dir, summary_envelope
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.layout.cost import (
     AttentionLayout,
     attention_params_per_layer,
@@ -204,7 +205,9 @@ class StudyConfig:
         """Raise :class:`HeadprobeError` (one line, naming the ``headprobe study`` flag) on settings
         that cannot run, including any variant's training settings or layout."""
         if self.which not in STUDIES:
-            raise HeadprobeError(f"the study must be one of {', '.join(STUDIES)}, got {self.which!r}")
+            raise HeadprobeError(
+                f"the study must be one of {', '.join(STUDIES)}, got {self.which!r}{did_you_mean(str(self.which), STUDIES)}"
+            )
         for name in ONLY_FOR:
             if getattr(self, name) is not None and not self._applies(name):
                 raise HeadprobeError(
