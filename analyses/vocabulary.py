@@ -81,6 +81,16 @@ MIN_PERIOD = 3
 offset ``1 - S``) is the query itself at ``S = 1`` and its previous token at ``S = 2``, where a
 previous-token head would score as an induction head."""
 PERIOD_TARGET = {1: "the token itself", 2: "its previous token"}
+MIN_SEQ_LEN = 4
+"""The shortest natural-text window (positions, BOS or ``[CLS]`` and ``[SEP]`` included) on which the
+head types' scores differ by construction (:mod:`headprobe.analyses.detectors`: each reads queries
+``1 ..``). Below it two types read the same key at every query they score (:data:`SEQ_LEN_CLASH`),
+so their columns are one number twice, as a period under :data:`MIN_PERIOD` makes induction a
+previous-token score."""
+SEQ_LEN_CLASH = {
+    2: "the previous-token and first-token scores read query 1 alone, whose previous token is position 0",
+    3: "the next-token and last-token scores read query 1 alone, whose next token is the last",
+}
 
 
 def figure_formats() -> tuple[str, ...]:

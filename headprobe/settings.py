@@ -42,9 +42,11 @@ from headprobe.analyses.vocabulary import (
     DEFAULT_SEQ_LEN,
     FIGURE_FORMATS,
     MIN_PERIOD,
+    MIN_SEQ_LEN,
     NO_FIGURES,
     PERIOD_TARGET,
     SEED_MAX,
+    SEQ_LEN_CLASH,
     parse_figure_formats,
     seed_error,
 )
@@ -727,8 +729,8 @@ def check_settings(cfg) -> None:
     """Check and normalise the shared fields a config has (in place, on a frozen dataclass, from its
     ``__post_init__``): the types of number settings (:func:`check_numbers`), ``dtype`` to torch's
     name, ``text`` to a str, counts (``n_natural``, ``n_repeated``) >= 1, ``threads`` from 1 to
-    :func:`max_threads`, ``seq_len`` and
-    ``period`` >= 2 where set, ``device`` (:func:`check_device`) and ``backend`` among their choices, ``max_memory`` readable and only with ``device_map``. Fields the config
+    :func:`max_threads`, ``seq_len`` >= 2 where set (>= :data:`~headprobe.analyses.vocabulary.MIN_SEQ_LEN`
+    in a config that scores head types, one with a ``types`` field), ``period`` >= ``MIN_PERIOD``, ``device`` (:func:`check_device`) and ``backend`` among their choices, ``max_memory`` readable and only with ``device_map``. Fields the config
     lacks, or leaves None, are skipped.
 
     Raises:
@@ -763,6 +765,11 @@ def check_settings(cfg) -> None:
     if has("seq_len") and cfg.seq_len < 2:
         raise HeadprobeError(
             f"sequence length {cfg.seq_len} is too short: scores need at least 2 positions (--seq-len)"
+        )
+    if has("seq_len") and hasattr(cfg, "types") and cfg.seq_len < MIN_SEQ_LEN:  # a command that scores head types
+        raise HeadprobeError(
+            f"--seq-len {cfg.seq_len} is too short: the head types' scores need at least {MIN_SEQ_LEN} positions "
+            f"(at {cfg.seq_len} {SEQ_LEN_CLASH[cfg.seq_len]}, so the two are the same number)"
         )
     if has("period") and cfg.period < MIN_PERIOD:
         raise HeadprobeError(

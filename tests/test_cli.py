@@ -379,3 +379,56 @@ def test_every_refusal_that_lists_a_fixed_set_names_the_closest_choice():
                 if not any(rel == f and part in text for f, part in no_value_chosen):
                     missing.append(f"{rel}:{node.lineno}")
     assert not missing, missing
+
+
+@pytest.mark.parametrize("command", [["scan"], ["atlas", "--models", "toy"], ["robustness"], ["diff", "a", "b"]])
+@pytest.mark.parametrize("seq_len", [2, 3])
+def test_a_seq_len_under_the_head_types_minimum_is_refused(command, seq_len, capsys, tmp_path):
+    """Old code: ``--seq-len 3`` (and 2) ran, and the next-token and last-token columns (2: the
+    previous-token and first-token ones) were one number twice."""
+    from headprobe.analyses.vocabulary import MIN_SEQ_LEN
+    from headprobe.cli import main
+
+    out = tmp_path / "o"
+    assert main([*command, "--seq-len", str(seq_len), "--out", str(out)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"headprobe: error: --seq-len {seq_len} is too short"), lines
+    assert f"at least {MIN_SEQ_LEN} positions" in lines[0] and "the same number" in lines[0]
+    assert not out.exists()
+
+
+def test_seq_len_at_the_minimum_is_accepted_and_runs(tiny_dir, text_file, tmp_path):
+    from headprobe.analyses.vocabulary import MIN_SEQ_LEN
+    from headprobe.cli import check_argv, main
+
+    for command in (["scan"], ["atlas", "--models", "toy"], ["robustness"], ["diff", "a", "b"]):
+        assert check_argv([*command, "--seq-len", str(MIN_SEQ_LEN), "--out", "o"]) is not None
+    out = tmp_path / "o"
+    argv = ["scan", "--model", str(tiny_dir), "--text", str(text_file), "--seq-len", str(MIN_SEQ_LEN)]
+    assert main([*argv, "--no-verify", "--formats", "none", "--n-natural", "2", "--out", str(out)]) == 0
+    assert (out / "summary.json").exists()
+
+
+def test_min_seq_len_is_the_shortest_window_where_no_two_natural_scores_coincide():
+    """The reference is the score functions themselves, on a random full (encoder-like) pattern:
+    below MIN_SEQ_LEN some two natural-text head types read the same keys (equal columns), at
+    it none do. Also ties MIN_SEQ_LEN to the detectors: a change to a score's queries moves it."""
+    import torch
+
+    from headprobe.analyses import detectors as D
+    from headprobe.analyses.vocabulary import MIN_SEQ_LEN, SEQ_LEN_CLASH
+
+    def scores(T: int) -> dict[str, torch.Tensor]:
+        p = torch.rand(3, 4, T, T, generator=torch.Generator().manual_seed(T)).softmax(-1)
+        out = {"previous_token": D.previous_token_score(p), "first_token": D.first_token_score(p)}
+        if T >= 3:
+            out |= {"next_token": D.next_token_score(p), "last_token": D.last_token_score(p)}
+        return out
+
+    def clashes(T: int) -> set[tuple[str, str]]:
+        s = scores(T)
+        return {(a, b) for a in s for b in s if a < b and torch.equal(s[a], s[b])}
+
+    assert clashes(2) == {("first_token", "previous_token")}
+    assert clashes(3) == {("last_token", "next_token")}
+    assert clashes(MIN_SEQ_LEN) == set() and sorted(SEQ_LEN_CLASH) == list(range(2, MIN_SEQ_LEN))
