@@ -266,7 +266,10 @@ def main(args: argparse.Namespace, config: PruneConfig) -> int:
             + " done"
         )
 
-    return options.run_command(args, config, options.Run("headprobe.commands.prune_core", resumed=resumed))
+    models = (PRUNED_DIR,) if config.save_pruned else ()  # the one model folder a pruning writes, and may replace
+    return options.run_command(
+        args, config, options.Run("headprobe.commands.prune_core", resumed=resumed, models=models)
+    )
 
 
 COMMAND = Command(

@@ -289,6 +289,7 @@ class PruneResult(ReadsInputs):
             tables=tables,
             figures=self.figures,
             extra=pruned_model,
+            models=(PRUNED_DIR,) if self.pruned is not None else (),
         )
 
     def report(self) -> str:
