@@ -47,6 +47,7 @@ from headprobe.probe.core import ablation_kinds, memory
 from headprobe.probe.core.ablation_kinds import AblationInputs, AblationKind, Kind
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import all_heads, given_heads
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.hooks.ablation import (
     Head,
     batched_ablation_hooks,
@@ -532,7 +533,9 @@ def first_scored(task: str, start: int, period: int | None) -> int:
     if task == "repeated":
         assert period is not None  # a repeated token set has one
         return start + period
-    raise HeadprobeError(f"unknown task {task!r}; expected 'natural' or 'repeated'")
+    raise HeadprobeError(
+        f"unknown task {task!r}{did_you_mean(str(task), ('natural', 'repeated'))}; expected 'natural' or 'repeated'"
+    )
 
 
 def require_head_ablation(model: LoadedModel) -> None:

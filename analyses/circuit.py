@@ -53,6 +53,7 @@ from headprobe.probe.backends.base import LoadedModel, token_losses
 from headprobe.probe.core import memory
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import check_head, check_receiver, format_head, is_head_pair, read_heads
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.core.sizes import format_bytes
 from headprobe.probe.hooks.ablation import HookFn
 from headprobe.probe.hooks.capture import capture_internal
@@ -421,7 +422,7 @@ def path_patch_effects(
     """
     L, H = model.spec.n_layers, model.spec.n_heads
     if receiver is not None and inp not in INPUTS:
-        raise HeadprobeError(f"receiver input must be one of {INPUTS}, got {inp!r}")
+        raise HeadprobeError(f"receiver input must be one of {INPUTS}, got {inp!r}{did_you_mean(str(inp), INPUTS)}")
     if receiver is not None:
         check_receiver(receiver, L, H)
     for s in senders:
@@ -607,7 +608,9 @@ def edge_scores(model: LoadedModel, runs: PathRuns | RunChunks, method: str = "e
         HeadprobeError: an unknown method or ``steps < 1``; GQA under a QK-norm over all key heads.
     """
     if method not in ("eap", "eap-ig"):
-        raise HeadprobeError(f"method must be 'eap' or 'eap-ig', got {method!r}")
+        raise HeadprobeError(
+            f"method must be 'eap' or 'eap-ig', got {method!r}{did_you_mean(str(method), ('eap', 'eap-ig'))}"
+        )
     if steps < 1:
         raise HeadprobeError(f"EAP-IG needs at least 1 step, got {steps}")
     _check_expandable(model, INPUTS)

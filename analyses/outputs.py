@@ -30,6 +30,7 @@ def write_outputs(
     resumable: bool = False,
     progress: bool = False,
     produced: Sequence[Path] = (),
+    models: Sequence[str] = (),
 ) -> list[Path]:
     """Write into ``out_dir`` (created; checked by :func:`~headprobe.probe.core.io.prepare_output_dir`
     with ``overwrite`` and ``resumable``): each of ``tables`` (file name -> text, usually a CSV),
@@ -45,7 +46,9 @@ def write_outputs(
     (:func:`~headprobe.probe.core.io.swap_in`): the previous run's summary goes first, then its other
     files (``--overwrite``), and the new summary comes last, so a directory never mixes two runs and
     a run that fails or is interrupted while writing leaves it as it was. Files headprobe did not
-    write stay (:func:`~headprobe.probe.core.io.foreign_files`). ``produced``: paths in ``out_dir`` this run
+    write stay (:func:`~headprobe.probe.core.io.foreign_files`); a model folder in ``out_dir`` is
+    refused unless it is one of ``models``, the model folders this run writes (``"."``, ``out_dir``
+    itself), written there by an earlier run (:func:`~headprobe.probe.core.io.check_no_model`). ``produced``: paths in ``out_dir`` this run
     already wrote itself (atlas's per-model scans), recorded as its own. ``extra`` is called with the
     staging folder and writes relative to it.
 
@@ -54,13 +57,14 @@ def write_outputs(
 
     Raises:
         HeadprobeError: ``out_dir`` is a file, not writable, or not empty without ``overwrite``
-            (a directory holding only a run checkpoint counts as empty with ``resumable``).
+            (a directory holding only a run checkpoint counts as empty with ``resumable``), or holds
+            a model this run does not write.
     """
     from headprobe.analyses.figures import save_figure
     from headprobe.analyses.vocabulary import figure_formats
     from headprobe.probe.core.progress import progress_bar
 
-    out = prepare_output_dir(out_dir, overwrite, resumable=resumable)
+    out = prepare_output_dir(out_dir, overwrite, resumable=resumable, models=models)
     with staging(out) as tmp:
         written: list[Path] = []
         for name, text in (tables or {}).items():

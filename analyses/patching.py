@@ -40,6 +40,7 @@ from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core import memory
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import all_heads, given_heads
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.hooks.ablation import Head, HookFn
 from headprobe.probe.hooks.names import attn_hook, block_hook
 from headprobe.probe.layout.cost import forward_sequence_bytes
@@ -182,7 +183,9 @@ def site_hook_name(site: str, layer: int) -> str:
         return block_hook(layer, "resid_pre")
     if site in HEAD_SITES:
         return attn_hook(layer, site)
-    raise HeadprobeError(f"unknown patching site {site!r}; choose one of {', '.join(SITES)}")
+    raise HeadprobeError(
+        f"unknown patching site {site!r}{did_you_mean(str(site), SITES)}; choose one of {', '.join(SITES)}"
+    )
 
 
 def check_site(model: LoadedModel, site: str, layers: Sequence[int]) -> None:

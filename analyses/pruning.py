@@ -41,6 +41,7 @@ from headprobe.analyses.vocabulary import PRUNING_ORDERS as ORDERS
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core import memory
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.hooks.ablation import Head, format_head
 from headprobe.probe.hooks.names import attn_hook
 from headprobe.probe.layout.cost import backward_sequence_bytes, forward_sequence_bytes
@@ -268,7 +269,9 @@ def _check_pruning_args(order: str, step_fraction: float, max_fraction: float) -
         HeadprobeError: as described.
     """
     if order not in ORDERS:
-        raise HeadprobeError(f"unknown pruning order {order!r}; expected one of {ORDERS}")
+        raise HeadprobeError(
+            f"unknown pruning order {order!r}{did_you_mean(str(order), ORDERS)}; expected one of {ORDERS}"
+        )
     if not 0 < step_fraction <= 1 or not 0 < max_fraction <= 1:
         raise HeadprobeError(f"step fraction {step_fraction} and max fraction {max_fraction} must be in (0, 1]")
 

@@ -20,6 +20,7 @@ from headprobe.analyses.detectors import DETECTORS
 from headprobe.probe.backends.base import LOSS_ROWS, LoadedModel
 from headprobe.probe.core import memory
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.hooks.ablation import Head, HookCounter
 from headprobe.probe.hooks.capture import patterns_by_layer
 from headprobe.probe.hooks.names import attn_hook, block_hook
@@ -125,7 +126,9 @@ def use_online_stats(model: LoadedModel, seq_len: int, streaming: str = "auto") 
     from headprobe.probe.hooks.online_stats import STREAMING_MIN_LEN
 
     if streaming not in STREAMING_CHOICES:
-        raise HeadprobeError(f"streaming must be one of {', '.join(STREAMING_CHOICES)}, got {streaming!r}")
+        raise HeadprobeError(
+            f"streaming must be one of {', '.join(STREAMING_CHOICES)}, got {streaming!r}{did_you_mean(str(streaming), STREAMING_CHOICES)}"
+        )
     if streaming != "auto":
         return streaming == "on"
     pruned = bool(getattr(model.spec, "removed_heads", ()) or ())  # layers with fewer heads: the pattern path

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from headprobe.analyses.vocabulary import MIN_PERIOD, seed_error
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.core.vocabulary import DEVICES
 from headprobe.probe.model.tokenizers import TEXT_CHARS
 
@@ -169,7 +170,9 @@ class TrainConfig:
         if self.seq_len < 20:
             raise HeadprobeError(f"--seq-len {self.seq_len} is too short for the in-context loss (needs >= 20)")
         if self.corpus not in CORPORA:
-            raise HeadprobeError(f"--corpus must be one of {', '.join(CORPORA)}, got {self.corpus!r}")
+            raise HeadprobeError(
+                f"--corpus must be one of {', '.join(CORPORA)}, got {self.corpus!r}{did_you_mean(str(self.corpus), CORPORA)}"
+            )
         if self.corpus == "text+copy" and self.n_words != N_CHARS:
             raise HeadprobeError(
                 f"--corpus text+copy uses the {N_CHARS}-character vocabulary: --n-words must be {N_CHARS}, "
@@ -183,7 +186,9 @@ class TrainConfig:
         if self.copy_fraction is not None and not 0 <= self.copy_fraction <= 1:
             raise HeadprobeError(f"--copy-fraction must be between 0 and 1, got {self.copy_fraction}")
         if self.device not in DEVICES:
-            raise HeadprobeError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+            raise HeadprobeError(
+                f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}{did_you_mean(str(self.device), DEVICES)}"
+            )
 
     def model_config(self):
         """The :class:`headprobe.probe.model.config.TransformerConfig` of the model to train

@@ -14,6 +14,7 @@ from fractions import Fraction
 
 from headprobe.analyses.columns import HEAD_TYPES, TASKS, select_head_types  # noqa: F401 - the head columns' names, defined there
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import did_you_mean
 
 PRUNING_METHODS: tuple[str, ...] = ("michel", "l0", "random")
 """The pruning methods ``headprobe prune --method`` compares: Michel et al. 2019's iterative gradient
@@ -80,6 +81,16 @@ MIN_PERIOD = 3
 offset ``1 - S``) is the query itself at ``S = 1`` and its previous token at ``S = 2``, where a
 previous-token head would score as an induction head."""
 PERIOD_TARGET = {1: "the token itself", 2: "its previous token"}
+MIN_SEQ_LEN = 4
+"""The shortest natural-text window (positions, BOS or ``[CLS]`` and ``[SEP]`` included) on which the
+head types' scores differ by construction (:mod:`headprobe.analyses.detectors`: each reads queries
+``1 ..``). Below it two types read the same key at every query they score (:data:`SEQ_LEN_CLASH`),
+so their columns are one number twice, as a period under :data:`MIN_PERIOD` makes induction a
+previous-token score."""
+SEQ_LEN_CLASH = {
+    2: "the previous-token and first-token scores read query 1 alone, whose previous token is position 0",
+    3: "the next-token and last-token scores read query 1 alone, whose next token is the last",
+}
 
 
 def figure_formats() -> tuple[str, ...]:
@@ -116,7 +127,7 @@ def parse_figure_formats(text: str, source: str) -> tuple[str, ...] | None:
     unknown = [f for f in asked if f not in FIGURE_FORMATS]
     if unknown:
         raise HeadprobeError(
-            f"{source}{text!r}: unknown figure format {unknown[0]!r}; choose from "
+            f"{source}{text!r}: unknown figure format {unknown[0]!r}{did_you_mean(unknown[0], FIGURE_FORMATS)}; choose from "
             f"{', '.join(FIGURE_FORMATS)} (comma-separated) or {NO_FIGURES}"
         )
     return tuple(f for f in FIGURE_FORMATS if f in asked)
@@ -132,9 +143,13 @@ def check_verification_choices(alpha: float, control: str, correction: str) -> N
     if not 0 < alpha < 1:
         raise HeadprobeError(f"--alpha must be between 0 and 1 (exclusive), got {alpha}")
     if control not in CONTROLS:
-        raise HeadprobeError(f"--control must be one of {', '.join(CONTROLS)}, got {control!r}")
+        raise HeadprobeError(
+            f"--control must be one of {', '.join(CONTROLS)}, got {control!r}{did_you_mean(str(control), CONTROLS)}"
+        )
     if correction not in CORRECTIONS:
-        raise HeadprobeError(f"--correction must be one of {', '.join(CORRECTIONS)}, got {correction!r}")
+        raise HeadprobeError(
+            f"--correction must be one of {', '.join(CORRECTIONS)}, got {correction!r}{did_you_mean(str(correction), CORRECTIONS)}"
+        )
 
 
 @functools.lru_cache(maxsize=256)

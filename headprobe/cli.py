@@ -31,31 +31,51 @@ REQUIRED_MESSAGE = "the following arguments are required: "
 
 class OneLineErrorParser(argparse.ArgumentParser):
     """argparse with usage errors as one line (``headprobe: error: ... (see headprobe scan
-    --help)``) and exit status 2, like every other bad input; subparsers inherit it."""
+    --help)``) and exit status 2, like every other bad input, and no abbreviated options
+    (``allow_abbrev=False``: ``scan --type induction`` is refused with "did you mean --types?",
+    where argparse took it as ``--types``, and a flag added later cannot change what an
+    abbreviation meant); subparsers inherit both (``add_parser`` makes this class)."""
 
-    def parse_known_args(self, args=None, namespace=None):
-        self._words = list(sys.argv[1:] if args is None else args)  # read by error(): the words it parses
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+        self._argv: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):  # unannotated: argparse's overloads
+        self._argv = list(sys.argv[1:] if args is None else args)  # the words an error's hint reads
         return super().parse_known_args(args, namespace)
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """argparse's check of a flag's ``choices`` (and of the command's name), its line followed by
+        the closest choices (:func:`~headprobe.probe.core.registry.did_you_mean`, as every value
+        chosen from a fixed set): ``invalid choice: 'uniformm' (choose from ...) (did you mean 'uniform'?)``."""
+        choices = action.choices
+        if choices is not None and value not in choices:
+            listed = ", ".join(map(repr, choices))
+            hint = did_you_mean(str(value), [str(c) for c in choices])
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r} (choose from {listed}){hint}")
 
     def error(self, message: str):
         prog = self.prog
+        argv = self._argv
+        if message.startswith(REQUIRED_MESSAGE + "COMMAND") and argv[:1] and argv[0][:1] == "-":
+            # an unknown option before any command (`headprobe --vers`): argparse says only that none was named
+            message = f"unrecognized arguments: {argv[0]}"
         if message.startswith(REQUIRED_MESSAGE) and (meant := self._meant(self._unknown_flags(), message)):
             message = f"unrecognized arguments: {' '.join(self._unknown_flags())}{meant}"  # the flag meant, not the gap
         elif message.startswith("unrecognized arguments:"):  # reported by the top parser, about a command's flags
-            message += _did_you_mean(message.split(":", 1)[1].split(), self._known_options())
-            command = next((c for c in self._known_options() if c and c in sys.argv[1:2]), None)
+            message += _did_you_mean(message.split(":", 1)[1].split(), self._known_options(), argv)
+            command = next((c for c in self._known_options() if c and c in argv[:1]), None)
             prog = f"{self.prog} {command}" if command else prog
-        if message.startswith("argument COMMAND: invalid choice:"):  # a misspelt command: the registry's suggestion
-            message += did_you_mean(message.split("'")[1], COMMANDS.names())
         self.exit(2, f"headprobe: error: {message} (see {prog} --help)\n")
 
     def _unknown_flags(self) -> list[str]:
         """The words this parser was given that spell no option of it (``--to``, ``--outt=x``: their
-        flags), whole or abbreviated as argparse takes them; argparse says only which required flags
+        flags; an abbreviation is one, allow_abbrev being off); argparse says only which required flags
         are missing when one of these was probably meant as one."""
         known = [o for a in self._actions for o in a.option_strings]
-        flags = (w.split("=", 1)[0] for w in getattr(self, "_words", ()) if w.startswith("--") and w != "--")
-        return [f for f in flags if f not in known and sum(o.startswith(f) for o in known) != 1]
+        flags = (w.split("=", 1)[0] for w in self._argv if w.startswith("--") and w != "--")
+        return [f for f in flags if f not in known]
 
     def _meant(self, unknown: list[str], message: str) -> str:
         """`` (did you mean --out?)`` for the ``unknown`` flags given where argparse's ``message`` says
@@ -64,11 +84,11 @@ class OneLineErrorParser(argparse.ArgumentParser):
         stood where its value goes: ``--to DIR``, ``--out``'s name before 0.1.0); ``""``: none is meant."""
         if not unknown:
             return ""
-        close = _did_you_mean(unknown, {"": [o for a in self._actions for o in a.option_strings]}, words=set())
+        close = _did_you_mean(unknown, {"": [o for a in self._actions for o in a.option_strings]}, [])
         missing = [w for w in message.removeprefix(REQUIRED_MESSAGE).replace(",", " ").split() if w.startswith("--")]
         if close or len(unknown) != 1 or len(missing) != 1:
             return close
-        words = list(getattr(self, "_words", ()))
+        words = self._argv
         given = [i for i, w in enumerate(words) if w.split("=", 1)[0] == unknown[0]]
         valued = any("=" in words[i] or (i + 1 < len(words) and not words[i + 1].startswith("-")) for i in given)
         return f" (did you mean {missing[0]}?)" if valued else ""
@@ -83,20 +103,22 @@ class OneLineErrorParser(argparse.ArgumentParser):
         return known
 
 
-def _did_you_mean(unknown: list[str], known: dict[str, list[str]], words: set[str] | None = None) -> str:
-    """`` (did you mean --seq-len?)`` for misspelt flags (``--seq_len``), from the options of the
-    subcommand named among ``words`` (None: the command line's; all options if none is)."""
+def _did_you_mean(unknown: list[str], known: dict[str, list[str]], argv: list[str]) -> str:
+    """`` (did you mean --seq-len?)`` for misspelt or abbreviated flags (``--seq_len``, ``--type``,
+    ``--over``), from the options of the subcommand named on the command line (all options if none
+    is): the one option the flag abbreviates, else the closest by :func:`difflib.get_close_matches`;
+    several an abbreviation fits are all named (``--n`` -> ``--n-natural or --n-repeated``)."""
     import difflib
 
-    words = set(sys.argv[1:]) if words is None else words
+    words = set(argv)
     pool = next((opts for cmd, opts in known.items() if cmd and cmd in words), None)
     pool = pool or sorted({o for opts in known.values() for o in opts})
     hints = []
-    for flag in (u.split("=", 1)[0] for u in unknown if u.startswith("--")):
-        close = difflib.get_close_matches(flag.replace("_", "-").lower(), pool, n=1, cutoff=0.7)
+    for flag in (u.split("=", 1)[0].replace("_", "-").lower() for u in unknown if u.startswith("--")):
+        close = [o for o in pool if o.startswith(flag)] or difflib.get_close_matches(flag, pool, n=1, cutoff=0.7)
         if close:
-            hints.append(close[0])
-    return f" (did you mean {' '.join(hints)}?)" if hints else ""
+            hints.append(" or ".join(close))
+    return f" (did you mean {', '.join(hints)}?)" if hints else ""
 
 
 _NEGATIVE = re.compile(r"^-[0-9.]")
@@ -109,8 +131,8 @@ def negative_values_attached(parser: argparse.ArgumentParser, argv: list[str]) -
     option before it, where that option of the command's parser takes one value (``--kv-limit
     -1GiB`` -> ``--kv-limit=-1GiB``): argparse would read ``-1GiB`` as an unknown option and answer
     "expected one argument"; attached, it reaches the option's type and checks, which refuse it by
-    name ("--kv-limit must be positive, got -1GiB"). Options are matched as argparse matches them,
-    whole or by a unique prefix; ``--`` ends the options.
+    name ("--kv-limit must be positive, got -1GiB"). Options are matched whole, as argparse
+    matches them (no abbreviations, :class:`OneLineErrorParser`); ``--`` ends the options.
 
     Such a word among the values of an option that takes several (``budget --flops-table 1024
     -5k``; ``nargs`` ``*``, ``+`` or a number) cannot be attached: it is read by the option's type
@@ -130,11 +152,7 @@ def negative_values_attached(parser: argparse.ArgumentParser, argv: list[str]) -
     def option(word: str) -> argparse.Action | None:
         if not word.startswith("-") or "=" in word or _NEGATIVE.match(word):
             return None
-        action = options.get(word)
-        if action is None and word.startswith("--"):
-            matches = {a for o, a in options.items() if o.startswith(word)}
-            action = matches.pop() if len(matches) == 1 else None
-        return action
+        return options.get(word)
 
     def takes_one_value(word: str) -> bool:
         action = option(word)

@@ -946,6 +946,8 @@ class Run:
         note: a line printed before the model loads (``NOTE: ...``), or None.
         sharded: what a multi-rank run splits, for the model line (``"verification"``), or ``""``.
         save: keyword arguments of the result's ``save`` beyond ``out`` and ``overwrite``.
+        models: the model folders the run writes in ``--out`` (``prune --save-pruned``'s
+            ``pruned_model``): any other model there refuses ``--out`` (:func:`~headprobe.probe.core.io.check_no_model`).
     """
 
     core: str
@@ -953,6 +955,7 @@ class Run:
     note: str | None = None
     sharded: str = ""
     save: dict = field(default_factory=dict)
+    models: tuple[str, ...] = ()
 
 
 FIGURE_SUFFIXES = (".png", ".pdf", ".svg")
@@ -1170,7 +1173,7 @@ def run_command(args: argparse.Namespace, config, how: Run) -> int:
         main_rank, resumable = distributed.is_main(), how.resumed is not None
         check_model(config.model)
         config.preflight()
-        prepare_output_dir(args.out, args.overwrite, create=False, resumable=resumable)
+        prepare_output_dir(args.out, args.overwrite, create=False, resumable=resumable, models=how.models)
         with out_as_it_was(args.out, main_rank):
             _run_checked(args, config, how, sharded, main_rank, resumable)
         distributed.barrier()

@@ -42,13 +42,16 @@ from headprobe.analyses.vocabulary import (
     DEFAULT_SEQ_LEN,
     FIGURE_FORMATS,
     MIN_PERIOD,
+    MIN_SEQ_LEN,
     NO_FIGURES,
     PERIOD_TARGET,
     SEED_MAX,
+    SEQ_LEN_CLASH,
     parse_figure_formats,
     seed_error,
 )
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.core.vocabulary import (  # defined once there (torch-free)
     BACKENDS,
     DEVICE_MAPS,
@@ -119,7 +122,7 @@ def dtype_name(text: Any) -> str:
     name = DTYPE_ALIASES.get(text.lower().removeprefix("torch."), text.lower().removeprefix("torch."))
     if name not in DTYPES:
         raise argparse.ArgumentTypeError(
-            f"unknown dtype {text!r}; choose one of {', '.join(DTYPES)} (or {', '.join(DTYPE_ALIASES)})"
+            f"unknown dtype {text!r}{did_you_mean(text.lower(), (*DTYPES, *DTYPE_ALIASES))}; choose one of {', '.join(DTYPES)} (or {', '.join(DTYPE_ALIASES)})"
         )
     return name
 
@@ -137,7 +140,7 @@ def check_device(device: Any, indexed: bool = False) -> None:
     if isinstance(device, str) and (device in DEVICES or (indexed and _CUDA_INDEX.match(device))):
         return
     choices = ", ".join(DEVICES) + (", cuda:N" if indexed else "")
-    raise HeadprobeError(f"--device {device!r} is not one of {choices}")
+    raise HeadprobeError(f"--device {device!r} is not one of {choices}{did_you_mean(str(device), DEVICES)}")
 
 
 _SIZE = re.compile(r"^\d+(\.\d+)?\s*([KMGT]i?B)?$", re.IGNORECASE)
@@ -697,7 +700,9 @@ def check_device_map(device: str | None, device_map: str | dict | None, max_memo
         HeadprobeError: one line naming the flag.
     """
     if isinstance(device_map, str) and device_map not in DEVICE_MAPS:  # a dict: a hand map, checked on dispatch
-        raise HeadprobeError(f"--device-map {device_map!r} is not one of {', '.join(DEVICE_MAPS)}")
+        raise HeadprobeError(
+            f"--device-map {device_map!r} is not one of {', '.join(DEVICE_MAPS)}{did_you_mean(device_map, DEVICE_MAPS)}"
+        )
     if max_memory is not None and device_map is None:
         raise HeadprobeError("--max-memory needs --device-map (auto, balanced or sequential)")
     if device_map is not None and device not in (None, "auto", "cpu"):
@@ -725,8 +730,8 @@ def check_settings(cfg) -> None:
     """Check and normalise the shared fields a config has (in place, on a frozen dataclass, from its
     ``__post_init__``): the types of number settings (:func:`check_numbers`), ``dtype`` to torch's
     name, ``text`` to a str, counts (``n_natural``, ``n_repeated``) >= 1, ``threads`` from 1 to
-    :func:`max_threads`, ``seq_len`` and
-    ``period`` >= 2 where set, ``device`` (:func:`check_device`) and ``backend`` among their choices, ``max_memory`` readable and only with ``device_map``. Fields the config
+    :func:`max_threads`, ``seq_len`` >= 2 where set (>= :data:`~headprobe.analyses.vocabulary.MIN_SEQ_LEN`
+    in a config that scores head types, one with a ``types`` field), ``period`` >= ``MIN_PERIOD``, ``device`` (:func:`check_device`) and ``backend`` among their choices, ``max_memory`` readable and only with ``device_map``. Fields the config
     lacks, or leaves None, are skipped.
 
     Raises:
@@ -762,6 +767,11 @@ def check_settings(cfg) -> None:
         raise HeadprobeError(
             f"sequence length {cfg.seq_len} is too short: scores need at least 2 positions (--seq-len)"
         )
+    if has("seq_len") and hasattr(cfg, "types") and cfg.seq_len < MIN_SEQ_LEN:  # a command that scores head types
+        raise HeadprobeError(
+            f"--seq-len {cfg.seq_len} is too short: the head types' scores need at least {MIN_SEQ_LEN} positions "
+            f"(at {cfg.seq_len} {SEQ_LEN_CLASH[cfg.seq_len]}, so the two are the same number)"
+        )
     if has("period") and cfg.period < MIN_PERIOD:
         raise HeadprobeError(
             f"--period {cfg.period} is too short: induction needs a repeated block of at least {MIN_PERIOD} tokens"
@@ -774,7 +784,9 @@ def check_settings(cfg) -> None:
     if has("device"):
         check_device(cfg.device)
     if has("backend") and cfg.backend not in BACKENDS:
-        raise HeadprobeError(f"--backend {cfg.backend!r} is not one of {', '.join(BACKENDS)}")
+        raise HeadprobeError(
+            f"--backend {cfg.backend!r} is not one of {', '.join(BACKENDS)}{did_you_mean(str(cfg.backend), BACKENDS)}"
+        )
     if has("max_memory"):  # kept as text (JSON keys stay as typed), checked now
         max_memory_dict(cfg.max_memory)
     check_device_map(getattr(cfg, "device", None), getattr(cfg, "device_map", None), getattr(cfg, "max_memory", None))

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.hooks.names import block_path
 
 if TYPE_CHECKING:
@@ -34,7 +35,9 @@ def fake_quantize(w: torch.Tensor, scheme: str, group: int = GROUP) -> torch.Ten
         HeadprobeError: an unknown scheme.
     """
     if scheme not in REQUANTIZE:
-        raise HeadprobeError(f"unknown re-quantization {scheme!r}; use one of {', '.join(REQUANTIZE)}")
+        raise HeadprobeError(
+            f"unknown re-quantization {scheme!r}{did_you_mean(str(scheme), REQUANTIZE)}; use one of {', '.join(REQUANTIZE)}"
+        )
     x = w.detach().float()
     if scheme == "int8":
         s = x.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / 127

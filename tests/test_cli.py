@@ -39,6 +39,72 @@ def test_misspelt_flags_get_a_suggestion_on_one_line(args, hint, tmp_path):
     assert lines[0].endswith(f"(see headprobe {args[0]} --help)")
 
 
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (
+            ["scan", "--type", "induction", "--out", "x"],
+            "unrecognized arguments: --type induction (did you mean --types?)",
+        ),
+        (["scan", "--over", "--out", "x"], "unrecognized arguments: --over (did you mean --overwrite?)"),
+        (["ablate", "--hea", "1.1", "--out", "x"], "unrecognized arguments: --hea 1.1 (did you mean --heads?)"),
+        (["--vers"], "unrecognized arguments: --vers (did you mean --version?)"),
+    ],
+)
+def test_an_abbreviated_flag_is_refused_with_the_flag_it_abbreviates(argv, said, capsys, tmp_path):
+    """argparse took a unique prefix as the whole flag (``--type`` as ``--types``): a typo ran as
+    something else, and a flag added later would change what an abbreviation meant. Old code: exit 0
+    from parsing, the scan configured with ``--types induction``."""
+    from headprobe.cli import main
+
+    argv = [str(tmp_path / "x") if a == "x" else a for a in argv]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert captured.out == "" and len(lines) == 1 and lines[0].startswith(f"headprobe: error: {said}"), lines
+    assert not (tmp_path / "x").exists()
+
+
+def _required_words(sub) -> list[str]:
+    """Words that satisfy ``sub``'s positionals, required flags and required exclusive groups
+    (the first choice, else ``0.0``): argparse reports those before unrecognized ones."""
+    import argparse
+
+    words: list[str] = []
+    one_of = [g._group_actions[0] for g in sub._mutually_exclusive_groups if g.required]
+    for a in sub._actions:
+        if isinstance(a, argparse._HelpAction) or not (a.required or not a.option_strings or a in one_of):
+            continue
+        n = a.nargs if isinstance(a.nargs, int) else 1
+        words += a.option_strings[:1] + [str(next(iter(a.choices))) if a.choices else "0.0"] * n
+    return words
+
+
+def test_no_long_flag_of_any_command_can_be_abbreviated():
+    """Every long flag of every command, less its last letter (where that is not a flag itself),
+    is refused as unrecognized, naming the flag. Old code: each was read as the flag (361 of 361)."""
+    import argparse
+
+    from headprobe.cli import build_parser, check_argv
+    from headprobe.commands import COMMANDS
+    from headprobe.probe.core.errors import HeadprobeError
+
+    checked = 0
+    for name in COMMANDS.names():
+        parser = build_parser(name)
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+        flags = [o for a in sub._actions for o in a.option_strings]
+        for flag in flags:
+            if not flag.startswith("--") or flag == "--help" or flag[:-1] in flags:
+                continue
+            with pytest.raises(HeadprobeError) as e:
+                check_argv([name, *_required_words(sub), f"{flag[:-1]}=1"])
+            said = str(e.value)
+            assert said.startswith(f"unrecognized arguments: {flag[:-1]}=1 (did you mean") and flag in said, said
+            checked += 1
+    assert checked > 300  # every command's flags, not a few
+
+
 def test_unrelated_flag_gets_no_suggestion():
     p = _cli("budget", "--zzzzzz", "1")
     assert p.returncode == 2 and "did you mean" not in p.stderr
@@ -271,3 +337,155 @@ def test_every_command_refuses_a_bad_flag_before_heavy_imports(name):
     proc = _main_in_a_fresh_interpreter([name, *(["heads"] if name == "study" else []), "--bogus-flag"])
     assert proc.stdout.strip() == "2 []", proc.stdout + proc.stderr
     assert proc.stderr.startswith("headprobe: error: ") and proc.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["scan", "--control", "uniformm", "--out", "x"], "invalid choice: 'uniformm' (choose from"),  # argparse's
+        (["scan", "--dtype", "bflaot16", "--out", "x"], "unknown dtype 'bflaot16'"),
+        (["scan", "--formats", "pnng", "--out", "x"], "unknown figure format 'pnng'"),
+        (["prune", "--method", "michel,randm", "--out", "x"], "unknown pruning method 'randm'"),
+        (["robustness", "--vary", "kindd", "--out", "x"], "got kindd"),
+        (["budget", "--preset", "llama3-8"], "unknown preset 'llama3-8'"),
+        (["budget", "--preset", "gpt2-small", "--dtype", "bf61"], "unknown dtype 'bf61'"),
+        (["sccan"], "invalid choice: 'sccan'"),
+    ],
+)
+def test_a_value_from_a_fixed_set_gets_the_closest_names(argv, said, capsys, tmp_path):
+    """Every value chosen from a fixed set, checked by argparse's ``choices`` or by our own code,
+    names the closest choices (the registry's :func:`did_you_mean`). Old code: no suggestion for
+    any of these but the command's."""
+    from headprobe.cli import main
+
+    argv = [str(tmp_path / "x") if a == "x" else a for a in argv]
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("headprobe: error: ") and said in lines[0], lines
+    meant = {
+        "uniformm": "uniform",
+        "bflaot16": "bfloat16",
+        "pnng": "png",
+        "randm": "random",
+        "kindd": "kind",
+        "llama3-8": "llama3-8b",
+        "bf61": "bf16",
+        "sccan": "scan",
+    }
+    typo = next(w for w in meant if w in said)
+    assert f"did you mean '{meant[typo]}'" in lines[0] and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    "config, field, typo, meant",
+    [
+        ("headprobe.commands.kv:KVConfig", "method", "retrival", "retrieval"),
+        ("headprobe.commands.export:ExportConfig", "format", "headkvv", "headkv"),
+        ("headprobe.commands.circuit:CircuitConfig", "method", "eap-igg", "eap-ig"),
+        ("headprobe.commands.ablate:AblateConfig", "estimate", "atpp", "atp"),
+        ("headprobe.commands.patch:PatchConfig", "site", "residd", "resid"),
+        ("headprobe.commands.scan:ScanConfig", "correction", "hlom", "holm"),
+        ("headprobe.commands.scan:ScanConfig", "device", "cpuu", "cpu"),
+        ("headprobe.commands.scan:ScanConfig", "backend", "nativ", "native"),
+        ("headprobe.commands.scan:ScanConfig", "streaming", "onn", "on"),
+    ],
+)
+def test_a_fixed_set_value_given_from_python_gets_the_closest_names(config, field, typo, meant):
+    """The same values given as the Python functions' keywords, where no argparse ``choices`` runs:
+    our own checks name the closest choice. Old code: "--method must be one of ..., got 'retrival'"."""
+    from headprobe.commands import resolve
+    from headprobe.probe.core.errors import HeadprobeError
+
+    cls = resolve(config)
+    required = {"out": "o"} if config.endswith("ExportConfig") else {}
+    required |= {"source": "s"} if config.endswith("ExportConfig") else {}
+    with pytest.raises(HeadprobeError) as e:
+        cls(**required, **{field: typo})
+    assert repr(typo) in str(e.value) and f"did you mean '{meant}'" in str(e.value), str(e.value)
+
+
+def test_every_refusal_that_lists_a_fixed_set_names_the_closest_choice():
+    """Structural: each ``raise HeadprobeError(...)`` (or argparse's ``ArgumentTypeError``) whose line
+    lists choices ("one of", "choose from", ...) calls :func:`did_you_mean`, so a new validator
+    cannot forget it. The listed exceptions name no value a user chose from the set."""
+    import ast
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    phrases = re.compile(r"one of|choose from|takes names from")
+    no_value_chosen = {
+        ("headprobe/commands/budget.py", "separate modes"),  # two modes given: no value to match
+        ("headprobe/commands/view.py", "is a run of"),  # two runs of different models
+        ("headprobe/settings.py", "bad --max-memory entry"),  # a malformed entry, not a name
+        ("headprobe/settings.py", "--formats {self.formats!r}: choose from"),  # nothing named at all
+        ("probe/backends/sources.py", "has no weights"),  # files a folder lacks
+    }
+    missing = []
+    for folder in ("headprobe", "probe", "analyses"):
+        for path in sorted((root / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args):
+                    continue
+                if not ast.unparse(node.exc.func).endswith(("HeadprobeError", "ArgumentTypeError")):
+                    continue
+                text = ast.unparse(node.exc.args[0])
+                rel = path.relative_to(root).as_posix()
+                if not phrases.search(text) or "did_you_mean" in text or "hint" in text:
+                    continue
+                if not any(rel == f and part in text for f, part in no_value_chosen):
+                    missing.append(f"{rel}:{node.lineno}")
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("command", [["scan"], ["atlas", "--models", "toy"], ["robustness"], ["diff", "a", "b"]])
+@pytest.mark.parametrize("seq_len", [2, 3])
+def test_a_seq_len_under_the_head_types_minimum_is_refused(command, seq_len, capsys, tmp_path):
+    """Old code: ``--seq-len 3`` (and 2) ran, and the next-token and last-token columns (2: the
+    previous-token and first-token ones) were one number twice."""
+    from headprobe.analyses.vocabulary import MIN_SEQ_LEN
+    from headprobe.cli import main
+
+    out = tmp_path / "o"
+    assert main([*command, "--seq-len", str(seq_len), "--out", str(out)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"headprobe: error: --seq-len {seq_len} is too short"), lines
+    assert f"at least {MIN_SEQ_LEN} positions" in lines[0] and "the same number" in lines[0]
+    assert not out.exists()
+
+
+def test_seq_len_at_the_minimum_is_accepted_and_runs(tiny_dir, text_file, tmp_path):
+    from headprobe.analyses.vocabulary import MIN_SEQ_LEN
+    from headprobe.cli import check_argv, main
+
+    for command in (["scan"], ["atlas", "--models", "toy"], ["robustness"], ["diff", "a", "b"]):
+        assert check_argv([*command, "--seq-len", str(MIN_SEQ_LEN), "--out", "o"]) is not None
+    out = tmp_path / "o"
+    argv = ["scan", "--model", str(tiny_dir), "--text", str(text_file), "--seq-len", str(MIN_SEQ_LEN)]
+    assert main([*argv, "--no-verify", "--formats", "none", "--n-natural", "2", "--out", str(out)]) == 0
+    assert (out / "summary.json").exists()
+
+
+def test_min_seq_len_is_the_shortest_window_where_no_two_natural_scores_coincide():
+    """The reference is the score functions themselves, on a random full (encoder-like) pattern:
+    below MIN_SEQ_LEN some two natural-text head types read the same keys (equal columns), at
+    it none do. Also ties MIN_SEQ_LEN to the detectors: a change to a score's queries moves it."""
+    import torch
+
+    from headprobe.analyses import detectors as D
+    from headprobe.analyses.vocabulary import MIN_SEQ_LEN, SEQ_LEN_CLASH
+
+    def scores(T: int) -> dict[str, torch.Tensor]:
+        p = torch.rand(3, 4, T, T, generator=torch.Generator().manual_seed(T)).softmax(-1)
+        out = {"previous_token": D.previous_token_score(p), "first_token": D.first_token_score(p)}
+        if T >= 3:
+            out |= {"next_token": D.next_token_score(p), "last_token": D.last_token_score(p)}
+        return out
+
+    def clashes(T: int) -> set[tuple[str, str]]:
+        s = scores(T)
+        return {(a, b) for a in s for b in s if a < b and torch.equal(s[a], s[b])}
+
+    assert clashes(2) == {("first_token", "previous_token")}
+    assert clashes(3) == {("last_token", "next_token")}
+    assert clashes(MIN_SEQ_LEN) == set() and sorted(SEQ_LEN_CLASH) == list(range(2, MIN_SEQ_LEN))

@@ -407,6 +407,15 @@ def test_an_all_nan_score_column_is_refused(runs, tmp_path, capsys):
         assert not (tmp_path / fmt).exists()
 
 
+def test_a_misspelt_score_column_names_the_closest_columns(runs, tmp_path, capsys):
+    """``--score`` is checked against the scan's own columns (no argparse choices): a typo gets the
+    closest one. Old code: "--score inductoin: ... has no such score column; it has ..." alone."""
+    out = tmp_path / "e"
+    code, err = _cli(["export", "--from", str(runs / "scan"), "--out", str(out), "--score", "inductoin"], capsys)
+    _one_line(code, err, "--score inductoin (did you mean 'induction'")
+    assert "has no such score column" in err[0] and not out.exists()
+
+
 def _odd_file(case: str, d: Path) -> tuple[Path, list[str]]:
     """An odd head file of ``case`` in ``d``, and the flags it is imported with."""
     if case == "empty tsv":

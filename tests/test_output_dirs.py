@@ -448,3 +448,70 @@ def test_an_embedded_models_name_is_no_input_path_even_beside_a_folder_of_that_n
     assert _model_paths("smollm2-135m") == [] and _model_paths("all-MiniLM-L6-v2".lower()) == []
     assert _model_paths("m") == ["m"] and _model_paths("smollm2-135m,m") == ["m"] and _model_paths(["m"]) == ["m"]
     assert _model_paths(None) == []
+
+
+def _model(d, weights="model.safetensors"):
+    """A model folder as ``save_pretrained`` or headprobe's checkpoints leave it: config.json and weights."""
+    _write(d / "config.json")
+    _write(d / weights)
+    return [d / "config.json", d / weights]
+
+
+def test_a_folder_holding_a_model_takes_only_the_run_that_wrote_it(tmp_path):
+    """A Hugging Face model's folder, a trained model's (config.json + headprobe_model.pt, listed by
+    its run) and a pruning's (pruned_model/): a run of another kind is refused, with or without
+    ``--overwrite``, and the folder stays as it was; the run that wrote the model replaces it. Old
+    code: the Hugging Face folder took a scan's files beside its weights, and ``--overwrite`` over
+    the trained or pruned model removed it."""
+    from headprobe.analyses.outputs import write_outputs
+    from headprobe.probe.core.errors import HeadprobeError
+
+    hf = tmp_path / "hf"
+    _model(hf)
+    before = _names(hf)
+    for models in ((), (".",)):  # not even a training: it did not write this model
+        with pytest.raises(HeadprobeError, match=r"holds a model \(.*hf: config.json and weights\).*mixed into"):
+            write_outputs(hf, True, summary={"run": 2}, models=models)
+        assert _names(hf) == before
+
+    trained = tmp_path / "trained"
+    write_outputs(trained, False, summary={"run": 1}, extra=lambda d: _model(d, "headprobe_model.pt"), models=(".",))
+    before = _names(trained)
+    with pytest.raises(HeadprobeError, match="--overwrite would remove it: write to another --out$") as e:
+        write_outputs(trained, True, summary={"run": 2}, tables={"head_scores.csv": "x"})
+    assert "\n" not in str(e.value) and _names(trained) == before
+    write_outputs(trained, True, summary={"run": 2}, extra=lambda d: _model(d, "headprobe_model.pt"), models=(".",))
+    assert json.loads((trained / "summary.json").read_text()) == {"run": 2}
+
+    pruned = tmp_path / "pruned"
+    extra = lambda d: [_model(d / "pruned_model", "headprobe_model.safetensors")[0].parent]
+    write_outputs(pruned, False, summary={"run": 1}, extra=extra, models=("pruned_model",))
+    before = _names(pruned)
+    with pytest.raises(HeadprobeError, match=r"pruned_model: config.json and weights\)"):
+        write_outputs(pruned, True, summary={"run": 2})  # a pruning without --save-pruned, or a scan
+    assert _names(pruned) == before
+    write_outputs(pruned, True, summary={"run": 2}, extra=extra, models=("pruned_model",))
+    assert _names(pruned) == before and json.loads((pruned / "summary.json").read_text()) == {"run": 2}
+
+
+def test_scan_into_a_model_folder_is_refused_before_the_load(tiny_dir, text_file, tmp_path, capsys):
+    """``scan --out M --overwrite`` where M is a saved Hugging Face model (not the one scanned):
+    one line, exit 2, M as it was. Old code: the scan ran and wrote its files beside M's weights."""
+    import shutil
+
+    m = tmp_path / "m"
+    shutil.copytree(tiny_dir, m)
+    before = _digests(m)
+    capsys.readouterr()
+    assert _scan(tiny_dir, text_file, m, "--overwrite", "--formats", "none") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"headprobe: error: output directory {m} holds a model"), err
+    assert "loading" not in err[0] and _digests(m) == before
+
+
+def test_a_training_replaces_its_own_earlier_model(tmp_path, capsys):
+    m = tmp_path / "m"
+    argv = ["train", "--out", str(m), "--steps", "4", "--warmup", "1", "--formats", "none"]
+    assert main(argv) == 0
+    assert main([*argv, "--overwrite", "--seed", "1"]) == 0
+    assert json.loads((m / "summary.json").read_text())["config"]["seed"] == 1

@@ -29,6 +29,7 @@ from headprobe.options import positive_int
 from headprobe.probe.core import ablation_kinds
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import Head, all_heads, check_head_layers, heads_text, parse_heads
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.settings import Needs, setting
 
 HELP = "exact single-head ablation effect of every head (natural text, repeated tokens), gradient importance, CSV + heatmaps"
@@ -126,7 +127,9 @@ class AblateConfig(options.ModelRunConfig):
         if self.max_batch is not None and self.max_batch < 1:
             raise HeadprobeError(f"--max-batch must be at least 1, got {self.max_batch}")
         if self.estimate is not None and self.estimate not in ESTIMATES:
-            raise HeadprobeError(f"--estimate {self.estimate!r} is not one of {', '.join(ESTIMATES)}")
+            raise HeadprobeError(
+                f"--estimate {self.estimate!r} is not one of {', '.join(ESTIMATES)}{did_you_mean(str(self.estimate), ESTIMATES)}"
+            )
         if self.n_probes < 1:
             raise HeadprobeError(f"--n-probes must be at least 1, got {self.n_probes}")
         object.__setattr__(self, "heads", heads_text(self.heads))

@@ -439,7 +439,9 @@ FLAGS = (
 
 def main(args: argparse.Namespace, config: AtlasConfig) -> int:
     config.model_list()
-    prepare_output_dir(args.out, args.overwrite or holds_only_toy(args.out), create=False, resumable=True)
+    prepare_output_dir(
+        args.out, args.overwrite or holds_only_toy(args.out), create=False, resumable=True, models=(TOY_DIR,)
+    )
     with options.out_as_it_was(args.out):
         result = resolve("headprobe.commands.atlas_core:run")(config, args.out, overwrite=args.overwrite, progress=True)
     print()

@@ -257,7 +257,7 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
     models = config.model_list()
     before = set(Path(out).rglob("*")) if Path(out).is_dir() else None  # what a run where all fail leaves
     reuse = _kept_toy(Path(out), config, models)
-    out = prepare_output_dir(out, overwrite or reuse, resumable=True)
+    out = prepare_output_dir(out, overwrite or reuse, resumable=True, models=(TOY_DIR,))
     if reuse and progress:
         print(f"reusing the toy model kept in {out / TOY_DIR}/ by an earlier atlas here whose models all failed")
     # where the models run is not part of the key: a run resumed on another device (or split) reads the same checkpoint
@@ -307,6 +307,7 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
         tables={TABLE: table.to_csv(index=False, float_format="%.5f")},
         figures=result.figures,
         produced=produced,
+        models=(TOY_DIR,),  # the toy model this atlas trained there
     )
     ckpt.clear()
     result.files = files

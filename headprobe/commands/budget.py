@@ -37,6 +37,7 @@ from headprobe.commands import Command
 from headprobe.options import dtype_name, positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import finite_json
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.layout import cost
 from headprobe.probe.layout.attention import attention_module, windows_from_hf_config
@@ -90,7 +91,8 @@ def budget_dtype(text: str) -> str:
         return TORCH_DTYPE_NAMES[dtype_name(name)]
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
-            f"unknown dtype {text!r}; choose one of {', '.join(cost.DTYPE_BYTES)} "
+            f"unknown dtype {text!r}{did_you_mean(str(text).lower(), (*cost.DTYPE_BYTES, *TORCH_DTYPE_NAMES))}; "
+            f"choose one of {', '.join(cost.DTYPE_BYTES)} "
             f"or torch's {', '.join(n for n in TORCH_DTYPE_NAMES if n not in cost.DTYPE_BYTES)}"
         ) from None
 

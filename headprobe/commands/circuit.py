@@ -39,6 +39,7 @@ from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import check_head, check_receiver, parse_heads
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, Needs, setting, shared
 
 _CORE = ("CircuitResult", "run", "circuit")
@@ -153,7 +154,9 @@ class CircuitConfig(ModelSettings):
     def __post_init__(self):
         super().__post_init__()  # the shared settings' checks (headprobe.settings.check_settings)
         if self.method not in METHODS:
-            raise HeadprobeError(f"--method must be one of {', '.join(METHODS)}, got {self.method!r}")
+            raise HeadprobeError(
+                f"--method must be one of {', '.join(METHODS)}, got {self.method!r}{did_you_mean(str(self.method), METHODS)}"
+            )
         for name, least in (("n_seqs", 1), ("steps", 1), ("top", 1), ("verify", 0), ("period", 4)):
             if getattr(self, name) < least:
                 raise HeadprobeError(f"--{name.replace('_', '-')} must be at least {least}, got {getattr(self, name)}")

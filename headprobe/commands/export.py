@@ -27,6 +27,7 @@ from headprobe import options
 from headprobe.analyses.exchange import FORMATS
 from headprobe.commands import Command, lazy_names, resolve
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.settings import Needs, setting
 
 _CORE = ("ExportResult", "run", "export")
@@ -104,7 +105,9 @@ class ExportConfig:
 
     def __post_init__(self):
         if self.format not in CHOICES:
-            raise HeadprobeError(f"--format must be one of {', '.join(CHOICES)}, got {self.format!r}")
+            raise HeadprobeError(
+                f"--format must be one of {', '.join(CHOICES)}, got {self.format!r}{did_you_mean(str(self.format), CHOICES)}"
+            )
         if (self.sink is not None and self.sink < 0) or (self.recent is not None and self.recent < 1):
             raise HeadprobeError(f"--sink must be >= 0 and --recent >= 1, got {self.sink} and {self.recent}")
 

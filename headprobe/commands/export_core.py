@@ -18,6 +18,7 @@ from headprobe.analyses import exchange as ex
 from headprobe.commands.export import DUO_RECENT, DUO_SINK, HELP, ExportConfig  # noqa: F401 - the light module's names, re-exported
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import ReadsInputs, keeps_inputs
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.core.reprs import CompactRepr
 
 SUPPORTED = {"scan": ("duo", "headkv", "parquet"), "kv": ("duo", "headkv", "parquet"), "circuit": ("mib", "parquet")}
@@ -284,9 +285,10 @@ def _score_column(src: Source, asked: str | None) -> str:
     table = src.table
     column = asked or next((c for c in ("retrieval", "induction") if c in table and table[c].notna().any()), None)
     if column is None or column not in table or column in ("layer", "head", "kv_head"):
+        columns = [str(c) for c in table.columns if c not in ("layer", "head", "kv_head")]
         raise HeadprobeError(
-            f"--score {column}: {src.path} has no such score column; it has "
-            f"{', '.join(c for c in table.columns if c not in ('layer', 'head', 'kv_head'))}"
+            f"--score {column}{did_you_mean(str(column), columns)}: {src.path} has no such score column; it has "
+            f"{', '.join(columns)}"
         )
     check_scored(src, column)
     return column

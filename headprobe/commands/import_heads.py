@@ -25,6 +25,7 @@ from headprobe.analyses import vocabulary as vocab
 from headprobe.commands import Command, lazy_names, resolve
 from headprobe.commands.scan import DEFAULT_K, ScanConfig
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.settings import DataSettings, Flags, ModelSettings, setting
 
 _CORE = ("ImportResult", "run", "import_heads")
@@ -81,7 +82,9 @@ class ImportConfig(ScanConfig):
     def __post_init__(self):
         super().__post_init__()
         if self.task not in vocab.TASKS:
-            raise HeadprobeError(f"--task must be one of {', '.join(vocab.TASKS)}, got {self.task!r}")
+            raise HeadprobeError(
+                f"--task must be one of {', '.join(vocab.TASKS)}, got {self.task!r}{did_you_mean(str(self.task), vocab.TASKS)}"
+            )
 
     def preflight(self) -> None:
         """The file read and its shape checked against the model's config.json, before any weights load.

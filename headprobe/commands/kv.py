@@ -37,6 +37,7 @@ from headprobe import options
 from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.core.vocabulary import backend_lacks
 from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, Needs, setting, shared
 
@@ -169,7 +170,9 @@ class KVConfig(ModelSettings):
                 "checked on a model split by a device map (leave device_map and max_memory unset)"
             )
         if self.method not in METHODS:
-            raise HeadprobeError(f"--method must be one of {', '.join(METHODS)}, got {self.method!r}")
+            raise HeadprobeError(
+                f"--method must be one of {', '.join(METHODS)}, got {self.method!r}{did_you_mean(str(self.method), METHODS)}"
+            )
         if not 0 < self.kv_budget <= 1:
             raise HeadprobeError(f"--kv-budget must be in (0, 1], got {self.kv_budget}")
         if self.loss_tolerance is not None and self.loss_tolerance < 0:

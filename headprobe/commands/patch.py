@@ -42,6 +42,7 @@ from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import heads_text, read_heads
 from headprobe.probe.core.io import ReadsInputs, keeps_inputs, read_text_file, summary_envelope
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.core.reprs import CompactRepr
 from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
 
@@ -119,7 +120,7 @@ class PatchConfig(ModelSettings):
         object.__setattr__(self, "heads", heads_text(self.heads))
         if self.task not in TASKS:
             raise HeadprobeError(
-                f"--task must be one of {', '.join(TASKS)}, got {self.task!r} (or give --prompts FILE)"
+                f"--task must be one of {', '.join(TASKS)}, got {self.task!r}{did_you_mean(str(self.task), TASKS)} (or give --prompts FILE)"
             )
         if self.prompts is not None and self.n_prompts is not None:
             raise HeadprobeError(
@@ -131,7 +132,9 @@ class PatchConfig(ModelSettings):
                 f"--n-prompts must be at least 2 (an interval needs two prompts), got {self.n_prompts}"
             )
         if self.site not in PATCH_SITES:
-            raise HeadprobeError(f"--site must be one of {', '.join(PATCH_SITES)}, got {self.site!r}")
+            raise HeadprobeError(
+                f"--site must be one of {', '.join(PATCH_SITES)}, got {self.site!r}{did_you_mean(str(self.site), PATCH_SITES)}"
+            )
         if self.site == "resid" and self.heads:
             raise HeadprobeError("--heads names heads; --site resid patches layers and positions (use --positions)")
         if self.positions is not None and self.site != "resid":

@@ -24,6 +24,7 @@ from headprobe.analyses.vocabulary import PRUNING_ORDERS as ORDERS
 from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.core.vocabulary import backend_lacks
 from headprobe.settings import Needs, setting
 
@@ -73,7 +74,9 @@ def parse_methods(text: str) -> tuple[str, ...]:
     out: list[str] = []
     for m in (x.strip().lower() for x in str(text).split(",")):
         if m not in METHODS:
-            raise HeadprobeError(f"--method: unknown pruning method {m!r}; choose from {','.join(METHODS)}")
+            raise HeadprobeError(
+                f"--method: unknown pruning method {m!r}{did_you_mean(m, METHODS)}; choose from {','.join(METHODS)}"
+            )
         if m not in out:
             out.append(m)
     return tuple(out)
@@ -263,7 +266,10 @@ def main(args: argparse.Namespace, config: PruneConfig) -> int:
             + " done"
         )
 
-    return options.run_command(args, config, options.Run("headprobe.commands.prune_core", resumed=resumed))
+    models = (PRUNED_DIR,) if config.save_pruned else ()  # the one model folder a pruning writes, and may replace
+    return options.run_command(
+        args, config, options.Run("headprobe.commands.prune_core", resumed=resumed, models=models)
+    )
 
 
 COMMAND = Command(

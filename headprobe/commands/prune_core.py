@@ -297,6 +297,7 @@ class PruneResult(CompactRepr, ReadsInputs):
             tables=tables,
             figures=self.figures,
             extra=pruned_model,
+            models=(PRUNED_DIR,) if self.pruned is not None else (),
         )
 
     def report(self) -> str:

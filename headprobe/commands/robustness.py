@@ -17,6 +17,7 @@ from headprobe.analyses import vocabulary as vocab
 from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, Needs, context_fitted, setting
 
 __getattr__ = lazy_names(
@@ -38,7 +39,8 @@ def _names(value: str | Sequence[str], allowed: Sequence[str], flag: str) -> tup
     names = tuple(v.strip() for v in (value.split(",") if isinstance(value, str) else value) if v.strip())
     bad = [n for n in names if n not in allowed]
     if bad or not names:
-        raise HeadprobeError(f"{flag} takes names from {','.join(allowed)}, got {','.join(bad) or 'nothing'}")
+        hint = did_you_mean(bad[0], allowed) if bad else ""
+        raise HeadprobeError(f"{flag} takes names from {','.join(allowed)}, got {','.join(bad) or 'nothing'}{hint}")
     return names
 
 

@@ -32,6 +32,7 @@ from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import TextFile, open_text_file
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, Needs, setting
 
 _CORE = (
@@ -73,6 +74,10 @@ DEFAULT_PERIOD = vocab.DEFAULT_PERIOD  # repeated block, unless two of them do n
 DEFAULT_K = 10  # heads ablated per type, unless that is more than a quarter of the model's heads
 VERIFIED = Needs("verify", (True,))
 """Where the verification's settings act: not with ``--no-verify`` (refused there, :func:`~headprobe.settings.refuse_inert`)."""
+
+
+STREAMING = ("auto", "on", "off")
+"""``--streaming``'s choices (:data:`headprobe.analyses.scoring.STREAMING_CHOICES`, kept torch-free here)."""
 
 
 @dataclass(frozen=True)
@@ -196,7 +201,7 @@ class ScanConfig(ModelSettings, DataSettings):
         "auto",
         "head statistics streamed from queries and keys without the N x N pattern (on; native "
         "backend), from the pattern (off), or streamed from 1,024 tokens on (auto, the default)",
-        choices=("auto", "on", "off"),
+        choices=STREAMING,
     )
 
     def __post_init__(self):
@@ -207,8 +212,10 @@ class ScanConfig(ModelSettings, DataSettings):
         vocab.check_verification_choices(self.alpha, self.control, self.correction)
         if self.k is not None and self.k < 1:
             raise HeadprobeError(f"--top-k must be at least 1, got {self.k}")
-        if self.streaming not in ("auto", "on", "off"):
-            raise HeadprobeError(f"--streaming must be auto, on or off, got {self.streaming!r}")
+        if self.streaming not in STREAMING:
+            raise HeadprobeError(
+                f"--streaming must be auto, on or off, got {self.streaming!r}{did_you_mean(str(self.streaming), STREAMING)}"
+            )
         if self.pattern_len != 0 and self.pattern_len < 2:
             raise HeadprobeError(f"--pattern-len must be 0 (no patterns.npz) or at least 2, got {self.pattern_len}")
 

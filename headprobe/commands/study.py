@@ -41,6 +41,7 @@ from headprobe.commands import Command, lazy_names, resolve
 from headprobe.options import kept_line, out_as_it_was
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import prepare_output_dir
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.layout.cost import AttentionLayout
 from headprobe.settings import OUTPUT, Flags, ModelSettings, from_args, setting, shared
 
@@ -197,7 +198,9 @@ class StudyConfig:
         """Raise :class:`HeadprobeError` (one line, naming the ``headprobe study`` flag) on settings
         that cannot run, including any variant's training settings or layout."""
         if self.which not in STUDIES:
-            raise HeadprobeError(f"the study must be one of {', '.join(STUDIES)}, got {self.which!r}")
+            raise HeadprobeError(
+                f"the study must be one of {', '.join(STUDIES)}, got {self.which!r}{did_you_mean(str(self.which), STUDIES)}"
+            )
         for name in ONLY_FOR:
             if getattr(self, name) is not None and not self._applies(name):
                 raise HeadprobeError(

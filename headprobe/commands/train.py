@@ -126,7 +126,9 @@ def check(args: argparse.Namespace, config: TrainConfig) -> None:
 
 def main(args: argparse.Namespace, config: TrainConfig) -> int:
     cfg = plain(config)  # checked by check()
-    prepare_output_dir(args.out, args.overwrite, create=False)  # fail before training, leave nothing behind
+    prepare_output_dir(
+        args.out, args.overwrite, create=False, models=(".",)
+    )  # fail before training, leave nothing behind
     result = resolve("headprobe.commands.train_core:run")(cfg, progress=True)
     with out_as_it_was(args.out):
         paths = result.save(args.out, overwrite=args.overwrite)

@@ -152,6 +152,7 @@ class TrainResult(CompactRepr, TrainRun, ReadsInputs):
             figures=self.figures,
             extra=model_files,
             tables={"train_log.csv": self.log.to_csv(index=False, float_format="%.5f")},
+            models=(".",),  # the folder is the trained model: an earlier training's may be replaced
         )
 
     def save_snapshots(self, out_dir: Path) -> list[Path]:

@@ -40,6 +40,7 @@ from torch import Tensor
 
 from headprobe.probe.backends.devicemap import aligned
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.hooks.names import block_hook, norm_hook
 from headprobe.probe.hooks.selfcheck import SelfCheck
 from headprobe.probe.layout.spec import Checkpoint, ModelSpec
@@ -583,7 +584,9 @@ class LoadedModel:
             if not text:
                 raise HeadprobeError("to_tokens got an empty list of texts")
             if padding_side not in ("left", "right"):
-                raise HeadprobeError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+                raise HeadprobeError(
+                    f"padding_side must be 'left' or 'right', got {padding_side!r}{did_you_mean(str(padding_side), ('left', 'right'))}"
+                )
             from headprobe.probe.hooks.capture import pad_prompts
 
             return pad_prompts([self.to_tokens(t)[0] for t in text], self.pad_token_id, padding_side)

@@ -37,6 +37,7 @@ from typing import Any, cast
 import torch
 
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.core.vocabulary import DEVICE_MAPS
 from headprobe.probe.hooks.names import block_path
 
@@ -76,7 +77,9 @@ def infer_device_map(
     from accelerate.utils import get_balanced_memory, get_max_memory
 
     if strategy not in DEVICE_MAPS:
-        raise HeadprobeError(f"unknown device map {strategy!r}; choose one of {', '.join(DEVICE_MAPS)}")
+        raise HeadprobeError(
+            f"unknown device map {strategy!r}{did_you_mean(str(strategy), DEVICE_MAPS)}; choose one of {', '.join(DEVICE_MAPS)}"
+        )
     try:
         budget = dict(get_max_memory(dict(max_memory) if max_memory is not None else None))
         if strategy != "sequential":  # accelerate balances over real devices: disk joins afterwards

@@ -98,18 +98,25 @@ def shard_checkpoint_name(rank: int, world: int) -> str:
 
 
 def prepare_output_dir(
-    out: str | os.PathLike[str], overwrite: bool, create: bool = True, resumable: bool = False
+    out: str | os.PathLike[str],
+    overwrite: bool,
+    create: bool = True,
+    resumable: bool = False,
+    models: Sequence[str] = (),
 ) -> Path:
     """Check that ``out`` may be written, and create it when ``create``.
 
     Call it with ``create=False`` before a long computation (to fail fast without leaving an
     empty directory behind), and again with ``create=True`` when the results are ready. With
     ``resumable``, a directory holding a :class:`RunCheckpoint` may be reused without
-    ``overwrite``: the run resumes there.
+    ``overwrite``: the run resumes there. ``models``: the model folders the run itself writes in
+    ``out`` (``"."``: ``out`` itself, ``train``'s; ``"pruned_model"``, ``prune --save-pruned``'s),
+    the only ones it may replace (:func:`check_no_model`).
 
     Raises:
         HeadprobeError: ``out`` is a file, is a non-empty directory and ``overwrite`` is False,
-            cannot be created or written, or its overwrite would remove an input (:func:`check_inputs_kept`).
+            cannot be created or written, holds a model the run does not write (:func:`check_no_model`),
+            or its overwrite would remove an input (:func:`check_inputs_kept`).
     """
     if not str(out).strip():
         raise HeadprobeError("the output directory name is empty; give --out a directory name")
@@ -123,6 +130,8 @@ def prepare_output_dir(
         )
     if overwrite and out.is_dir():
         check_inputs_kept(out)
+    if out.is_dir():
+        check_no_model(out, models)
     existing = out if out.is_dir() else next((p for p in out.absolute().parents if p.exists()), None)
     try:  # a real probe: permission bits say nothing for root or for special file systems
         tempfile.TemporaryFile(dir=existing).close()
@@ -262,6 +271,61 @@ def record_output(out: str | os.PathLike[str], rel: str) -> None:
     files = previous_outputs(out)
     if rel not in files:
         write_json(Path(out) / OUTPUTS_NAME, {"files": [*files[:-1], rel, *files[-1:]]})
+
+
+MODEL_WEIGHTS = (
+    "headprobe_model.pt",
+    "headprobe_model.safetensors",
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "pytorch_model*.bin",
+    "pytorch_model.bin.index.json",
+)
+"""Weight files that, beside a ``config.json``, make a folder a model: headprobe's own (``train``'s
+``headprobe_model.pt``, a pruned model's ``headprobe_model.safetensors``,
+:mod:`headprobe.probe.model.checkpoint`) and Hugging Face's (``save_pretrained``, sharded or not)."""
+
+
+def models_in(out: str | os.PathLike[str]) -> list[str]:
+    """The model folders in ``out``: ``"."`` where ``out`` itself holds ``config.json`` and weights
+    (:data:`MODEL_WEIGHTS`), and the names of its direct subfolders that do (``pruned_model``, an
+    atlas's ``toy``)."""
+    out = Path(out)
+
+    def is_model(d: Path) -> bool:
+        return (d / "config.json").is_file() and any(any(d.glob(g)) for g in MODEL_WEIGHTS)
+
+    if not out.is_dir():
+        return []
+    subfolders = sorted(p.name for p in out.iterdir() if p.is_dir() and not _is_own(p.name) and is_model(p))
+    return (["."] if is_model(out) else []) + subfolders
+
+
+def check_no_model(out: str | os.PathLike[str], models: Sequence[str] = ()) -> None:
+    """Refuse to write a run's files into ``out`` where it holds a model (:func:`models_in`: a
+    trained or pruned model, a Hugging Face one), unless that model is one the run writes itself
+    (``models``): a subfolder of that name (``prune --save-pruned --overwrite`` over an earlier
+    pruning's ``pruned_model``, an atlas's ``toy``), or ``out`` itself where an earlier headprobe
+    run recorded its ``config.json`` in the file list (:func:`previous_outputs`: ``train
+    --overwrite`` over an earlier training's folder, not over a Hugging Face model's). Otherwise the
+    run's files would be mixed into the model's folder, or ``--overwrite`` would remove the model
+    another kind of run wrote.
+
+    Raises:
+        HeadprobeError: one line naming the model folder.
+    """
+    out = Path(out)
+    recorded = previous_outputs(out)
+    for entry in models_in(out):
+        mine = "config.json" in recorded if entry == "." else any(Path(f).parts[0] == entry for f in recorded)
+        if entry in models and (mine or entry != "."):
+            continue
+        where = out if entry == "." else out / entry
+        raise HeadprobeError(
+            f"output directory {out} holds a model ({where}: config.json and weights) that this run does not "
+            f"write; {'--overwrite would remove it' if mine else 'its files would be mixed into that folder'}: "
+            "write to another --out"
+        )
 
 
 def foreign_files(out: str | os.PathLike[str]) -> list[str]:

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import did_you_mean
 
 #: Bias conventions: which projections carry a bias vector (``"out"``: W_O only).
 BIAS_KINDS = ("none", "qkv", "all", "out")
@@ -145,7 +146,9 @@ class AttentionLayout:
                 f"each key/value head must serve a whole group of query heads"
             )
         if self.bias not in BIAS_KINDS:
-            raise HeadprobeError(f"unknown bias kind {self.bias!r}; choose one of {', '.join(BIAS_KINDS)}")
+            raise HeadprobeError(
+                f"unknown bias kind {self.bias!r}{did_you_mean(str(self.bias), BIAS_KINDS)}; choose one of {', '.join(BIAS_KINDS)}"
+            )
         if self.kv_lora_rank is None and (
             self.q_lora_rank is not None or self.qk_rope_head_dim is not None or self.qk_nope_head_dim is not None
         ):
@@ -162,7 +165,9 @@ class AttentionLayout:
         if self.kv_lora_rank is not None and self.qk_nope_head_dim is None:
             object.__setattr__(self, "qk_nope_head_dim", self.d_head)
         if self.qk_norm not in QK_NORM_KINDS:
-            raise HeadprobeError(f"unknown qk_norm kind {self.qk_norm!r}; choose one of {', '.join(QK_NORM_KINDS)}")
+            raise HeadprobeError(
+                f"unknown qk_norm kind {self.qk_norm!r}{did_you_mean(str(self.qk_norm), QK_NORM_KINDS)}; choose one of {', '.join(QK_NORM_KINDS)}"
+            )
         if self.qk_norm != "none" and self.kv_lora_rank is not None:
             raise HeadprobeError("qk_norm describes MHA/GQA/MQA projections; MLA's latent norms are counted already")
         if self.windows is not None:

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import did_you_mean
 
 # Sizes as text are read and printed by headprobe.probe.core.sizes, one way for every floor; re-exported here.
 from headprobe.probe.core.sizes import GIB, KIB, MIB, TIB, format_bytes, parse_bytes, parse_count  # noqa: F401
@@ -891,7 +892,9 @@ def preset(name: str, bytes_per_element: int | None = None) -> AttentionLayout:
     """
     key = name.lower()
     if key not in PRESETS:
-        raise HeadprobeError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+        raise HeadprobeError(
+            f"unknown preset {name!r}{did_you_mean(str(name), PRESETS)}; choose one of {', '.join(PRESETS)}"
+        )
     lay = PRESETS[key]
     return lay if bytes_per_element is None else replace(lay, bytes_per_element=bytes_per_element)
 
@@ -1126,7 +1129,9 @@ def _check_recommend_arguments(
     """:func:`recommend`'s refusals before any rule: an unknown ``target``, a workload or size not
     positive (the model's sizes are checked by :func:`_recommended_shape`)."""
     if target not in TARGETS:
-        raise HeadprobeError(f"unknown deployment target {target!r}; choose one of {', '.join(TARGETS)}")
+        raise HeadprobeError(
+            f"unknown deployment target {target!r}{did_you_mean(str(target), TARGETS)}; choose one of {', '.join(TARGETS)}"
+        )
     _check_workload(seq_len, batch)
     _check_positive("bytes_per_element", bytes_per_element)
     if kv_limit_bytes is not None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.layout.attention import QK_NORM_KINDS, AttentionLayout
 from headprobe.probe.model.config_checks import ROUTERS as ROUTERS
 from headprobe.probe.model.config_checks import check_layer_rope, check_mla, check_moe
@@ -277,7 +278,9 @@ class TransformerConfig:
             ("qk_norm", self.qk_norm, QK_NORM_KINDS),
         ):
             if value not in allowed:
-                raise HeadprobeError(f"config {field}={value!r} is not one of {allowed}")
+                raise HeadprobeError(
+                    f"config {field}={value!r} is not one of {allowed}{did_you_mean(str(value), map(str, allowed))}"
+                )
         check_mla(self)
         check_layer_rope(self)
         if self.rotary_dim is not None and not (0 < self.rotary_dim <= self.d_qk and self.rotary_dim % 2 == 0):

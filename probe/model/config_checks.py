@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import did_you_mean
 
 #: ``TransformerConfig.router``: how router logits become the top-k expert weights (:class:`~headprobe.probe.model.feedforward.MoE`).
 ROUTERS = ("softmax_topk", "topk_softmax", "topk_sigmoid")
@@ -35,7 +36,9 @@ def check_moe(cfg: Any) -> None:
     if cfg.mlp not in ("swiglu", "geglu"):
         raise HeadprobeError(f"experts are gated MLPs (mlp swiglu or geglu), not {cfg.mlp}")
     if cfg.router not in ROUTERS:
-        raise HeadprobeError(f"config router={cfg.router!r} is not one of {ROUTERS}")
+        raise HeadprobeError(
+            f"config router={cfg.router!r} is not one of {ROUTERS}{did_you_mean(str(cfg.router), ROUTERS)}"
+        )
     if cfg.moe_layers is not None and any(not 0 <= l < cfg.n_layers for l in cfg.moe_layers):
         raise HeadprobeError(f"moe_layers {cfg.moe_layers} out of range for {cfg.n_layers} layers")
     if cfg.swiglu_limit is not None and not cfg.swiglu_limit > 0:

@@ -8,6 +8,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.model.cache import KVCache, StreamingKVCache
 from headprobe.probe.model.config import TransformerConfig
 
@@ -37,7 +38,9 @@ class LinearAttention(nn.Module):
         fields = dict(cfg.linear_mixer or {})
         kind = fields.pop("model_type", None)
         if kind not in _LINEAR_MIXERS:
-            raise HeadprobeError(f"linear attention of model_type {kind!r} is not one of {sorted(_LINEAR_MIXERS)}")
+            raise HeadprobeError(
+                f"linear attention of model_type {kind!r} is not one of {sorted(_LINEAR_MIXERS)}{did_you_mean(str(kind), _LINEAR_MIXERS)}"
+            )
         module, config_class, mixer_class = _LINEAR_MIXERS[kind]
         lib = importlib.import_module(module)
         hf_cfg = getattr(lib, config_class)(**fields)
