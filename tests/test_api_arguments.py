@@ -279,11 +279,10 @@ def test_a_functions_memory_budget_is_for_its_own_run(cpu_model, text_file, no_s
     assert memory.stated() == (3 * 2**30, "stated budget 3 GiB")
 
 
-def test_a_functions_threads_are_for_its_own_run(tiny_dir, text_file, no_stated_budget, monkeypatch):
-    """``headprobe.scan("m", threads=2)`` set torch's CPU threads (load_for -> set_threads) for the
-    whole process, and kept them after a refusal too: what ran next in the notebook ran on 2. The
-    run itself has 2 (seen at the load); afterwards torch has the process's own again."""
-    seen = []
+@pytest.fixture
+def threads_at_load(monkeypatch) -> list[int]:
+    """torch's thread count at each model load (``options.load_for``), in order."""
+    seen: list[int] = []
     load_for = options.load_for
 
     def spy(cfg):
@@ -292,6 +291,14 @@ def test_a_functions_threads_are_for_its_own_run(tiny_dir, text_file, no_stated_
         return model
 
     monkeypatch.setattr(options, "load_for", spy)
+    return seen
+
+
+def test_a_functions_threads_are_for_its_own_run(tiny_dir, text_file, no_stated_budget, threads_at_load):
+    """``headprobe.scan("m", threads=2)`` set torch's CPU threads (load_for -> set_threads) for the
+    whole process, and kept them after a refusal too: what ran next in the notebook ran on 2. The
+    run itself has 2 (seen at the load); afterwards torch has the process's own again."""
+    seen = threads_at_load
     before = torch.get_num_threads()
     asked = before + 1
     small = dict(text=str(text_file), types="induction", device="cpu", **SMALL)
@@ -305,7 +312,7 @@ def test_a_functions_threads_are_for_its_own_run(tiny_dir, text_file, no_stated_
 
 
 def test_the_cli_main_and_run_scan_leave_the_threads_as_they_were(
-    tiny_dir, text_file, tmp_path, no_stated_budget, monkeypatch
+    tiny_dir, text_file, tmp_path, no_stated_budget, threads_at_load
 ):
     """``headprobe.cli.main([... "--threads", "1"])`` called from Python and ``scan_core.run_scan``
     with ``threads=1`` set torch's threads for the rest of the process (as the functions did before
@@ -315,15 +322,7 @@ def test_the_cli_main_and_run_scan_leave_the_threads_as_they_were(
     from headprobe.commands import scan_core
     from headprobe.commands.scan import ScanConfig
 
-    seen = []
-    load_for = options.load_for
-
-    def spy(cfg):
-        model = load_for(cfg)
-        seen.append(torch.get_num_threads())
-        return model
-
-    monkeypatch.setattr(options, "load_for", spy)
+    seen = threads_at_load
     before = torch.get_num_threads()
     k = 3 if before != 3 else 2
     flags = ["--text", str(text_file), "--types", "induction", "--no-metrics", "--device", "cpu", "--threads", "1"]
