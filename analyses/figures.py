@@ -1395,16 +1395,22 @@ def effect_bars(
     return fig
 
 
-def save_figure(fig: Figure, stem: str | Path, dpi: int = 300) -> list[Path]:
+def save_figure(
+    fig: Figure, stem: str | Path, dpi: int = 300, formats: str | Sequence[str] | None = None
+) -> list[Path]:
     """Write ``stem.png``, ``stem.pdf`` and ``stem.svg`` (:data:`FORMATS`) atomically, PDF fonts
-    embedded as TrueType (:data:`_SAVE_RC`); returns the paths. ``HEADPROBE_FIGURE_FORMATS=png``
-    (a comma-separated subset, in this order) writes only those: the test suite's setting, as the
-    PDF and SVG take two thirds of the writing time
-    (:func:`~headprobe.analyses.vocabulary.figure_formats`).
+    embedded as TrueType (:data:`_SAVE_RC`); returns the paths. ``formats`` (``"png"``, ``("png",
+    "svg")``, ``"none"``; None: ``$HEADPROBE_FIGURE_FORMATS=png``, a comma-separated subset, or all
+    three) writes only those, in this order: the PNG alone is the test suite's setting, as the PDF
+    and SVG take two thirds of the writing time (:func:`~headprobe.analyses.vocabulary.figure_formats`).
 
     The figure's layout (matplotlib's constrained layout) is made once, for the PNG, and kept for
     the PDF and the SVG: it is a third of a figure's drawing time, and each format would redo it
     to within 0.01 in (its own text metrics). The figure keeps its layout engine afterwards.
+
+    Raises:
+        InputValueError: a ``formats`` not of png, pdf, svg or none (HeadprobeError: the same of
+            ``$HEADPROBE_FIGURE_FORMATS``), before any file is written.
     """
     import matplotlib
 
@@ -1414,7 +1420,7 @@ def save_figure(fig: Figure, stem: str | Path, dpi: int = 300) -> list[Path]:
     literal_text(fig)
     engine = fig.get_layout_engine()
     try:
-        for i, ext in enumerate(figure_formats()):
+        for i, ext in enumerate(figure_formats(formats)):
             path = Path(f"{stem}.{ext}")
             with atomic_path(path) as tmp, matplotlib.rc_context(_SAVE_RC):
                 fig.savefig(tmp, format=ext, dpi=dpi, metadata=metadata.get(ext))

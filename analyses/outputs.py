@@ -31,13 +31,15 @@ def write_outputs(
     progress: bool = False,
     produced: Sequence[Path] = (),
     models: Sequence[str] = (),
+    formats: str | Sequence[str] | None = None,
 ) -> list[Path]:
     """Write into ``out_dir`` (created; checked by :func:`~headprobe.probe.core.io.prepare_output_dir`
     with ``overwrite`` and ``resumable``): each of ``tables`` (file name -> text, usually a CSV),
     each of ``figures`` (stem -> a figure or a function drawing it, or a function returning that
-    mapping; none is drawn with ``--formats none``), written in
-    :func:`~headprobe.analyses.vocabulary.figure_formats` by
-    :func:`~headprobe.analyses.figures.save_figure`; ``progress``: a progress bar on stderr), the
+    mapping; none is drawn with ``formats`` ``"none"`` or ``()``), written in the ``formats``
+    given (``"png"``, ``("png", "svg")``; None: ``$HEADPROBE_FIGURE_FORMATS``, which ``--formats``
+    sets, or all three: :func:`~headprobe.analyses.vocabulary.figure_formats`, checked before
+    anything is written) by :func:`~headprobe.analyses.figures.save_figure`; ``progress``: a progress bar on stderr), the
     files ``extra(out)`` writes (it returns their paths), and, last, ``summary`` (a dict or a
     function returning it, written by :func:`~headprobe.probe.core.io.write_json`: no bare NaN) as
     ``summary_name`` (None: no summary).
@@ -58,19 +60,20 @@ def write_outputs(
     Raises:
         HeadprobeError: ``out_dir`` is a file, not writable, or not empty without ``overwrite``
             (a directory holding only a run checkpoint counts as empty with ``resumable``), or holds
-            a model this run does not write.
+            a model this run does not write; InputValueError (a HeadprobeError): a ``formats`` not
+            of png, pdf, svg or none (:func:`~headprobe.analyses.vocabulary.figure_formats`).
     """
     from headprobe.analyses.figures import save_figure
     from headprobe.analyses.vocabulary import figure_formats
     from headprobe.probe.core.progress import progress_bar
 
+    formats = figure_formats(formats)  # a bad one is refused before out_dir is touched
     out = prepare_output_dir(out_dir, overwrite, resumable=resumable, models=models)
     with staging(out) as tmp:
         written: list[Path] = []
         for name, text in (tables or {}).items():
             write_text(tmp / name, text)
             written.append(tmp / name)
-        formats = figure_formats()
         if not formats:  # --formats none: no figure function is called
             figures = {}
         elif callable(figures):
@@ -83,7 +86,7 @@ def write_outputs(
             unit="figure",
             progress=progress and bool(figures),
         ):
-            written += save_figure(fig() if callable(fig) else fig, tmp / stem)
+            written += save_figure(fig() if callable(fig) else fig, tmp / stem, formats=formats)
         if extra is not None:
             written += extra(tmp)
         if summary is not None:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+from collections.abc import Sequence
 from fractions import Fraction
 
 from headprobe.analyses.columns import HEAD_TYPES, TASKS, select_head_types  # noqa: F401 - the head columns' names, defined there
-from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.errors import HeadprobeError, InputValueError, one_line_repr
 from headprobe.probe.core.registry import did_you_mean
 
 PRUNING_METHODS: tuple[str, ...] = ("michel", "l0", "random")
@@ -93,41 +94,65 @@ SEQ_LEN_CLASH = {
 }
 
 
-def figure_formats() -> tuple[str, ...]:
-    """The formats figures are written in: :data:`FIGURE_FORMATS`, or those named in
-    ``$HEADPROBE_FIGURE_FORMATS`` (comma-separated, case ignored, e.g. ``png``: a third of the
-    writing time), in :data:`FIGURE_FORMATS` order; ``none`` (:data:`NO_FIGURES`, alone): no
-    figures at all, the empty tuple (tables and summary only; the test suite's default, as drawing
-    is most of a small model's run). Unset or empty: all.
+def figure_formats(formats: str | Sequence[str] | None = None) -> tuple[str, ...]:
+    """The formats figures are written in, in :data:`FIGURE_FORMATS` order: those ``formats`` names
+    (a Python caller's ``save(path, formats=...)``: comma-separated names, case ignored, or a
+    sequence of them; ``"none"`` (:data:`NO_FIGURES`) or ``()``: no figures), or, where it is None,
+    :data:`FIGURE_FORMATS` or those named in ``$HEADPROBE_FIGURE_FORMATS`` (comma-separated, e.g.
+    ``png``: a third of the writing time; ``none``, alone: no figures at all, the empty tuple --
+    tables and summary only; the test suite's default, as drawing is most of a small model's run;
+    ``--formats`` sets it for a command's run). Unset or empty: all.
 
     Raises:
-        HeadprobeError: a name that is not one of :data:`FIGURE_FORMATS`, or ``none`` with another.
+        InputValueError: ``formats`` is not a string or a sequence of strings, names no format, one that is not in :data:`FIGURE_FORMATS`
+            (the line names the closest), or ``none`` with another.
+        HeadprobeError: the same of ``$HEADPROBE_FIGURE_FORMATS`` (``formats`` None).
     """
     import os
 
-    asked = parse_figure_formats(os.environ.get(FIGURE_FORMATS_ENV, ""), FIGURE_FORMATS_ENV + "=")
-    return FIGURE_FORMATS if asked is None else asked
+    if formats is None:
+        asked = parse_figure_formats(os.environ.get(FIGURE_FORMATS_ENV, ""), FIGURE_FORMATS_ENV + "=")
+        return FIGURE_FORMATS if asked is None else asked
+    if not isinstance(formats, str) and not (
+        isinstance(formats, Sequence) and all(isinstance(f, str) for f in formats)
+    ):
+        raise InputValueError(
+            f"formats={one_line_repr(formats)}: give a string or a sequence of strings, e.g. formats='png' or ('png', 'pdf')"
+        )
+    if not isinstance(formats, str) and not formats:
+        return ()  # formats=(): no figures
+    text = formats if isinstance(formats, str) else ",".join(formats)
+    asked = parse_figure_formats(text, "formats=", error=InputValueError, shown=one_line_repr(formats))
+    if asked is None:
+        raise InputValueError(
+            f"formats={one_line_repr(formats)}: choose from {', '.join(FIGURE_FORMATS)} (comma-separated) or {NO_FIGURES}"
+        )
+    return asked
 
 
-def parse_figure_formats(text: str, source: str) -> tuple[str, ...] | None:
+def parse_figure_formats(
+    text: str, source: str, *, error: type[HeadprobeError] = HeadprobeError, shown: str | None = None
+) -> tuple[str, ...] | None:
     """``text`` (comma-separated names, case ignored) as formats in :data:`FIGURE_FORMATS` order;
-    ``()`` for ``none``; None when ``text`` names nothing. ``source`` (``--formats `` or
-    ``HEADPROBE_FIGURE_FORMATS=``) starts the error line.
+    ``()`` for ``none``; None when ``text`` names nothing. ``source`` (``--formats ``,
+    ``HEADPROBE_FIGURE_FORMATS=`` or ``formats=``) and ``shown`` (what was given; None:
+    ``repr(text)``) start the error line, raised as ``error``.
 
     Raises:
-        HeadprobeError: an unknown name, or ``none`` with another.
+        HeadprobeError: (``error``) an unknown name, or ``none`` with another.
     """
+    shown = repr(text) if shown is None else shown
     asked = [f.strip().lower() for f in text.split(",") if f.strip()]
     if not asked:
         return None
     if NO_FIGURES in asked:
         if len(asked) > 1:
-            raise HeadprobeError(f"{source}{text!r}: {NO_FIGURES!r} (no figures) cannot be combined with a format")
+            raise error(f"{source}{shown}: {NO_FIGURES!r} (no figures) cannot be combined with a format")
         return ()
     unknown = [f for f in asked if f not in FIGURE_FORMATS]
     if unknown:
-        raise HeadprobeError(
-            f"{source}{text!r}: unknown figure format {unknown[0]!r}{did_you_mean(unknown[0], FIGURE_FORMATS)}; choose from "
+        raise error(
+            f"{source}{shown}: unknown figure format {unknown[0]!r}{did_you_mean(unknown[0], FIGURE_FORMATS)}; choose from "
             f"{', '.join(FIGURE_FORMATS)} (comma-separated) or {NO_FIGURES}"
         )
     return tuple(f for f in FIGURE_FORMATS if f in asked)

@@ -808,14 +808,13 @@ def output_hint(name: str, config_cls) -> str | None:
     is ``config_cls`` that its Python function does not take because it says where and how the
     files are written (``--out``, ``--overwrite``, ``--formats``, ``scan --html``, ``budget --json``,
     ``show --prompt-file``: the fields of its flag blocks other than the Config's): where the
-    setting goes in Python, read from the signature of the result's ``save``. None otherwise. The
+    setting goes in Python, read from the signature of the result's ``save`` (``formats``:
+    ``result.save(path, formats="png")``). None otherwise. The
     command is the ``COMMAND`` of ``config_cls``'s module (imported already: this module imports no
     command); its result class is imported now (a refusal, not a run).
     """
     import dataclasses
     import inspect
-
-    from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV
 
     command = getattr(sys.modules.get(config_cls.__module__), "COMMAND", None)
     if command is None or command.config_class() is not config_cls:
@@ -830,16 +829,11 @@ def output_hint(name: str, config_cls) -> str | None:
     save = getattr(result, "save", None)
     params = dict(inspect.signature(save).parameters) if save is not None else {}
     params.pop("self", None)
-    writer = "result.save(path)" if save is not None else f"{function.__name__}()"
     said = f"; {name} is an output setting: "
-    if name == "formats":
-        env = FIGURE_FORMATS_ENV
-        none = " (or pass figures=False for none)" if "figures" in params else ""
-        return f"{said}{writer} writes the figures in the formats ${env} names: set os.environ[{env!r}] = 'png' before it{none}"
     if save is not None and name == "out":
         return f"{said}pass the folder to result.save(path)"
     if name in params:
-        value = "True" if isinstance(params[name].default, bool) else "..."
+        value = "True" if isinstance(params[name].default, bool) else '"png"' if name == "formats" else "..."
         return f"{said}pass it to result.save(path, {name}={value})"
     if name == "json" and hasattr(result, "to_dict"):
         return f"{said}{function.__name__}() returns the result; result.to_dict() is what --json prints"

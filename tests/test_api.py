@@ -449,7 +449,7 @@ def test_every_command_function_says_what_it_returns():
 
 
 SCAN_CALL = lambda **kw: headprobe.scan("smollm2-135m", **kw)  # the calls of the next test
-FORMATS = r"the figures in the formats \$HEADPROBE_FIGURE_FORMATS names: set os\.environ\['HEADPROBE_FIGURE_FORMATS'\] = 'png' before it"
+FORMATS = r'formats is an output setting: pass it to result\.save\(path, formats="png"\) \('
 
 
 @pytest.mark.parametrize(
@@ -458,16 +458,8 @@ FORMATS = r"the figures in the formats \$HEADPROBE_FIGURE_FORMATS names: set os\
         (SCAN_CALL, "out", r"out is an output setting: pass the folder to result\.save\(path\) \("),
         (SCAN_CALL, "overwrite", r"overwrite is an output setting: pass it to result\.save\(path, overwrite=True\) \("),
         (SCAN_CALL, "html", r"html is an output setting: pass it to result\.save\(path, html=True\) \("),
-        (
-            SCAN_CALL,
-            "formats",
-            rf"formats is an output setting: result\.save\(path\) writes {FORMATS} \(or pass figures=False for none\) \(",
-        ),
-        (
-            lambda **kw: headprobe.ablate("smollm2-135m", **kw),
-            "formats",
-            rf"formats is an output setting: result\.save\(path\) writes {FORMATS} \(settings",
-        ),
+        (SCAN_CALL, "formats", FORMATS),
+        (lambda **kw: headprobe.ablate("smollm2-135m", **kw), "formats", FORMATS + "settings"),
         (
             lambda **kw: headprobe.diff("a", "b", **kw),
             "out",
@@ -477,11 +469,6 @@ FORMATS = r"the figures in the formats \$HEADPROBE_FIGURE_FORMATS names: set os\
             lambda **kw: headprobe.study("heads", **kw),
             "overwrite",
             r"overwrite is an output setting: pass it to result\.save\(path, overwrite=True\)",
-        ),
-        (
-            lambda **kw: headprobe.atlas(out="never-written", **kw),
-            "formats",
-            rf"formats is an output setting: atlas\(\) writes {FORMATS} \(settings",
         ),
         (
             lambda **kw: headprobe.budget(**kw),
@@ -502,7 +489,6 @@ FORMATS = r"the figures in the formats \$HEADPROBE_FIGURE_FORMATS names: set os\
         "ablate-formats",
         "diff-out",
         "study-overwrite",
-        "atlas-formats",
         "budget-json",
         "show-prompt-file",
     ],
@@ -510,7 +496,8 @@ FORMATS = r"the figures in the formats \$HEADPROBE_FIGURE_FORMATS names: set os\
 def test_an_output_flag_given_to_a_function_says_where_it_goes(call, keyword, said, tmp_path, monkeypatch, no_loading):
     """A flag of the command line that says where and how the files are written is no keyword of
     the function: the TypeError says where it goes in Python (the result's ``save``, checked here
-    to take what it is told to, or the environment variable of the figure formats)."""
+    to take what it is told to: ``formats`` too, as ``atlas`` and ``show``, which write their
+    files themselves, take it)."""
     from headprobe.commands.scan_core import ScanResult
     from headprobe.commands.study import StudyResult
 
@@ -518,5 +505,6 @@ def test_an_output_flag_given_to_a_function_says_where_it_goes(call, keyword, sa
     with pytest.raises(TypeError, match=rf"\(\) got an unknown setting '{keyword}'; {said}"):
         call(**{keyword: "png" if keyword == "formats" else True})
     assert list(tmp_path.iterdir()) == []  # nothing written
-    assert {"overwrite", "html", "figures"} <= set(inspect.signature(ScanResult.save).parameters)
-    assert "overwrite" in inspect.signature(StudyResult.save).parameters
+    assert {"overwrite", "html", "figures", "formats"} <= set(inspect.signature(ScanResult.save).parameters)
+    assert {"overwrite", "formats"} <= set(inspect.signature(StudyResult.save).parameters)
+    assert all("formats" in inspect.signature(f).parameters for f in (headprobe.atlas, headprobe.show))

@@ -135,3 +135,80 @@ def test_repr_reads_no_values_and_stays_under_the_limit():
     assert len(text) <= LIMIT and "verdicts: 2 CONFIRMED (induction, previous_token)," in text
     assert "x={scores: float32[30, 9]}" in text and "t=bfloat16[1000, 1000, 64]" in text
     assert "df=DataFrame[270 rows x 2]" in text and text.count("f49=") == 1
+
+
+FIGURE_SUFFIXES = {".png", ".pdf", ".svg"}
+DRAWING = ("scan", "ablate", "prune", "patch", "circuit", "kv", "robustness", "diff", "train", "study")
+"""The commands whose result's ``save`` writes figures (``--formats``)."""
+
+
+def _files(out) -> tuple[set[str], set[str]]:
+    """``(figure files, other files)`` under ``out``, as paths relative to it (read from the folder)."""
+    files = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    figures = {f for f in files if f[f.rfind(".") :] in FIGURE_SUFFIXES}
+    return figures, files - figures
+
+
+@pytest.mark.parametrize("command", DRAWING)
+def test_save_writes_the_figure_formats_it_is_given(results, command, tmp_path, monkeypatch):
+    """``save(path, formats=...)`` is ``--formats``: ``"png"`` writes PNGs alone (the suite's
+    ``$HEADPROBE_FIGURE_FORMATS=none`` notwithstanding), ``"none"`` no figure and the same other
+    files, and with ``formats`` left None the environment variable still decides (``png``: the
+    same files as ``formats="png"``)."""
+    from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV
+
+    result = results[command]
+    monkeypatch.setenv(FIGURE_FORMATS_ENV, "none")
+    result.save(tmp_path / "png", formats="png")
+    pngs, others = _files(tmp_path / "png")
+    assert pngs and {f[f.rfind(".") :] for f in pngs} == {".png"}
+    monkeypatch.setenv(FIGURE_FORMATS_ENV, "png")
+    result.save(tmp_path / "none", formats=())
+    assert _files(tmp_path / "none") == (set(), others)
+    result.save(tmp_path / "env")  # formats=None: $HEADPROBE_FIGURE_FORMATS
+    assert _files(tmp_path / "env") == (pngs, others)
+
+
+@pytest.mark.parametrize("command", DRAWING)
+def test_a_bad_figure_format_is_one_line_before_anything_is_written(results, command, tmp_path):
+    """A misspelt format is refused as ``--formats`` refuses it (one line naming the closest
+    format), as an InputValueError (a HeadprobeError and a ValueError), and nothing is written."""
+    from headprobe.probe.core.errors import HeadprobeError, InputValueError
+
+    for formats, said in [
+        ("png,sgv", "formats='png,sgv': unknown figure format 'sgv' (did you mean 'svg'?); choose from png, pdf, svg"),
+        (["pdf", "PMG"], "formats=['pdf', 'PMG']: unknown figure format 'pmg' (did you mean 'png'?); choose from"),
+        ("none,png", "formats='none,png': 'none' (no figures) cannot be combined with a format"),
+        ("", "formats='': choose from png, pdf, svg (comma-separated) or none"),
+    ]:
+        with pytest.raises(InputValueError) as e:
+            results[command].save(tmp_path / "out", formats=formats)
+        assert isinstance(e.value, HeadprobeError) and isinstance(e.value, ValueError)
+        assert str(e.value).startswith(said) and "\n" not in str(e.value)
+        assert not (tmp_path / "out").exists()
+
+
+def test_show_and_atlas_take_the_figure_formats(tiny_dir, text_file, tmp_path):
+    """``show`` and ``atlas`` write their files themselves: ``formats=`` as ``--formats`` (PNGs
+    alone, the atlas's and each model's scan; ``"none"``: the page alone), a bad one refused before
+    the model loads or anything is written."""
+    from headprobe.probe.core.errors import InputValueError
+
+    show = dict(head="1.2", prompt="t1 t2 t3 t4 t1 t2 t3")
+    page = {"index.html", ".headprobe-outputs.json"}  # the page and the list of the files written
+    headprobe.show(str(tiny_dir), out=str(tmp_path / "show-png"), formats="png", device="cpu", **show)
+    assert _files(tmp_path / "show-png") == ({"pattern_1.2.png"}, page)
+    headprobe.show(str(tiny_dir), out=str(tmp_path / "show-none"), formats="none", device="cpu", **show)
+    assert _files(tmp_path / "show-none") == (set(), page)
+    with pytest.raises(InputValueError, match=r"^formats='jpg': unknown figure format 'jpg'"):
+        headprobe.show("no/such/model", out=str(tmp_path / "bad"), formats="jpg", **show)
+    atlas = dict(models=str(tiny_dir), text=str(text_file), types=("induction",), pattern_len=0, **SCAN)
+    headprobe.atlas(out=str(tmp_path / "atlas"), formats=("png",), **atlas)
+    figures, _ = _files(tmp_path / "atlas")
+    assert {f[f.rfind(".") :] for f in figures} == {".png"}
+    assert any("/" not in f for f in figures) and any(f.startswith("models/") for f in figures)
+    with pytest.raises(
+        InputValueError, match=r"^formats=\('svgz',\): unknown figure format 'svgz' \(did you mean 'svg'"
+    ):
+        headprobe.atlas(out=str(tmp_path / "bad"), formats=("svgz",), **atlas)
+    assert not (tmp_path / "bad").exists()

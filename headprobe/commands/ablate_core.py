@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -382,12 +382,20 @@ class AblateResult(CompactRepr, ReadsInputs):
         return notebook_html(self.html())
 
     @keeps_inputs
-    def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
+    def save(
+        self, out_dir: str | Path, overwrite: bool = False, *, formats: str | Sequence[str] | None = None
+    ) -> list[Path]:
         """Write head_ablation.csv, ablation_effect.png/pdf and, last, summary.json into ``out_dir``
         (each atomically; a directory holding only a run checkpoint counts as empty). Returns the paths.
 
+        Args:
+            formats: the figures' formats, as ``--formats``: ``"png"``, ``"png,svg"`` or ``("png", "pdf")``;
+                ``"none"`` or ``()``: no figures; None: ``$HEADPROBE_FIGURE_FORMATS``, or all three.
+
         Raises:
             HeadprobeError: ``out_dir`` is a file, not writable, or holds other files and ``overwrite`` is False.
+            InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest),
+                before anything is written.
         """
         from headprobe.analyses.outputs import write_outputs
 
@@ -398,6 +406,7 @@ class AblateResult(CompactRepr, ReadsInputs):
             summary=self.summary,
             figures=self.figures,
             tables={"head_ablation.csv": self.table.to_csv(index=False, float_format="%.6f")},
+            formats=formats,
         )
 
     def report(self) -> str:

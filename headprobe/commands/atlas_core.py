@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,7 @@ from headprobe import options
 from headprobe.analyses import atlas as atlas_lib
 from headprobe.analyses.data import WINDOW_KEYS, left_out_notes_of
 from headprobe.analyses.outputs import write_outputs
+from headprobe.analyses.vocabulary import figure_formats
 from headprobe.commands.atlas import (  # noqa: F401 - the light module's names, re-exported
     CACHED_CANDIDATES,
     DEFAULT_MODELS,
@@ -207,11 +209,13 @@ def files_stamp(name: str) -> str | None:
     return h.hexdigest()
 
 
-def _scan_model(config: AtlasConfig, out: Path, model: tuple, counter: str, rec: dict, progress: bool) -> None:
+def _scan_model(
+    config: AtlasConfig, out: Path, model: tuple, counter: str, rec: dict, progress: bool, formats: tuple[str, ...]
+) -> None:
     """Scan one model (``model`` is its ``(label, name, directory, checkpoint key)``; the toy is
-    trained first) into its directory and record the outcome in ``rec``: ``status`` ``scanned``, or
-    ``failed`` with the ``error`` (a model that fails is recorded, not raised); ``counter`` prefixes
-    the progress line (``[i/n]``)."""
+    trained first) into its directory, its figures in ``formats``, and record the outcome in ``rec``:
+    ``status`` ``scanned``, or ``failed`` with the ``error`` (a model that fails is recorded, not
+    raised); ``counter`` prefixes the progress line (``[i/n]``)."""
     from headprobe.commands.scan_core import run as run_scan
 
     label, name, d, key = model
@@ -222,7 +226,7 @@ def _scan_model(config: AtlasConfig, out: Path, model: tuple, counter: str, rec:
             print(f"{counter} scanning {label} ...", flush=True)
         loaded = options.load_for(config.scan_config(path))
         scanned = run_scan(loaded, config.scan_config(path), progress=progress)
-        scanned.save(d, overwrite=True, html=bool(config.pattern_len), figures=config.model_figures)
+        scanned.save(d, overwrite=True, html=bool(config.pattern_len), figures=config.model_figures, formats=formats)
         del loaded, scanned
         rec.update(status="scanned", timings_s={"scan_s": round(time.perf_counter() - t0, 2)})
         # last: this model's scan is complete and reusable
@@ -245,14 +249,23 @@ def _scan_model(config: AtlasConfig, out: Path, model: tuple, counter: str, rec:
         print(f"  {label} failed: {rec['error']}", flush=True)
 
 
-def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress: bool = True) -> AtlasResult:
-    """Scan every model of ``config`` into ``out`` and write the atlas (see the module docstring).
+def run(
+    config: AtlasConfig,
+    out: str | Path,
+    overwrite: bool = False,
+    progress: bool = True,
+    formats: str | Sequence[str] | None = None,
+) -> AtlasResult:
+    """Scan every model of ``config`` into ``out`` and write the atlas (see the module docstring),
+    its figures and the models' in ``formats`` (as :func:`atlas`).
 
     Raises:
         HeadprobeError: bad settings, ``out`` not writable / holding another run's files without
             ``overwrite``, or every model failed (one line naming each error; nothing new is left
             in ``out``). A model that fails among others that do not is recorded, not raised.
+        InputValueError: ``formats`` not of png, pdf, svg or none, before anything is written.
     """
+    formats = figure_formats(formats)
     t_start = time.perf_counter()
     models = config.model_list()
     before = set(Path(out).rglob("*")) if Path(out).is_dir() else None  # what a run where all fail leaves
@@ -283,7 +296,9 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
                 timings_s={"scan_s": saved.get("timings_s", {}).get("scan_s", saved.get("seconds", 0.0))},
             )
         else:
-            _scan_model(config, out, (label, name, d, key), f"[{len(records) + 1}/{len(models)}]", rec, progress)
+            _scan_model(
+                config, out, (label, name, d, key), f"[{len(records) + 1}/{len(models)}]", rec, progress, formats
+            )
         records[label] = rec
         if rec["status"] != "failed":
             summary = json.loads((d / "summary.json").read_text(encoding="utf-8"))
@@ -308,6 +323,7 @@ def run(config: AtlasConfig, out: str | Path, overwrite: bool = False, progress:
         figures=result.figures,
         produced=produced,
         models=(TOY_DIR,),  # the toy model this atlas trained there
+        formats=formats,
     )
     ckpt.clear()
     result.files = files
@@ -354,8 +370,20 @@ def _remove_new(out: Path, before: set[Path] | None, keep: Path | None = None) -
             p.unlink(missing_ok=True)
 
 
-def atlas(*, out: str | Path, overwrite: bool = False, progress: bool = False, **config_fields) -> AtlasResult:
+def atlas(
+    *,
+    out: str | Path,
+    overwrite: bool = False,
+    progress: bool = False,
+    formats: str | Sequence[str] | None = None,
+    **config_fields,
+) -> AtlasResult:
     """``headprobe atlas`` as a function: :func:`run` on ``AtlasConfig(**config_fields)``.
+
+    Args:
+        formats: the figures' formats (the atlas's and each model's scan), as ``--formats``: ``"png"``,
+            ``"png,svg"`` or ``("png", "pdf")``; ``"none"`` or ``()``: no figures; None:
+            ``$HEADPROBE_FIGURE_FORMATS``, or all three.
 
     Returns:
         AtlasResult: already written into ``out`` (``files``, summary.json last): ``table`` (atlas.csv,
@@ -363,6 +391,7 @@ def atlas(*, out: str | Path, overwrite: bool = False, progress: bool = False, *
 
     Raises:
         HeadprobeError: as :func:`run`; ``toy_steps`` where no toy model is trained.
+        InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest).
         TypeError: an unknown field (naming the setting meant, :func:`headprobe.options.check_fields`).
     """
     from headprobe.settings import given_in_python, refuse_inert
@@ -371,4 +400,4 @@ def atlas(*, out: str | Path, overwrite: bool = False, progress: bool = False, *
     config = AtlasConfig(**config_fields)
     refuse_inert(config, given_in_python(AtlasConfig, config_fields))  # toy_steps= without toy: as the flag
     with options.own_run(), run_inputs(options.config_inputs(config)):  # as the command line's run
-        return run(config, out, overwrite=overwrite, progress=progress)
+        return run(config, out, overwrite=overwrite, progress=progress, formats=formats)

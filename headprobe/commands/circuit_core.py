@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -181,11 +182,19 @@ class CircuitResult(CompactRepr, ReadsInputs):
         return "\n".join(lines)
 
     @keeps_inputs
-    def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
+    def save(
+        self, out_dir: str | Path, overwrite: bool = False, *, formats: str | Sequence[str] | None = None
+    ) -> list[Path]:
         """Write edges.csv, path_patching.csv, qk_attribution.csv, the figure and, last, summary.json.
+
+        Args:
+            formats: the figures' formats, as ``--formats``: ``"png"``, ``"png,svg"`` or ``("png", "pdf")``;
+                ``"none"`` or ``()``: no figures; None: ``$HEADPROBE_FIGURE_FORMATS``, or all three.
 
         Raises:
             HeadprobeError: ``out_dir`` is a file, not writable, or not empty without ``overwrite``.
+            InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest),
+                before anything is written.
         """
         from headprobe.analyses.outputs import write_outputs
 
@@ -194,7 +203,9 @@ class CircuitResult(CompactRepr, ReadsInputs):
             tables["path_patching.csv"] = self.paths.to_csv(index=False, float_format="%.6g")
         if self.qk is not None:
             tables["qk_attribution.csv"] = self.qk_table().to_csv(index=False, float_format="%.6g")
-        return write_outputs(out_dir, overwrite, summary=self.summary, tables=tables, figures={"circuit": self.figure})
+        return write_outputs(
+            out_dir, overwrite, summary=self.summary, tables=tables, figures={"circuit": self.figure}, formats=formats
+        )
 
 
 def batch_line(model: LoadedModel, config: CircuitConfig) -> str:

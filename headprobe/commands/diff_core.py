@@ -258,16 +258,29 @@ class DiffResult(CompactRepr, ReadsInputs):
         return "\n".join(lines)
 
     @keeps_inputs
-    def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
-        """Write diff.csv, the figure and, last, summary.json (:func:`~headprobe.analyses.outputs.write_outputs`)."""
+    def save(
+        self, out_dir: str | Path, overwrite: bool = False, *, formats: str | Sequence[str] | None = None
+    ) -> list[Path]:
+        """Write diff.csv, the figure and, last, summary.json (:func:`~headprobe.analyses.outputs.write_outputs`).
+
+        Args:
+            formats: the figures' formats, as ``--formats``: ``"png"``, ``"png,svg"`` or ``("png", "pdf")``;
+                ``"none"`` or ``()``: no figures; None: ``$HEADPROBE_FIGURE_FORMATS``, or all three.
+
+        Raises:
+            HeadprobeError: ``out_dir`` is a file, not writable, or not empty without ``overwrite``.
+            InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest),
+                before anything is written.
+        """
         from headprobe.analyses.outputs import write_outputs
 
         return write_outputs(
             out_dir,
             overwrite,
             summary=self.summary,
-            figures=self.figures(),
+            figures=self.figures,
             tables={"diff.csv": self.table.to_csv(index=False, float_format="%.6g")},
+            formats=formats,
         )
 
 

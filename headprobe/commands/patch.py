@@ -395,12 +395,20 @@ class PatchResult(CompactRepr, ReadsInputs):
         return "\n".join([*lines, *(f"NOTE: {n}" for n in self.notes)])
 
     @keeps_inputs
-    def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
+    def save(
+        self, out_dir: str | Path, overwrite: bool = False, *, formats: str | Sequence[str] | None = None
+    ) -> list[Path]:
         """Write the CSV (head_patching.csv; resid_patching.csv for ``--site resid``), the figures
         and, last, summary.json into ``out_dir``.
 
+        Args:
+            formats: the figures' formats, as ``--formats``: ``"png"``, ``"png,svg"`` or ``("png", "pdf")``;
+                ``"none"`` or ``()``: no figures; None: ``$HEADPROBE_FIGURE_FORMATS``, or all three.
+
         Raises:
             HeadprobeError: ``out_dir`` is a file, not writable, or not empty without ``overwrite``.
+            InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest),
+                before anything is written.
         """
         from headprobe.analyses.outputs import write_outputs
 
@@ -410,6 +418,7 @@ class PatchResult(CompactRepr, ReadsInputs):
             summary=self.summary,
             figures=self.figures,
             tables={self.csv_name: self.table.to_csv(index=False, float_format="%.5f")},
+            formats=formats,
         )
 
 

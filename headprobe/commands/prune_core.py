@@ -5,7 +5,7 @@ matplotlib; the package's ``__init__`` does not."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -260,13 +260,21 @@ class PruneResult(CompactRepr, ReadsInputs):
         return out
 
     @keeps_inputs
-    def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
+    def save(
+        self, out_dir: str | Path, overwrite: bool = False, *, formats: str | Sequence[str] | None = None
+    ) -> list[Path]:
         """Write pruning_curve.csv, pruning_curve.png/pdf, per_layer.csv and its figure (``per_layer``),
         the pruned model directory (``save_pruned``) and, last, summary.json into ``out_dir`` (each
         atomically; a directory holding only a run checkpoint counts as empty). Returns the paths.
 
+        Args:
+            formats: the figures' formats, as ``--formats``: ``"png"``, ``"png,svg"`` or ``("png", "pdf")``;
+                ``"none"`` or ``()``: no figures; None: ``$HEADPROBE_FIGURE_FORMATS``, or all three.
+
         Raises:
             HeadprobeError: ``out_dir`` is a file, not writable, or holds other files and ``overwrite`` is False.
+            InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest),
+                before anything is written.
         """
         from headprobe.analyses.outputs import write_outputs
         from headprobe.probe.model.checkpoint import source_weights
@@ -298,6 +306,7 @@ class PruneResult(CompactRepr, ReadsInputs):
             figures=self.figures,
             extra=pruned_model,
             models=(PRUNED_DIR,) if self.pruned is not None else (),
+            formats=formats,
         )
 
     def report(self) -> str:

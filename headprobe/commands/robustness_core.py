@@ -6,6 +6,7 @@ figure. The settings are :mod:`headprobe.commands.robustness`."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -221,16 +222,29 @@ class RobustnessResult(CompactRepr, ReadsInputs):
         return format_report(self)
 
     @keeps_inputs
-    def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
-        """Write robustness.csv, the figure and, last, summary.json (:func:`~headprobe.analyses.outputs.write_outputs`)."""
+    def save(
+        self, out_dir: str | Path, overwrite: bool = False, *, formats: str | Sequence[str] | None = None
+    ) -> list[Path]:
+        """Write robustness.csv, the figure and, last, summary.json (:func:`~headprobe.analyses.outputs.write_outputs`).
+
+        Args:
+            formats: the figures' formats, as ``--formats``: ``"png"``, ``"png,svg"`` or ``("png", "pdf")``;
+                ``"none"`` or ``()``: no figures; None: ``$HEADPROBE_FIGURE_FORMATS``, or all three.
+
+        Raises:
+            HeadprobeError: ``out_dir`` is a file, not writable, or not empty without ``overwrite``.
+            InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest),
+                before anything is written.
+        """
         from headprobe.analyses.outputs import write_outputs
 
         return write_outputs(
             out_dir,
             overwrite,
             summary=self.summary,
-            figures=self.figures(),
+            figures=self.figures,
             tables={"robustness.csv": self.table.to_csv(index=False, float_format="%.4f")},
+            formats=formats,
         )
 
 

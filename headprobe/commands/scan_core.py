@@ -160,17 +160,28 @@ class ScanResult(CompactRepr, ReadsInputs):
         html: bool = False,
         figures: bool = True,
         progress: bool = False,
+        *,
+        formats: str | Sequence[str] | None = None,
     ) -> list[Path]:
-        """Write head_scores.csv, the figures (PNG, PDF and SVG; not with ``figures=False``), patterns.npz
-        (if kept), with ``html`` the viewer page index.html, and, last, summary.json into ``out_dir``,
-        each file atomically, so a directory with summary.json in it is complete. Returns the paths.
-        ``progress``: a progress bar over the figures (stderr).
+        """Write head_scores.csv, the figures (PNG, PDF and SVG, or ``formats``; not with
+        ``figures=False``), patterns.npz (if kept), with ``html`` the viewer page index.html, and,
+        last, summary.json into ``out_dir``, each file atomically, so a directory with summary.json
+        in it is complete. Returns the paths. ``progress``: a progress bar over the figures (stderr).
+
+        Args:
+            formats: the figures' formats, as ``--formats``: ``"png"``, ``"png,svg"`` or ``("png", "pdf")``;
+                ``"none"`` or ``()``: no figures; None: ``$HEADPROBE_FIGURE_FORMATS``, or all three.
 
         Raises:
             HeadprobeError: ``out_dir`` is a file, not writable, or not empty and ``overwrite`` is False.
+            InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest),
+                before anything is written.
         """
+        from headprobe.analyses.vocabulary import figure_formats
+
+        formats = figure_formats(formats)  # checked before out_dir is made
         out = prepare_output_dir(out_dir, overwrite)
-        return write_outputs(self, out, html=html, figures=figures, progress=progress)
+        return write_outputs(self, out, html=html, figures=figures, progress=progress, formats=formats)
 
 
 def verification_settings(cfg: ScanConfig) -> verif.VerificationSettings:
@@ -866,10 +877,16 @@ def scan_figures(result: ScanResult) -> dict[str, Figure]:
 
 
 def write_outputs(
-    result: ScanResult, out: Path, html: bool = False, figures: bool = True, progress: bool = False
+    result: ScanResult,
+    out: Path,
+    html: bool = False,
+    figures: bool = True,
+    progress: bool = False,
+    formats: str | Sequence[str] | None = None,
 ) -> list[Path]:
-    """Write head_scores.csv, all figures (unless ``figures`` is False), patterns.npz (if kept), with
-    ``html`` index.html, and, last, summary.json into the existing directory ``out`` (each file
+    """Write head_scores.csv, all figures (unless ``figures`` is False) in ``formats``
+    (:func:`headprobe.analyses.outputs.write_outputs`), patterns.npz (if kept), with ``html``
+    index.html, and, last, summary.json into the existing directory ``out`` (each file
     atomically), so a directory with summary.json in it is complete. ``progress``: a progress bar
     (stderr) over the figures, each drawn and written as PNG, PDF and SVG in turn (0.5-1 s of CPU
     a figure: 18 for a full scan)."""
@@ -900,6 +917,7 @@ def write_outputs(
         tables={"head_scores.csv": result.table.to_csv(index=False, float_format="%.5f")},
         extra=others,
         progress=progress,
+        formats=formats,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -90,14 +91,20 @@ class ShowResult(CompactRepr):
     paths: list[Path]
 
 
-def run(cfg: ShowConfig, overwrite: bool = False, model: LoadedModel | None = None) -> ShowResult:
+def run(
+    cfg: ShowConfig,
+    overwrite: bool = False,
+    model: LoadedModel | None = None,
+    formats: str | Sequence[str] | None = None,
+) -> ShowResult:
     """Load the model (unless ``model``, loaded as ``cfg`` asks, is given), capture every head's
-    pattern on the prompt, write the figure and the page.
+    pattern on the prompt, write the figure (in ``formats``, as :func:`show`) and the page.
 
     Raises:
         HeadprobeError: an empty or too long prompt, a head outside the model or in a hybrid's
             linear-attention layer, a model whose self-check forbids patterns, or an output directory
-            that is not empty (without ``overwrite``).
+            that is not empty (without ``overwrite``); InputValueError: a bad ``formats`` (:func:`show`
+            checks it before loading; here it is refused before anything is written).
     """
     prompt = cfg.prompt or ""
     if not prompt.strip():
@@ -162,7 +169,7 @@ def run(cfg: ShowConfig, overwrite: bool = False, model: LoadedModel | None = No
         write_text(d / "index.html", page)
         return [d / "index.html"]
 
-    paths = write_outputs(out, overwrite, summary=None, figures=figure, extra=write_page)
+    paths = write_outputs(out, overwrite, summary=None, figures=figure, extra=write_page, formats=formats)
     return ShowResult((layer, head), pattern, labels, paths)
 
 
@@ -287,6 +294,7 @@ def show(
     prompt: str,
     out: str | Path,
     overwrite: bool = False,
+    formats: str | Sequence[str] | None = None,
     **load,
 ) -> ShowResult:
     """``headprobe show`` from Python: ``head``'s pattern on ``prompt`` written into ``out``.
@@ -296,6 +304,8 @@ def show(
             ``prepend_bos``, ``device_map``, ``max_memory``), or a loaded model (used as given, as
             by every other command function: ``device`` left at ``auto`` or the model's own).
         head: one head, ``"18.6"`` (or ``"L18H6"``) or ``(18, 6)``.
+        formats: the figure's formats, as ``--formats``: ``"png"``, ``"png,svg"`` or ``("png", "pdf")``;
+            ``"none"`` or ``()``: the page alone; None: ``$HEADPROBE_FIGURE_FORMATS``, or all three.
 
     Returns:
         ShowResult: ``head`` ``(layer, head)``, its ``pattern`` ``[q_pos, k_pos]`` (float32 attention
@@ -303,11 +313,15 @@ def show(
 
     Raises:
         HeadprobeError: as :func:`run`.
+        InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest), before loading.
         TypeError: an unknown setting.
     """
     import os
 
+    from headprobe.analyses.vocabulary import figure_formats
     from headprobe.probe.core.io import run_inputs
+
+    formats = figure_formats(formats)
 
     fields = dict(head=heads_text(head, "head"), prompt=prompt, out=str(out), **load)
     options.check_fields(ShowConfig, fields, "show")
@@ -317,7 +331,7 @@ def show(
     else:
         cfg, loaded = ShowConfig(model=model.spec.name, **options.loaded_fields(model, fields)), model
     with options.own_run(), run_inputs(options.config_inputs(cfg)):  # as the command line's run
-        return run(cfg, overwrite=overwrite, model=loaded)
+        return run(cfg, overwrite=overwrite, model=loaded, formats=formats)
 
 
 FLAGS = (

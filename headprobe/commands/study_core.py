@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -235,13 +236,21 @@ class StudyResult(CompactRepr, ReadsInputs):
         return {name: fig}
 
     @keeps_inputs
-    def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
+    def save(
+        self, out_dir: str | Path, overwrite: bool = False, *, formats: str | Sequence[str] | None = None
+    ) -> list[Path]:
         """Write results.csv, the figure (PNG, PDF) and, last, study.json into ``out_dir`` (created
         if absent), each file atomically. Returns the paths written.
+
+        Args:
+            formats: the figures' formats, as ``--formats``: ``"png"``, ``"png,svg"`` or ``("png", "pdf")``;
+                ``"none"`` or ``()``: no figures; None: ``$HEADPROBE_FIGURE_FORMATS``, or all three.
 
         Raises:
             HeadprobeError: ``out_dir`` is a non-empty directory and ``overwrite`` is False, is a
                 file, or cannot be written.
+            InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest),
+                before anything is written.
         """
         from headprobe.analyses.outputs import write_outputs
 
@@ -252,6 +261,7 @@ class StudyResult(CompactRepr, ReadsInputs):
             summary_name="study.json",
             figures=self.figures,
             tables={"results.csv": self.table.to_csv(index=False, float_format="%.5f")},
+            formats=formats,
         )
 
     def report(self) -> str:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -127,14 +128,22 @@ class TrainResult(CompactRepr, TrainRun, ReadsInputs):
         return {"training": fig}
 
     @keeps_inputs
-    def save(self, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
+    def save(
+        self, out_dir: str | Path, overwrite: bool = False, *, formats: str | Sequence[str] | None = None
+    ) -> list[Path]:
         """Write train_log.csv, the checkpoint (config.json, headprobe_model.pt, tokenizer files),
         training.{png,pdf} and, last, summary.json into ``out_dir`` (created if absent), each file
         atomically. Returns the paths written.
 
+        Args:
+            formats: the figures' formats, as ``--formats``: ``"png"``, ``"png,svg"`` or ``("png", "pdf")``;
+                ``"none"`` or ``()``: no figures; None: ``$HEADPROBE_FIGURE_FORMATS``, or all three.
+
         Raises:
             HeadprobeError: ``out_dir`` is a non-empty directory and ``overwrite`` is False, is a
                 file, or cannot be written.
+            InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest),
+                before anything is written.
         """
         from headprobe.analyses.outputs import write_outputs
 
@@ -153,6 +162,7 @@ class TrainResult(CompactRepr, TrainRun, ReadsInputs):
             extra=model_files,
             tables={"train_log.csv": self.log.to_csv(index=False, float_format="%.5f")},
             models=(".",),  # the folder is the trained model: an earlier training's may be replaced
+            formats=formats,
         )
 
     def save_snapshots(self, out_dir: Path) -> list[Path]:
