@@ -45,6 +45,7 @@ HEAVIEST_FILES = (
     "test_notebooks.py",
     "test_gpu_check.py",
     "test_scan_resume.py",
+    "test_result_repr.py",  # every command at tiny settings, then saves with PNG figures: about 60 s (16 s before)
     "test_ablate_prune_cli.py",
     "test_encoder.py",
     "test_weights_cache.py",
