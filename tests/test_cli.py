@@ -489,3 +489,59 @@ def test_min_seq_len_is_the_shortest_window_where_no_two_natural_scores_coincide
     assert clashes(2) == {("first_token", "previous_token")}
     assert clashes(3) == {("last_token", "next_token")}
     assert clashes(MIN_SEQ_LEN) == set() and sorted(SEQ_LEN_CLASH) == list(range(2, MIN_SEQ_LEN))
+
+
+# The fewest --seq-len positions each command without head types needs, counted by hand: BOS (unless
+# --no-bos), a natural-text window of 2 tokens (one token is always all one token, and
+# natural_text_tokens leaves windows more than half one token out), and kv's planted block twice
+# (--block-len, default 16; import --kv measures with kv's default).
+_LOSS_FLOORS = [
+    (["ablate", "--out", "o"], 3),
+    (["ablate", "--out", "o", "--no-bos"], 2),
+    (["prune", "--out", "o"], 3),
+    (["import", "--heads-file", "h.tsv"], 3),
+    (["import", "--heads-file", "h.tsv", "--kv"], 1 + 2 + 2 * 16),
+    (["kv", "--out", "o"], 1 + 2 + 2 * 16),
+    (["kv", "--out", "o", "--block-len", "2", "--sink", "0"], 1 + 2 + 2 * 2),
+    (["kv", "--out", "o", "--block-len", "2", "--sink", "0", "--no-bos"], 2 + 2 * 2),
+]
+
+
+@pytest.mark.parametrize("command, least", _LOSS_FLOORS, ids=lambda x: " ".join(x) if isinstance(x, list) else None)
+def test_seq_len_floor_of_commands_without_head_types(command, least, capsys, tmp_path, monkeypatch):
+    """Old code: ablate and prune took --seq-len 2, loaded the model and failed with "every 1-token
+    window of the text is more than half one token"; import refused 3 for the head types' scores,
+    which it does not compute, and took --kv at 34 (failing after the load the same way); kv
+    refused below a fixed 8, without a reason, and took 8 .. 34 at --block-len 16."""
+    from headprobe.cli import check_argv, main
+
+    monkeypatch.chdir(tmp_path)
+    assert check_argv([*command, "--seq-len", str(least)]) is not None
+    assert main([*command, "--seq-len", str(least - 1)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"headprobe: error: --seq-len {least - 1} is too short"), lines
+    assert f"at least {least} positions" in lines[0] and "window of 2 tokens" in lines[0], lines[0]
+    assert list(tmp_path.iterdir()) == []  # nothing written, and refused before the model (none given) loads
+
+
+def test_seq_len_floor_is_what_the_text_windows_need(tiny_llama_gqa, text_file):
+    """The reference for the floor of 3: natural_text_tokens itself draws windows at 3 on a model
+    that prepends BOS, and none at 2 (a 1-token window); and says so, where the old message blamed
+    the text ("every 1-token window of the text is more than half one token")."""
+    from headprobe.analyses.data import natural_text_tokens
+    from headprobe.probe.core.errors import HeadprobeError
+
+    text = text_file.read_text(encoding="utf-8")
+    assert tiny_llama_gqa.prepend_bos
+    assert natural_text_tokens(tiny_llama_gqa, 2, 3, 0, text).tokens.shape == (2, 3)
+    with pytest.raises(HeadprobeError, match="sequence length 2 is too short: it leaves 1 text token after BOS"):
+        natural_text_tokens(tiny_llama_gqa, 2, 2, 0, text)
+
+
+def test_ablate_runs_at_its_seq_len_floor(tiny_dir, text_file, tmp_path):
+    from headprobe.cli import main
+
+    out = tmp_path / "o"
+    argv = ["ablate", "--model", str(tiny_dir), "--text", str(text_file), "--seq-len", "3", "--formats", "none"]
+    assert main([*argv, "--n-natural", "2", "--n-repeated", "2", "--out", str(out)]) == 0
+    assert (out / "summary.json").exists()
