@@ -1541,7 +1541,7 @@ def budget(**fields_: Any) -> BudgetResult:
     """
     from headprobe.options import check_fields
 
-    check_fields(BudgetConfig, fields_, "budget", positional=())
+    check_fields(BudgetConfig, fields_, "budget", positional=(), accepts=budget)
     return run(BudgetConfig(**fields_))
 
 
