@@ -59,6 +59,7 @@ from headprobe.probe.core.vocabulary import (  # defined once there (torch-free)
     DEVICES,
     DTYPE_ALIASES,
     DTYPES,
+    unsupported_dtype,
 )
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -122,8 +123,11 @@ def dtype_name(text: Any) -> str:
         )
     name = DTYPE_ALIASES.get(text.lower().removeprefix("torch."), text.lower().removeprefix("torch."))
     if name not in DTYPES:
+        choices = f"{', '.join(DTYPES)} (or {', '.join(DTYPE_ALIASES)})"
+        if unsupported_dtype(text):  # a real dtype, not a misspelling: no spelling suggestion
+            raise argparse.ArgumentTypeError(f"dtype {text!r} is not supported: headprobe computes in {choices}")
         raise argparse.ArgumentTypeError(
-            f"unknown dtype {text!r}{did_you_mean(text.lower(), (*DTYPES, *DTYPE_ALIASES))}; choose one of {', '.join(DTYPES)} (or {', '.join(DTYPE_ALIASES)})"
+            f"unknown dtype {text!r}{did_you_mean(text.lower(), (*DTYPES, *DTYPE_ALIASES))}; choose one of {choices}"
         )
     return name
 

@@ -164,8 +164,8 @@ def no_loading(monkeypatch):
         (["scan", "--text", "{dir}"], "cannot read text file"),
         (["scan", "--text", "{dir}/missing.txt"], "cannot read text file"),
         (["scan", "--text", "{bad}"], "not UTF-8"),
-        (["scan", "--seq-len", "1"], "at least 2 positions"),
-        (["scan", "--dtype", "fp8"], "unknown dtype"),
+        (["scan", "--seq-len", "1"], "at least 4 positions"),  # scan's floor (settings.seq_len_floor)
+        (["scan", "--dtype", "fp8"], "dtype 'fp8' is not supported"),
         (["ablate", "--heads", "40.3"], "head 40.3 is out of range: the model has 30 layers of 9 heads"),
         (["ablate", "--heads", "5-1"], "not of the form layer.head"),
         (["ablate", "--heads", "0.0", "--model", "{tiny}"], None),  # in range: reaches the (refused) load

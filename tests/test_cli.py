@@ -545,3 +545,40 @@ def test_ablate_runs_at_its_seq_len_floor(tiny_dir, text_file, tmp_path):
     argv = ["ablate", "--model", str(tiny_dir), "--text", str(text_file), "--seq-len", "3", "--formats", "none"]
     assert main([*argv, "--n-natural", "2", "--n-repeated", "2", "--out", str(out)]) == 0
     assert (out / "summary.json").exists()
+
+
+def test_the_torch_free_dtype_names_are_torchs():
+    """probe/core/vocabulary.py's TORCH_DTYPES (read before torch loads) against torch itself."""
+    import torch
+
+    from headprobe.probe.core.vocabulary import TORCH_DTYPES
+
+    assert TORCH_DTYPES == {n for n in dir(torch) if isinstance(getattr(torch, n, None), torch.dtype)}
+
+
+@pytest.mark.parametrize(
+    "command, dtype",
+    [
+        (["scan", "--out", "o"], "float64"),
+        (["scan", "--out", "o"], "double"),
+        (["scan", "--out", "o"], "torch.complex64"),
+        (["ablate", "--out", "o"], "fp64"),
+        (["ablate", "--out", "o"], "int8"),
+        (["budget", "--preset", "llama3-8b"], "float64"),
+        (["budget", "--preset", "llama3-8b"], "uint8"),
+    ],
+)
+def test_a_real_dtype_we_do_not_support_is_refused_as_unsupported(command, dtype, capsys, tmp_path, monkeypatch):
+    """Old code: ``--dtype float64`` got "unknown dtype 'float64' (did you mean 'float16' or 'float'?)",
+    a spelling suggestion for a dtype spelt right. Now it says that it is not supported and what is,
+    with no suggestion; a misspelling still gets one (bflaot16 above)."""
+    from headprobe.cli import main
+    from headprobe.probe.core.vocabulary import DTYPES
+
+    monkeypatch.chdir(tmp_path)
+    assert main([*command, "--dtype", dtype]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and out == "" and f"dtype {dtype!r} is not supported: " in lines[0], lines
+    assert "did you mean" not in lines[0] and all(d in lines[0] for d in DTYPES), lines[0]
+    assert list(tmp_path.iterdir()) == []
