@@ -582,3 +582,30 @@ def test_a_real_dtype_we_do_not_support_is_refused_as_unsupported(command, dtype
     assert len(lines) == 1 and out == "" and f"dtype {dtype!r} is not supported: " in lines[0], lines
     assert "did you mean" not in lines[0] and all(d in lines[0] for d in DTYPES), lines[0]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_every_benchmark_parser_refuses_abbreviated_flags():
+    """benchmarks/*.py made their own parsers with argparse's default allow_abbrev=True, so
+    ``tail_calibration.py --sim 1`` ran as ``--sims 1`` (and a flag added later could silently take
+    over an abbreviation), unlike headprobe's commands. Every ``ArgumentParser`` made there now has
+    ``allow_abbrev=False``; one is run to show the refusal."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    made = {}
+    for path in sorted(root.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("ArgumentParser"):
+                kw = {k.arg: k.value for k in node.keywords}
+                made[f"{path.name}:{node.lineno}"] = isinstance(kw.get("allow_abbrev"), ast.Constant) and (
+                    kw["allow_abbrev"].value is False
+                )
+    assert len(made) >= 10 and all(made.values()), [k for k, v in made.items() if not v]
+    p = subprocess.run(
+        [sys.executable, str(root / "tail_calibration.py"), "--sim", "1", "--n", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2 and "unrecognized arguments: --sim" in p.stderr, (p.returncode, p.stderr[-300:])
