@@ -16,7 +16,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from headprobe.analyses.vocabulary import DEFAULT_PERIOD, DEFAULT_SEQ_LEN, MIN_PERIOD
+from headprobe.analyses.vocabulary import DEFAULT_PERIOD, DEFAULT_SEQ_LEN, MIN_PERIOD, MIN_WINDOW_TOKENS
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import WHOLE_TEXT_BYTES, TextFile, open_text_file, read_text_file  # noqa: F401 - re-exported
@@ -154,7 +154,8 @@ def natural_text_tokens(
     :data:`POOL_WINDOWS` times the windows needed (:func:`file_token_ids`); ``source`` then says how much.
 
     Raises:
-        HeadprobeError: ``seq_len < 2``, the text holds fewer than ``seq_len`` tokens or only windows
+        HeadprobeError: ``seq_len < 2`` or too short for a window of
+            :data:`~headprobe.analyses.vocabulary.MIN_WINDOW_TOKENS` text tokens, the text holds fewer than ``seq_len`` tokens or only windows
             more than half one token, a text
             file that is binary or not UTF-8 in the part read, or a drawn window with a token id
             outside the model's vocabulary (:meth:`~headprobe.probe.backends.base.LoadedModel.check_token_ids`).
@@ -166,8 +167,12 @@ def natural_text_tokens(
     start = 1 if model.prepend_bos else 0
     end_id = getattr(model, "end_token_id", None)  # an encoder's [SEP]: windows are [CLS] text [SEP]
     body = seq_len - start - (end_id is not None)
-    if body < 1:
-        raise HeadprobeError(f"sequence length {seq_len} is too short: it leaves no text between [CLS] and [SEP]")
+    if body < MIN_WINDOW_TOKENS:  # a 1-token window is all one token: every window would be left out below
+        raise HeadprobeError(
+            f"sequence length {seq_len} is too short: it leaves {body} text token{'s' * (body != 1)}"
+            f"{' between [CLS] and [SEP]' if end_id is not None else ' after BOS' if start else ''}, and a "
+            f"natural-text window needs {MIN_WINDOW_TOKENS} (one token is all one token)"
+        )
     # the whole text at once, longer than the model's context by design (it is cut into windows
     # below): verbose=False silences exactly transformers' "Token indices sequence length is longer
     # than the specified maximum ... will result in indexing errors" for this call, nothing global

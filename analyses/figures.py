@@ -254,6 +254,30 @@ REMOVED_LABEL = "removed (pruned checkpoint)"
 REMOVED_HATCH = "xxxx"
 
 
+def removed_cells(n_layers: int, n_heads: int, heads: Sequence[tuple[int, int]]) -> np.ndarray:
+    """``[layer, head]`` booleans, True at ``heads`` (``(layer, head)``; a pruned checkpoint's
+    ``spec.removed_heads``): the ``removed`` argument of every heatmap that shows them."""
+    gone = np.zeros((n_layers, n_heads), dtype=bool)
+    for head in heads:
+        gone[head] = True
+    return gone
+
+
+def _removed_style() -> dict[str, Any]:
+    """The removed heads' look, as ``Patch`` keywords: pale grey under :data:`REMOVED_HATCH`, the
+    legend key of every figure that draws them (:func:`_draw_removed` draws the cells alike)."""
+    return {"facecolor": MASKED_COLOR, "edgecolor": MASK_HATCH_COLOR, "hatch": REMOVED_HATCH, "lw": 0}
+
+
+def _draw_removed(ax, gone: np.ndarray) -> None:
+    """Draw the ``gone`` cells (``[layer, head]`` bool: heads a pruned checkpoint no longer has) of
+    ``ax``'s layer x head heatmap as removed, whatever is under them: opaque pale grey
+    (:data:`MASKED_COLOR`) under :data:`REMOVED_HATCH`. The one way :func:`head_heatmap` (each
+    ``heatmap_<column>``, the ablation panels) and :func:`scores_overview` draw them."""
+    _grey_cells(ax, gone)
+    _hatch_cells(ax, gone, REMOVED_HATCH)
+
+
 def _category_colors(values: Sequence[int]) -> list[str]:
     """A colour of :data:`CATEGORY_COLORS` per integer in ``values``, given out by distance from 0
     (ties: the negative first): 0 is always blue and -1 orange, the commonest offsets.
@@ -298,6 +322,7 @@ def head_heatmap(
     mask: np.ndarray | None = None,
     mask_label: str = "masked",
     mask_hatch: str | None = None,
+    removed: np.ndarray | None = None,
 ) -> Figure:
     """A layer x head heatmap of ``scores`` (``[layer, head]``); white lines separate GQA groups.
 
@@ -314,6 +339,10 @@ def head_heatmap(
             of their value, named ``mask_label`` in the legend (e.g. the rule that masks them).
         mask_hatch: a matplotlib hatch drawn in grey over the ``mask`` cells and their legend key
             (distinct from a value near white in greyscale print too); None: plain.
+        removed: ``[layer, head]`` True for the heads a pruned checkpoint no longer has
+            (:func:`removed_cells`): drawn as :func:`scores_overview` draws them, whatever their
+            value (NaN, or the 0 of a head with zero weights), :data:`REMOVED_LABEL` in the legend,
+            never "not measured" (:func:`_draw_removed`).
 
     Raises:
         ValueError: ``discrete`` with more than :data:`CATEGORY_COLORS` integers in ``[vmin, vmax]``.
@@ -327,13 +356,16 @@ def head_heatmap(
         fig = ax.figure
     # NaN: a head not measured (e.g. not swept) is left transparent over a hatched grey background,
     # on no colour scale used here, and a legend entry says what it means
-    missing = np.isnan(scores).any()
+    gone = np.zeros(scores.shape, dtype=bool) if removed is None else np.asarray(removed, dtype=bool)
+    scores = np.where(gone, np.nan, scores)  # drawn as removed below, on no colour scale
+    missing = (np.isnan(scores) & ~gone).any()
     masked = np.zeros(scores.shape, dtype=bool) if mask is None else np.asarray(mask, dtype=bool) & ~np.isnan(scores)
     if missing:
         ax.patch.set(facecolor=NOT_MEASURED_COLOR, hatch=NOT_MEASURED_HATCH, edgecolor="white", linewidth=0)
     im, levels = _heat_cells(ax, scores, masked, cmap, vmin, vmax, discrete)
     if mask_hatch:
         _hatch_cells(ax, masked, mask_hatch)
+    _draw_removed(ax, gone)
     _head_axes(ax, n_layers, n_heads, group_size)
     if len(title) > 56 and ", " in title and "\n" not in title:  # "<what>, <model>" on two lines when long
         title = ",\n".join(title.split(", ", 1))
@@ -345,8 +377,8 @@ def head_heatmap(
     else:
         cb = fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02, extend=extend)
     cb.set_label(cbar_label)
-    if missing or masked.any():
-        _heat_legend(ax, bool(masked.any()), bool(missing), mask_label, n_layers, mask_hatch)
+    if missing or masked.any() or gone.any():
+        _heat_legend(ax, bool(masked.any()), bool(missing), mask_label, n_layers, mask_hatch, bool(gone.any()))
     return fig
 
 
@@ -399,19 +431,24 @@ def _hatch_cells(ax, masked: np.ndarray, hatch: str) -> None:
 
 
 def _heat_legend(
-    ax, masked: bool, missing: bool, mask_label: str, n_layers: int, mask_hatch: str | None = None
+    ax,
+    masked: bool,
+    missing: bool,
+    mask_label: str,
+    n_layers: int,
+    mask_hatch: str | None = None,
+    removed: bool = False,
 ) -> None:
     """:func:`head_heatmap`'s legend below ``ax``: what the pale grey (``masked`` cells, named
-    ``mask_label``, hatched with ``mask_hatch``) and the hatched grey (``missing``: heads not
+    ``mask_label``, hatched with ``mask_hatch``), the removed heads (``removed``, keyed as in
+    :func:`scores_overview`: :func:`_removed_style`) and the hatched grey (``missing``: heads not
     measured) cells mean."""
     from matplotlib.patches import Patch
 
     plain = {"edgecolor": "none"} if not mask_hatch else {"edgecolor": MASK_HATCH_COLOR, "hatch": mask_hatch, "lw": 0}
-    keys = ([Patch(facecolor=MASKED_COLOR, label=mask_label, **plain)] if masked else []) + (
-        [Patch(facecolor=NOT_MEASURED_COLOR, hatch=NOT_MEASURED_HATCH, edgecolor="white", label="not measured")]
-        if missing
-        else []
-    )
+    keys = [Patch(facecolor=MASKED_COLOR, label=mask_label, **plain)] if masked else []
+    keys += [Patch(label=REMOVED_LABEL, **_removed_style())] if removed else []
+    keys += [Patch(label="not measured", **_not_measured_style())] if missing else []
     ax.legend(
         handles=keys,
         loc="upper center",
@@ -526,8 +563,7 @@ def scores_overview(
         if (np.isnan(values) & ~gone).any():  # shows through the transparent NaN cells
             ax.patch.set(facecolor=NOT_MEASURED_COLOR, hatch=NOT_MEASURED_HATCH, edgecolor="white", linewidth=0)
         im = ax.imshow(values, cmap=cmap, vmin=0, vmax=1, aspect="auto", interpolation="nearest")
-        _grey_cells(ax, gone)
-        _hatch_cells(ax, gone, REMOVED_HATCH)
+        _draw_removed(ax, gone)
         _head_axes(ax, n_layers, n_heads, group_size, width_in=width_in)
         if i:
             ax.set_ylabel("")
@@ -546,14 +582,15 @@ def _overview_keys(marked: bool, mark_label: str, removed: bool, missing: bool) 
     (``marked``, named ``mark_label``), the removed heads, the heads not measured; only those drawn."""
     keys = [(mark_label, _mark_style())] if marked else []
     if removed:
-        keys.append(
-            (REMOVED_LABEL, {"facecolor": MASKED_COLOR, "edgecolor": MASK_HATCH_COLOR, "hatch": REMOVED_HATCH, "lw": 0})
-        )
+        keys.append((REMOVED_LABEL, _removed_style()))
     if missing:
-        keys.append(
-            ("not measured", {"facecolor": NOT_MEASURED_COLOR, "hatch": NOT_MEASURED_HATCH, "edgecolor": "white"})
-        )
+        keys.append(("not measured", _not_measured_style()))
     return keys
+
+
+def _not_measured_style() -> dict[str, Any]:
+    """The heads not measured (NaN scores) as ``Patch`` keywords: hatched grey, every figure's key."""
+    return {"facecolor": NOT_MEASURED_COLOR, "hatch": NOT_MEASURED_HATCH, "edgecolor": "white"}
 
 
 def _overview_legend(fig: Figure, keys: Sequence[tuple[str, dict]], ncols: int) -> None:
@@ -1018,14 +1055,28 @@ def diff_heatmaps(panels: Sequence[tuple], title: str) -> Figure:
 
 @_styled
 def signed_head_heatmap(
-    values: np.ndarray, title: str, cbar_label: str, group_size: int | None = None, ax=None
+    values: np.ndarray,
+    title: str,
+    cbar_label: str,
+    group_size: int | None = None,
+    ax=None,
+    removed: np.ndarray | None = None,
 ) -> Figure:
     """A layer x head heatmap of a signed quantity (e.g. a loss change in nats) on ``RdBu_r``,
-    centred at 0 with symmetric limits."""
+    centred at 0 with symmetric limits over the heads not ``removed`` (:func:`head_heatmap`'s)."""
     values = np.asarray(values, dtype=float)
-    vmax = float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 1.0
+    kept = values if removed is None else values[~np.asarray(removed, dtype=bool)]
+    vmax = float(np.nanmax(np.abs(kept))) if np.isfinite(kept).any() else 1.0
     return head_heatmap(
-        values, title, cbar_label, cmap=DIVERGING_CMAP, vmin=-vmax, vmax=vmax, group_size=group_size, ax=ax
+        values,
+        title,
+        cbar_label,
+        cmap=DIVERGING_CMAP,
+        vmin=-vmax,
+        vmax=vmax,
+        group_size=group_size,
+        ax=ax,
+        removed=removed,
     )
 
 
@@ -1123,7 +1174,7 @@ def ablation_effect_panels(
     axes = np.atleast_1d(fig.subplots(1, len(panels)))
     gone = np.zeros(np.shape(panels[0][1]), dtype=bool) if removed is None else np.asarray(removed, dtype=bool)
     for ax, (title, values) in zip(axes, panels):
-        values = np.where(gone, 0.0, np.asarray(values, dtype=float))  # masked below: any finite value
+        values = np.asarray(values, dtype=float)
         finite = np.abs(values[np.isfinite(values) & ~gone])
         top = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
         head_heatmap(
@@ -1135,9 +1186,7 @@ def ablation_effect_panels(
             vmax=top,
             group_size=group_size,
             ax=ax,
-            mask=gone if gone.any() else None,
-            mask_label=REMOVED_LABEL,
-            mask_hatch=REMOVED_HATCH,
+            removed=gone,
         )
     fig.suptitle(suptitle)
     return fig

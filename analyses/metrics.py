@@ -895,11 +895,14 @@ def heatmap_makers(
     tag: str,
     causal: bool = True,
     fields: Mapping[str, object] | None = None,
+    removed: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """``heatmap_<column>`` -> a function of no arguments that draws it, for every
     :class:`~headprobe.analyses.columns.HeatmapStyle` of ``records`` (head types and metrics alike);
     a metric's heatmap only where its column has a finite value. ``fields`` fill the styles'
-    ``{name}`` fields in titles and labels (``W``: the window of ``distant_mass``, :func:`distant_window`)."""
+    ``{name}`` fields in titles and labels (``W``: the window of ``distant_mass``, :func:`distant_window`).
+    ``removed``: ``[layer, head]`` True for a pruned checkpoint's heads, drawn as removed, as the
+    overview draws them (:func:`headprobe.analyses.figures.removed_cells`); None: none."""
     from functools import partial
 
     from headprobe.analyses import figures as figs
@@ -913,7 +916,7 @@ def heatmap_makers(
             title = f"{style.title.format_map(_Fields(fields or {}))}, {tag}"
             label = style.label.format_map(_Fields(fields or {}))
             out[f"heatmap_{style.column}"] = (
-                partial(figs.signed_head_heatmap, values, title, label, group_size=group_size)
+                partial(figs.signed_head_heatmap, values, title, label, group_size=group_size, removed=removed)
                 if style.signed
                 else partial(
                     figs.head_heatmap,
@@ -921,6 +924,7 @@ def heatmap_makers(
                     title,
                     label,
                     group_size=group_size,
+                    removed=removed,
                     **style.figure_options(scores, causal),
                 )
             )
@@ -928,10 +932,14 @@ def heatmap_makers(
 
 
 def metric_figure_makers(
-    scores: dict[str, np.ndarray], group_size: int | None, tag: str, fields: Mapping[str, object] | None = None
+    scores: dict[str, np.ndarray],
+    group_size: int | None,
+    tag: str,
+    fields: Mapping[str, object] | None = None,
+    removed: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """:func:`heatmap_makers` of every metric (:data:`~headprobe.analyses.columns.METRICS`)."""
-    return heatmap_makers(list(METRICS.values()), scores, group_size, tag, fields=fields)
+    return heatmap_makers(list(METRICS.values()), scores, group_size, tag, fields=fields, removed=removed)
 
 
 NEEDLE_LEN = 16

@@ -92,6 +92,12 @@ SEQ_LEN_CLASH = {
     2: "the previous-token and first-token scores read query 1 alone, whose previous token is position 0",
     3: "the next-token and last-token scores read query 1 alone, whose next token is the last",
 }
+MIN_WINDOW_TOKENS = 2
+"""The fewest text tokens of a natural-text window (BOS, ``[CLS]`` and ``[SEP]`` not counted): a
+window of one token is all one token, more than :data:`headprobe.analyses.data.MAX_ONE_TOKEN_SHARE`,
+and :func:`headprobe.analyses.data.natural_text_tokens` leaves every such window out, so a shorter
+window draws no text and gives no loss (the floor of ``--seq-len`` in ``ablate``, ``prune``,
+``import`` and, with its planted blocks, ``kv``)."""
 
 
 def figure_formats(formats: str | Sequence[str] | None = None) -> tuple[str, ...]:

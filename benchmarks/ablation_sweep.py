@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     from headprobe.probe.backends.loading import device_auto, load_checkpoint, wrap
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--n-seqs", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=100)

@@ -67,7 +67,7 @@ def describe(label: str, run: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m", help="a GGUF model: smollm2-135m or a .gguf path")
     parser.add_argument("--warm-runs", type=int, default=1, help="warm processes to run (median reported)")
     args = parser.parse_args(argv)

@@ -73,7 +73,7 @@ def one(n: int, model_name: str, streaming: str) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default="1024,2048,4096,8192")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--streaming", default="auto", choices=("auto", "on", "off"))

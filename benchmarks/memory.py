@@ -118,7 +118,7 @@ def run_child(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m", help="a GGUF model: smollm2-135m or a .gguf path")
     parser.add_argument("--seq-lens", default="128,512,2048", help="comma-separated sequence lengths")
     parser.add_argument("--batch", type=int, default=1, help="sequences per pass (scan and sweep)")

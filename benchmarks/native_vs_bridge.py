@@ -41,7 +41,7 @@ def timed(fn, repeats: int, device: str) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--pos", type=int, default=128)

@@ -19,7 +19,7 @@ from headprobe.probe.core.heads import parse_heads
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--heads", default="16.0,17.4,20.0,23.3,29.0,29.1")
     ap.add_argument("--timing-layers", default="16,17,18,23", help="layers whose every head is timed")
     ap.add_argument("--n-prompts", type=int, default=24)

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     from headprobe.analyses.verdicts import VerdictRule
     from headprobe.probe.backends.loading import device_auto, load_checkpoint, wrap
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--n-seqs", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=128)

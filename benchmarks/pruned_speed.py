@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     from headprobe.probe.model.pruned import remove_heads
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--fractions", default="0.25,0.5", help="shares of heads to remove, comma-separated")
     ap.add_argument("--batch", type=int, default=8)

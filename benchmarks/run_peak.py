@@ -231,7 +231,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--plan"]:
         import argparse
 
-        p = argparse.ArgumentParser(prog="run_peak.py")
+        p = argparse.ArgumentParser(allow_abbrev=False, prog="run_peak.py")
         p.add_argument("--plan", required=True)
         p.add_argument("--log", required=True)
         p.add_argument("--timeout", type=float, default=600)

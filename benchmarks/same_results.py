@@ -140,7 +140,7 @@ def describe_run(d: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     p.add_argument("kind", choices=("scan", "prune"))
     p.add_argument("a", type=Path, help="the reference run's folder (e.g. the committed one)")
     p.add_argument("b", type=Path, help="the run compared with it")

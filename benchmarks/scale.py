@@ -458,7 +458,7 @@ def goals_table(met: list[dict], model: str, tiny: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="folder for scale.md and scale.json")
     ap.add_argument("--tiny", action="store_true", help="a tiny model and tiny settings (automatic without CUDA)")
     ap.add_argument("--no-reference", action="store_true", help="skip the embedded model's rows")

@@ -24,7 +24,7 @@ from headprobe.probe.backends.loading import load_checkpoint, wrap
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--n-random", type=int, default=ScanConfig.n_random)
     p.add_argument("--top", type=int, default=5, help="compare the top-N heads of each type")

@@ -71,7 +71,7 @@ def gpd_tail_p_value(observed: float, draws: Sequence[float], seed: int = 0, che
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=50, help="control draws per test")
     p.add_argument("--sims", type=int, default=4000)
     p.add_argument("--check-fit", action="store_true", help="run the Anderson-Darling check (slow: ~1.5 s a fit)")

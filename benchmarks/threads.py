@@ -41,7 +41,7 @@ def per_set_seconds(model, tokens, sets) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--sets", type=int, default=6)
     p.add_argument("--seq-len", type=int, default=64)

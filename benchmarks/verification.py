@@ -27,7 +27,7 @@ from headprobe.probe.backends.loading import load_model
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--n-random", type=int, default=ScanConfig.n_random)
     p.add_argument("--control", default="layer-matched", choices=("layer-matched", "uniform"))

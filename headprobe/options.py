@@ -534,7 +534,9 @@ def _load_for(config):
     )
 
 
-def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict, name: str | None = None):
+def config_and_model(
+    config_cls, model: str | LoadedModel, config_fields: dict, name: str | None = None, accepts: Callable | None = None
+):
     """What a command's Python function (``headprobe.scan(model, **fields)``, ...) starts with:
     ``(config, LoadedModel, load seconds)``.
 
@@ -547,14 +549,15 @@ def config_and_model(config_cls, model: str | LoadedModel, config_fields: dict, 
         HeadprobeError: ``model`` of another type, bad settings, a setting given where it does
             nothing (:func:`~headprobe.settings.refuse_inert`), a ``device`` other than a loaded
             model's, or the model cannot be loaded.
-        TypeError: a field ``config_cls`` does not have (naming the function ``name``, see :func:`check_fields`).
+        TypeError: a field ``config_cls`` does not have (naming the function ``name`` and the keywords
+            of ``accepts``, the command's function, see :func:`check_fields`).
     """
     import os
     import time
 
     from headprobe.settings import given_in_python, refuse_inert
 
-    check_fields(config_cls, config_fields, name)
+    check_fields(config_cls, config_fields, name, accepts=accepts)
     check_model_argument(model, name or config_cls.__name__.removesuffix("Config").lower())
     given = given_in_python(config_cls, config_fields)  # a setting that would do nothing is refused, as its flag
     if isinstance(model, (str, os.PathLike)):
@@ -694,7 +697,7 @@ def command_function(
     def call(model: str | LoadedModel, progress: bool, config_fields: dict):
         from headprobe.probe.core.io import ReadsInputs
 
-        config, loaded, load_s = config_and_model(config_cls, model, config_fields, name)
+        config, loaded, load_s = config_and_model(config_cls, model, config_fields, name, accepts=fn)
         # the memory plan the command checks before its run (run_command), refused here as there
         header = getattr(sys.modules[run.__module__], "batch_line", None)
         if header is not None and (line := header(loaded, config)) and progress:
@@ -768,19 +771,29 @@ def _command_doc(config_cls, fields: list[str], run: Callable, name: str, summar
 
 
 def check_fields(
-    config_cls, config_fields: dict, function: str | None = None, positional: tuple[str, ...] = ("model",)
+    config_cls,
+    config_fields: dict,
+    function: str | None = None,
+    positional: tuple[str, ...] = ("model",),
+    accepts: Callable | None = None,
 ) -> None:
     """Raise ``TypeError`` naming the command's function (``function``, else the Config's name without
-    ``Config``: ``scan()``, not ``ScanConfig``), the unknown setting and the nearest valid one
-    (:func:`nearest_keyword`), for a keyword ``config_cls`` does not have (``positional``: fields
-    the function takes as arguments, not keywords, though named as keywords too: suggested and listed first)."""
+    ``Config``: ``scan()``, not ``ScanConfig``), the unknown setting, the nearest valid one
+    (:func:`nearest_keyword`) and every keyword the function takes (:func:`accepted_keywords` of
+    ``accepts``, the function itself), for a keyword ``config_cls`` does not have (``positional``:
+    fields the function takes as arguments, not through ``config_fields``). Without ``accepts``
+    the list is the Config's fields, ``positional`` first."""
     import dataclasses
 
     names = [f.name for f in dataclasses.fields(config_cls)]
     valid = [n for n in names if n not in positional]
     for name in config_fields:
         if name not in valid:
-            named = [*(n for n in positional if n in names), *valid]
+            named = (
+                accepted_keywords(accepts, config_cls, positional)
+                if accepts is not None
+                else [*(n for n in positional if n in names), *valid]
+            )
             near = nearest_keyword(name, named)
             hint = (
                 _flag_hint(name, config_cls, named)
@@ -789,6 +802,21 @@ def check_fields(
             )
             command = function or config_cls.__name__.removesuffix("Config").lower()
             raise TypeError(f"{command}() got an unknown setting {name!r}{hint} (settings: {', '.join(named)})")
+
+
+def accepted_keywords(function: Callable, config_cls, positional: tuple[str, ...] = ("model",)) -> list[str]:
+    """The keywords a command's Python ``function`` takes, in the order of its signature
+    (``inspect.signature``: a generated function's ``__signature__``): its named parameters but the
+    private ones (``_name``), then, where it takes ``**fields``, the fields of ``config_cls`` it passes
+    on (all but ``positional`` and those already named)."""
+    import dataclasses
+    import inspect
+
+    params = inspect.signature(function).parameters.values()
+    named = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and not p.name.startswith("_")]
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        named += [f.name for f in dataclasses.fields(config_cls) if f.name not in {*named, *positional}]
+    return named
 
 
 def _flag_hint(name: str, config_cls, valid: list[str]) -> str | None:

@@ -43,6 +43,7 @@ from headprobe.analyses.vocabulary import (
     FIGURE_FORMATS,
     MIN_PERIOD,
     MIN_SEQ_LEN,
+    MIN_WINDOW_TOKENS,
     NO_FIGURES,
     PERIOD_TARGET,
     SEED_MAX,
@@ -58,6 +59,7 @@ from headprobe.probe.core.vocabulary import (  # defined once there (torch-free)
     DEVICES,
     DTYPE_ALIASES,
     DTYPES,
+    unsupported_dtype,
 )
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -121,8 +123,11 @@ def dtype_name(text: Any) -> str:
         )
     name = DTYPE_ALIASES.get(text.lower().removeprefix("torch."), text.lower().removeprefix("torch."))
     if name not in DTYPES:
+        choices = f"{', '.join(DTYPES)} (or {', '.join(DTYPE_ALIASES)})"
+        if unsupported_dtype(text):  # a real dtype, not a misspelling: no spelling suggestion
+            raise argparse.ArgumentTypeError(f"dtype {text!r} is not supported: headprobe computes in {choices}")
         raise argparse.ArgumentTypeError(
-            f"unknown dtype {text!r}{did_you_mean(text.lower(), (*DTYPES, *DTYPE_ALIASES))}; choose one of {', '.join(DTYPES)} (or {', '.join(DTYPE_ALIASES)})"
+            f"unknown dtype {text!r}{did_you_mean(text.lower(), (*DTYPES, *DTYPE_ALIASES))}; choose one of {choices}"
         )
     return name
 
@@ -730,8 +735,8 @@ def check_settings(cfg) -> None:
     """Check and normalise the shared fields a config has (in place, on a frozen dataclass, from its
     ``__post_init__``): the types of number settings (:func:`check_numbers`), ``dtype`` to torch's
     name, ``text`` to a str, counts (``n_natural``, ``n_repeated``) >= 1, ``threads`` from 1 to
-    :func:`max_threads`, ``seq_len`` >= 2 where set (>= :data:`~headprobe.analyses.vocabulary.MIN_SEQ_LEN`
-    in a config that scores head types, one with a ``types`` field), ``period`` >= ``MIN_PERIOD``, ``device`` (:func:`check_device`) and ``backend`` among their choices, ``max_memory`` readable and only with ``device_map``. Fields the config
+    :func:`max_threads`, ``seq_len`` >= what the config's measures need where set (:func:`seq_len_floor`,
+    2 at least), ``period`` >= ``MIN_PERIOD``, ``device`` (:func:`check_device`) and ``backend`` among their choices, ``max_memory`` readable and only with ``device_map``. Fields the config
     lacks, or leaves None, are skipped.
 
     Raises:
@@ -763,15 +768,8 @@ def check_settings(cfg) -> None:
             f"--threads {cfg.threads} is more than {THREADS_PER_CPU} per CPU of this machine ({most}): torch's kernels "
             f"run one thread per core, and thousands cannot start (the OpenMP runtime aborts); give at most {most}"
         )
-    if has("seq_len") and cfg.seq_len < 2:
-        raise HeadprobeError(
-            f"sequence length {cfg.seq_len} is too short: scores need at least 2 positions (--seq-len)"
-        )
-    if has("seq_len") and hasattr(cfg, "types") and cfg.seq_len < MIN_SEQ_LEN:  # a command that scores head types
-        raise HeadprobeError(
-            f"--seq-len {cfg.seq_len} is too short: the head types' scores need at least {MIN_SEQ_LEN} positions "
-            f"(at {cfg.seq_len} {SEQ_LEN_CLASH[cfg.seq_len]}, so the two are the same number)"
-        )
+    if has("seq_len") and cfg.seq_len < (least := seq_len_floor(cfg))[0]:
+        raise HeadprobeError(f"--seq-len {cfg.seq_len} is too short: {least[1]}")
     if has("period") and cfg.period < MIN_PERIOD:
         raise HeadprobeError(
             f"--period {cfg.period} is too short: induction needs a repeated block of at least {MIN_PERIOD} tokens"
@@ -790,6 +788,54 @@ def check_settings(cfg) -> None:
     if has("max_memory"):  # kept as text (JSON keys stay as typed), checked now
         max_memory_dict(cfg.max_memory)
     check_device_map(getattr(cfg, "device", None), getattr(cfg, "device_map", None), getattr(cfg, "max_memory", None))
+
+
+def text_window_floor(prepend_bos: bool, extra: int = 0) -> int:
+    """The fewest positions of a sequence holding a natural-text window of
+    :data:`~headprobe.analyses.vocabulary.MIN_WINDOW_TOKENS` tokens, BOS before it unless
+    ``--no-bos`` (``prepend_bos`` False), and ``extra`` more positions (``kv``'s planted blocks).
+    An encoder's ``[CLS]`` and ``[SEP]`` take one position more, known once the model loads
+    (:func:`headprobe.analyses.data.natural_text_tokens` refuses then)."""
+    return int(bool(prepend_bos)) + MIN_WINDOW_TOKENS + extra
+
+
+def text_window_reason(prepend_bos: bool) -> str:
+    """What :func:`text_window_floor` counts, as a clause of a refusal."""
+    bos = "BOS and " if prepend_bos else ""
+    return (
+        f"{bos}a natural-text window of {MIN_WINDOW_TOKENS} tokens: a window of one token is all one token, "
+        "and the text's windows leave such windows out"
+    )
+
+
+def seq_len_floor(cfg) -> tuple[int, str]:
+    """``(least, why)``: the fewest ``--seq-len`` positions ``cfg``'s measures need, and a clause
+    saying what needs them and why, for the one refusal of :func:`check_settings`
+    (``--seq-len N is too short: <why>``). In order: the config's own ``seq_len_floor()``
+    method where it has one (``kv``: its planted blocks; ``import``: no head type scored); the
+    head types' :data:`~headprobe.analyses.vocabulary.MIN_SEQ_LEN` in a config that scores them
+    (a ``types`` field; below it two types' scores are one number, :data:`SEQ_LEN_CLASH`);
+    where natural text is drawn (an ``n_natural`` field), :func:`text_window_floor`; else 2 (a
+    score compares a position with an earlier one). Every floor is at least 2.
+    """
+    own = getattr(cfg, "seq_len_floor", None)
+    if callable(own):
+        return own()
+    n = cfg.seq_len
+    if hasattr(cfg, "types"):  # a command that scores head types
+        clash = f" (at {n} {SEQ_LEN_CLASH[n]}, so the two are the same number)" if n in SEQ_LEN_CLASH else ""
+        return MIN_SEQ_LEN, f"the head types' scores need at least {MIN_SEQ_LEN} positions{clash}"
+    if hasattr(cfg, "n_natural"):  # losses on natural-text windows
+        return losses_floor(cfg)
+    return 2, "scores need at least 2 positions"
+
+
+def losses_floor(cfg) -> tuple[int, str]:
+    """:func:`seq_len_floor` of a config whose losses are read on natural-text windows (its
+    ``prepend_bos``): :func:`text_window_floor` and why."""
+    bos = getattr(cfg, "prepend_bos", True)
+    least = text_window_floor(bos)
+    return least, f"the losses need at least {least} positions ({text_window_reason(bos)})"
 
 
 _INTEGER_TYPES = (int, positive_int, seed)

@@ -14,6 +14,7 @@ import zoo
 import headprobe
 from headprobe.analyses.columns import METRICS, metric_columns
 from headprobe.cli import main
+from headprobe.commands import COMMANDS
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import OUTPUTS_NAME
 
@@ -163,8 +164,8 @@ def no_loading(monkeypatch):
         (["scan", "--text", "{dir}"], "cannot read text file"),
         (["scan", "--text", "{dir}/missing.txt"], "cannot read text file"),
         (["scan", "--text", "{bad}"], "not UTF-8"),
-        (["scan", "--seq-len", "1"], "at least 2 positions"),
-        (["scan", "--dtype", "fp8"], "unknown dtype"),
+        (["scan", "--seq-len", "1"], "at least 4 positions"),  # scan's floor (settings.seq_len_floor)
+        (["scan", "--dtype", "fp8"], "dtype 'fp8' is not supported"),
         (["ablate", "--heads", "40.3"], "head 40.3 is out of range: the model has 30 layers of 9 heads"),
         (["ablate", "--heads", "5-1"], "not of the form layer.head"),
         (["ablate", "--heads", "0.0", "--model", "{tiny}"], None),  # in range: reaches the (refused) load
@@ -386,6 +387,60 @@ def test_every_function_names_the_setting_meant(name, call, keyword, said, tmp_p
     with pytest.raises(TypeError, match=rf"^{name}\(\) got an unknown setting '{keyword}'; {said}"):
         call(**{keyword: 3})
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+_REQUIRED = {
+    "show": {"head": "1.1", "prompt": "a", "out": "never-written"},
+    "study": {"which": "heads"},
+    "view": {"dir": "never-read"},
+    "diff": {"a": "smollm2-135m", "b": "smollm2-135m"},
+    "export": {"source": "never-read"},
+    "atlas": {"out": "never-written"},
+    "import": {"heads_file": "never-read"},
+}
+"""Each command function's required arguments, at values that pass before its keyword check."""
+
+
+def _unknown_setting(function, name: str, keywords: dict) -> str:
+    """The keyword ``function(**keywords)`` refuses first: the name its TypeError gives."""
+    import re
+
+    with pytest.raises(TypeError) as e:
+        function(**keywords)
+    said = re.search(r"(?:unknown setting|unexpected keyword argument) '(\w+)'", str(e.value))
+    assert said, (name, str(e.value))
+    return said.group(1)
+
+
+def test_an_unknown_keyword_lists_exactly_the_keywords_each_command_function_takes(tmp_path, monkeypatch):
+    """``show(..., bogus=1)``'s TypeError listed show's settings without ``overwrite``, which show()
+    takes (and scan's without ``progress``, atlas's without ``out``, diff's with ``model``, which it
+    refuses; view's was the dataclass's own, listing none). The reference is each function itself:
+    every name of its signature or its Config is passed beside an unknown one, and it takes the name
+    where the refusal is of the unknown one; the names listed are exactly those (in signature order)."""
+
+    monkeypatch.chdir(tmp_path)
+    for command in COMMANDS:
+        function, config = COMMANDS.get(command).function(), COMMANDS.get(command).config_class()
+        required = _REQUIRED.get(command, {})
+        params = inspect.signature(function).parameters
+        defaults = {f.name: f.default for f in dataclasses.fields(config) if f.default is not dataclasses.MISSING}
+        defaults |= {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
+        names = {n for n in params if not n.startswith("_")} | {f.name for f in dataclasses.fields(config)}
+        names -= {n for n, p in params.items() if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        takes = {
+            n
+            for n in names
+            if _unknown_setting(function, n, {**required, n: required.get(n, defaults.get(n, "x")), "not_a_setting": 1})
+            == "not_a_setting"
+        }
+        with pytest.raises(TypeError, match=r"'not_a_setting'") as e:
+            function(**required, not_a_setting=1)
+        listed = str(e.value).rsplit("(settings: ", 1)[1].removesuffix(")").split(", ")
+        assert set(listed) == takes and len(listed) == len(takes), (command, set(listed) ^ takes)
+        order = [n for n in params if n in takes]
+        assert listed[: len(order)] == order, (command, listed)
+    assert list(tmp_path.iterdir()) == []  # nothing ran
 
 
 @pytest.mark.parametrize(

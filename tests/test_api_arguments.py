@@ -152,7 +152,7 @@ WRONG_TYPES = {
     "ablate(tiny, heads='0.0', n_probes=[8])": "n_probes (--n-probes) must be an integer, got [8] (list)",
     "load_model(123)": "load_model(): name must be a model name or path, got 123 (int)",
     "load_model(dtype=16)": "dtype must be a name such as float32 or a torch.dtype, got 16 (int)",
-    "load_model(dtype=torch.int8)": "unknown dtype 'torch.int8'; choose one of float32, bfloat16, float16",
+    "load_model(dtype=torch.int8)": "dtype 'torch.int8' is not supported: headprobe computes in float32, bfloat16, float16",
     "load_model(tiny, prepend_bos='no')": "load_model(): prepend_bos must be True or False, got 'no'",
     "load_model(tiny, quiet=0)": "load_model(): quiet must be True or False, got 0",
 }
@@ -223,7 +223,7 @@ def test_the_python_function_checks_the_memory_plan_the_command_checks(cpu_model
     kwargs = {
         "scan": dict(text=text, types="induction", **SMALL),
         "prune": dict(text=text, **SMALL),
-        "kv": dict(text=text, seq_len=32),
+        "kv": dict(text=text, seq_len=64),
         "circuit": dict(n_seqs=1, period=5, steps=2, verify=0),
     }[command]
     with pytest.raises(HeadprobeError) as e:
@@ -272,7 +272,7 @@ def test_a_functions_memory_budget_is_for_its_own_run(cpu_model, text_file, no_s
     from headprobe.probe.core import memory
 
     with pytest.raises(HeadprobeError, match="the stated budget 1 KiB"):
-        headprobe.kv(cpu_model, memory_budget="1KiB", text=str(text_file), seq_len=32)
+        headprobe.kv(cpu_model, memory_budget="1KiB", text=str(text_file), seq_len=64)
     assert memory.stated() is None
     memory.set_budget("3GiB")  # stated by the notebook itself: kept across a function's run
     headprobe.ablate(cpu_model, memory_budget="2GiB", text=str(text_file), heads="0.0", **SMALL)

@@ -106,7 +106,7 @@ def test_main_only_maps_flags():
 def test_library_errors_are_headprobe_errors():
     from headprobe.probe.core.errors import HeadprobeError
 
-    with pytest.raises(HeadprobeError, match="unknown dtype"):
+    with pytest.raises(HeadprobeError, match="dtype 'fp4' is not supported"):
         BudgetConfig(dtype="fp4")
     with pytest.raises(HeadprobeError, match="separate modes"):
         budget.budget(preset="llama3-8b", compare=True, recommend=True)
@@ -143,7 +143,9 @@ def test_dtype_bad_name_is_one_line(capsys):
     code = main(["budget", "--preset", "llama3-8b", "--dtype", "float64"])  # argparse's usage error
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and err.count("\n") == 1
-    assert err.startswith("headprobe: error: ") and "unknown dtype 'float64'" in err
+    assert (
+        err.startswith("headprobe: error: ") and "dtype 'float64' is not supported" in err and "did you mean" not in err
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -489,3 +489,123 @@ def test_min_seq_len_is_the_shortest_window_where_no_two_natural_scores_coincide
     assert clashes(2) == {("first_token", "previous_token")}
     assert clashes(3) == {("last_token", "next_token")}
     assert clashes(MIN_SEQ_LEN) == set() and sorted(SEQ_LEN_CLASH) == list(range(2, MIN_SEQ_LEN))
+
+
+# The fewest --seq-len positions each command without head types needs, counted by hand: BOS (unless
+# --no-bos), a natural-text window of 2 tokens (one token is always all one token, and
+# natural_text_tokens leaves windows more than half one token out), and kv's planted block twice
+# (--block-len, default 16; import --kv measures with kv's default).
+_LOSS_FLOORS = [
+    (["ablate", "--out", "o"], 3),
+    (["ablate", "--out", "o", "--no-bos"], 2),
+    (["prune", "--out", "o"], 3),
+    (["import", "--heads-file", "h.tsv"], 3),
+    (["import", "--heads-file", "h.tsv", "--kv"], 1 + 2 + 2 * 16),
+    (["kv", "--out", "o"], 1 + 2 + 2 * 16),
+    (["kv", "--out", "o", "--block-len", "2", "--sink", "0"], 1 + 2 + 2 * 2),
+    (["kv", "--out", "o", "--block-len", "2", "--sink", "0", "--no-bos"], 2 + 2 * 2),
+]
+
+
+@pytest.mark.parametrize("command, least", _LOSS_FLOORS, ids=lambda x: " ".join(x) if isinstance(x, list) else None)
+def test_seq_len_floor_of_commands_without_head_types(command, least, capsys, tmp_path, monkeypatch):
+    """Old code: ablate and prune took --seq-len 2, loaded the model and failed with "every 1-token
+    window of the text is more than half one token"; import refused 3 for the head types' scores,
+    which it does not compute, and took --kv at 34 (failing after the load the same way); kv
+    refused below a fixed 8, without a reason, and took 8 .. 34 at --block-len 16."""
+    from headprobe.cli import check_argv, main
+
+    monkeypatch.chdir(tmp_path)
+    assert check_argv([*command, "--seq-len", str(least)]) is not None
+    assert main([*command, "--seq-len", str(least - 1)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"headprobe: error: --seq-len {least - 1} is too short"), lines
+    assert f"at least {least} positions" in lines[0] and "window of 2 tokens" in lines[0], lines[0]
+    assert list(tmp_path.iterdir()) == []  # nothing written, and refused before the model (none given) loads
+
+
+def test_seq_len_floor_is_what_the_text_windows_need(tiny_llama_gqa, text_file):
+    """The reference for the floor of 3: natural_text_tokens itself draws windows at 3 on a model
+    that prepends BOS, and none at 2 (a 1-token window); and says so, where the old message blamed
+    the text ("every 1-token window of the text is more than half one token")."""
+    from headprobe.analyses.data import natural_text_tokens
+    from headprobe.probe.core.errors import HeadprobeError
+
+    text = text_file.read_text(encoding="utf-8")
+    assert tiny_llama_gqa.prepend_bos
+    assert natural_text_tokens(tiny_llama_gqa, 2, 3, 0, text).tokens.shape == (2, 3)
+    with pytest.raises(HeadprobeError, match="sequence length 2 is too short: it leaves 1 text token after BOS"):
+        natural_text_tokens(tiny_llama_gqa, 2, 2, 0, text)
+
+
+def test_ablate_runs_at_its_seq_len_floor(tiny_dir, text_file, tmp_path):
+    from headprobe.cli import main
+
+    out = tmp_path / "o"
+    argv = ["ablate", "--model", str(tiny_dir), "--text", str(text_file), "--seq-len", "3", "--formats", "none"]
+    assert main([*argv, "--n-natural", "2", "--n-repeated", "2", "--out", str(out)]) == 0
+    assert (out / "summary.json").exists()
+
+
+def test_the_torch_free_dtype_names_are_torchs():
+    """probe/core/vocabulary.py's TORCH_DTYPES (read before torch loads) against torch itself."""
+    import torch
+
+    from headprobe.probe.core.vocabulary import TORCH_DTYPES
+
+    assert TORCH_DTYPES == {n for n in dir(torch) if isinstance(getattr(torch, n, None), torch.dtype)}
+
+
+@pytest.mark.parametrize(
+    "command, dtype",
+    [
+        (["scan", "--out", "o"], "float64"),
+        (["scan", "--out", "o"], "double"),
+        (["scan", "--out", "o"], "torch.complex64"),
+        (["ablate", "--out", "o"], "fp64"),
+        (["ablate", "--out", "o"], "int8"),
+        (["budget", "--preset", "llama3-8b"], "float64"),
+        (["budget", "--preset", "llama3-8b"], "uint8"),
+    ],
+)
+def test_a_real_dtype_we_do_not_support_is_refused_as_unsupported(command, dtype, capsys, tmp_path, monkeypatch):
+    """Old code: ``--dtype float64`` got "unknown dtype 'float64' (did you mean 'float16' or 'float'?)",
+    a spelling suggestion for a dtype spelt right. Now it says that it is not supported and what is,
+    with no suggestion; a misspelling still gets one (bflaot16 above)."""
+    from headprobe.cli import main
+    from headprobe.probe.core.vocabulary import DTYPES
+
+    monkeypatch.chdir(tmp_path)
+    assert main([*command, "--dtype", dtype]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and out == "" and f"dtype {dtype!r} is not supported: " in lines[0], lines
+    assert "did you mean" not in lines[0] and all(d in lines[0] for d in DTYPES), lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_benchmark_parser_refuses_abbreviated_flags():
+    """benchmarks/*.py made their own parsers with argparse's default allow_abbrev=True, so
+    ``tail_calibration.py --sim 1`` ran as ``--sims 1`` (and a flag added later could silently take
+    over an abbreviation), unlike headprobe's commands. Every ``ArgumentParser`` made there now has
+    ``allow_abbrev=False``; one is run to show the refusal."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    made = {}
+    for path in sorted(root.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("ArgumentParser"):
+                kw = {k.arg: k.value for k in node.keywords}
+                made[f"{path.name}:{node.lineno}"] = isinstance(kw.get("allow_abbrev"), ast.Constant) and (
+                    kw["allow_abbrev"].value is False
+                )
+    assert len(made) >= 10 and all(made.values()), [k for k, v in made.items() if not v]
+    p = subprocess.run(
+        [sys.executable, str(root / "tail_calibration.py"), "--sim", "1", "--n", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2 and "unrecognized arguments: --sim" in p.stderr, (p.returncode, p.stderr[-300:])

@@ -714,8 +714,8 @@ def test_a_pattern_under_a_long_title_keeps_its_axes_and_every_text_inside(tmp_p
 
 
 @pytest.fixture(scope="module")
-def estimate_figures(tiny_dir, text_file):
-    """``ablate --estimate`` of every method on the tiny Llama: method -> its result's figure."""
+def estimate_results(tiny_dir, text_file):
+    """``ablate --estimate`` of every method on the tiny Llama: method -> its result."""
     import headprobe
     from headprobe.commands.ablate import ESTIMATES
 
@@ -724,9 +724,34 @@ def estimate_figures(tiny_dir, text_file):
     return {
         method: headprobe.ablate(
             model, estimate=method, **settings, **({"n_probes": 2} if method == "second-order" else {})
-        ).figures()["ablation_estimate"]
+        )
         for method in ESTIMATES
     }
+
+
+@pytest.fixture(scope="module")
+def estimate_figures(estimate_results):
+    """``ablate --estimate`` of every method on the tiny Llama: method -> its result's figure."""
+    return {method: r.figures()["ablation_estimate"] for method, r in estimate_results.items()}
+
+
+def test_every_estimates_colour_bar_gives_the_units_of_its_summary(estimate_results, estimate_figures):
+    """The gradient importance's colour bar read "importance (≥ 0)", without the units summary.json
+    gives ("nats per unit of head mask": dL/dxi_h, a loss in nats by the head's 0/1 mask). Each
+    estimate's colour bars (one per task) now end with its summary.json ``units``, which are those
+    of its definition (hand-written here: a loss change in nats/token, or the gradient's)."""
+    expected = {
+        "atp": "nats/token",
+        "attribution": "nats/token",
+        "second-order": "nats/token",
+        "gradient": "nats per unit of head mask",
+    }
+    assert set(estimate_figures) == set(expected)
+    for method, fig in estimate_figures.items():
+        units = estimate_results[method].summary()["estimate"]["units"]
+        assert units == expected[method], method
+        bars = [im.colorbar.ax.get_ylabel() for ax in fig.axes for im in ax.images if im.colorbar]
+        assert len(bars) == 2 and all(b.endswith(f"({units})") for b in bars), (method, bars)
 
 
 def test_an_unsigned_estimate_is_drawn_on_a_sequential_scale_from_zero(estimate_figures):

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from matplotlib.colors import to_rgba
 
 from headprobe.cli import main
 
@@ -313,6 +314,54 @@ def test_the_overview_of_a_pruned_checkpoint_draws_removed_heads_hatched_grey_an
     assert figs.REMOVED_LABEL in labels, labels
     fig.savefig(tmp_path / "overview.png")  # draws (the hatches and legend keys included)
     plt.close(fig)
+
+
+@pytest.mark.figures
+def test_every_scan_heatmap_of_a_pruned_checkpoint_draws_removed_heads_as_the_overview_does(
+    pruned_dir, text_file, tmp_path
+):
+    """The per-type and metric heatmaps (heatmap_*.png) drew a removed head as any NaN score, hatched
+    grey and named "not measured", where the overview says "removed (pruned checkpoint)". Now each
+    draws exactly the removed heads as the overview does: the pale grey layer (:data:`MASKED_COLOR`),
+    :data:`REMOVED_HATCH` over them, :data:`REMOVED_LABEL` in the legend with the overview's key, and
+    "not measured" only where a head it still has has no score."""
+    import matplotlib.pyplot as plt
+
+    import headprobe
+    from headprobe.analyses import figures as figs
+    from headprobe.commands.scan_core import figure_makers
+
+    model = headprobe.load_model(str(pruned_dir), device="cpu", quiet=True)
+    result = headprobe.scan(model, text=str(text_file), seq_len=16, n_natural=3, n_repeated=2, period=6, verify=False)
+    makers = {stem: make for stem, make in figure_makers(result).items() if stem.startswith("heatmap_")}
+    assert len(makers) >= 5, sorted(makers)
+    gone = np.zeros((2, 8), dtype=bool)
+    gone[tuple(zip(*REMOVED))] = True
+    for stem, make in makers.items():
+        fig = make()
+        ax = fig.axes[0]
+        grey = [im for im in ax.get_images() if getattr(im.cmap, "colors", None) == [figs.MASKED_COLOR]]
+        assert grey, (stem, "no layer of removed cells")
+        drawn = np.isfinite(np.ma.filled(np.ma.asarray(grey[-1].get_array(), dtype=float), np.nan))
+        assert {tuple(map(int, x)) for x in np.argwhere(drawn)} >= set(REMOVED), stem  # a rule's mask may add cells
+        hatched = {
+            (round(p.get_y() + p.get_height() / 2), round(p.get_x() + p.get_width() / 2))
+            for p in ax.patches
+            if p.get_hatch() == figs.REMOVED_HATCH
+        }
+        assert hatched == set(REMOVED), stem
+        scores = np.ma.filled(np.ma.asarray(ax.get_images()[0].get_array(), dtype=float), np.nan)
+        assert np.isnan(scores[gone]).all(), stem  # no colour of the scale under them
+        legend = ax.get_legend()
+        keys = {t.get_text(): h for t, h in zip(legend.get_texts(), legend.legend_handles)}
+        assert figs.REMOVED_LABEL in keys, (stem, list(keys))
+        key = keys[figs.REMOVED_LABEL]
+        assert key.get_hatch() == figs.REMOVED_HATCH and key.get_facecolor() == to_rgba(figs.MASKED_COLOR), stem
+        column = np.asarray(result.scores[stem.removeprefix("heatmap_")], dtype=float)
+        assert ("not measured" in keys) == bool(np.isnan(column[~gone]).any()), (stem, list(keys))
+        if stem == "heatmap_induction":
+            fig.savefig(tmp_path / f"{stem}.png")  # draws (the hatches and legend keys included)
+        plt.close(fig)
 
 
 def test_a_pruned_checkpoint_keeps_its_sources_4_bit_note(tiny_dir, text_file, tmp_path):

@@ -113,7 +113,7 @@ def test_cli_refuses_a_non_empty_output_directory(tmp_path):
     "args, fragment",
     [
         (["--top-k", "0"], "--top-k: must be a positive integer, got 0"),
-        (["--seq-len", "1"], "at least 2 positions"),
+        (["--seq-len", "1"], "at least 4 positions"),  # the head types' floor (MIN_SEQ_LEN)
         (["--period", "1"], "at least 3 tokens"),
         (["--period", "2"], "at least 3 tokens"),  # the token after the earlier occurrence is the previous token
         (["--text", "{bad}"], "not UTF-8"),

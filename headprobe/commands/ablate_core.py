@@ -315,7 +315,7 @@ class AblateResult(CompactRepr, ReadsInputs):
                     "description": ESTIMATE_LABELS[cfg.estimate],
                     "exact": False,
                     "signed": ESTIMATE_SIGNED[cfg.estimate],
-                    "units": "nats/token" if ESTIMATE_SIGNED[cfg.estimate] else "nats per unit of head mask",
+                    "units": ESTIMATE_UNITS[cfg.estimate],
                     "forward_equivalents_per_task": forward_equivalents(cfg.estimate, spec.n_layers, cfg.n_probes),
                     **({"n_probes": cfg.n_probes} if cfg.estimate == "second-order" else {}),
                     "note": "a gradient estimate of each head's single-head ablation effect, not an exact "
@@ -340,12 +340,10 @@ class AblateResult(CompactRepr, ReadsInputs):
         ``--estimate``, ``{"ablation_estimate": Figure}``: the estimate, titled as one)."""
         spec = self.spec
         tag = f"{spec.name} ({figs.weights_label(spec.weights)}), {self.config.kind}-ablated"
-        removed = np.zeros((spec.n_layers, spec.n_heads), dtype=bool)
-        for head in _removed(spec):
-            removed[head] = True
+        removed = figs.removed_cells(spec.n_layers, spec.n_heads, sorted(_removed(spec)))
         if self.config.estimate:
             signed = ESTIMATE_SIGNED[self.config.estimate]
-            unit = "estimated Δ loss (nats/token)" if signed else "importance (≥ 0)"
+            unit = estimate_axis_label(self.config.estimate)
             fig = figs.ablation_effect_panels(
                 [
                     ("natural text", self.tasks["natural"].estimated),
@@ -491,6 +489,25 @@ ESTIMATE_SIGNED = {"atp": True, "attribution": True, "gradient": False, "second-
 """Whether each ``--estimate`` can be negative by its definition: the signed ones estimate a loss
 change (drawn on a diverging scale centred at 0); Michel et al.'s importance ``E|dL/dxi_h|`` is an
 expected absolute value, >= 0 (drawn on a sequential scale from 0; summary.json's ``signed``)."""
+ESTIMATE_UNITS = {
+    "atp": "nats/token",
+    "attribution": "nats/token",
+    "gradient": "nats per unit of head mask",
+    "second-order": "nats/token",
+}
+"""The units of each ``--estimate`` (summary.json's ``units``, and its colour bar's,
+:func:`estimate_axis_label`): the signed ones estimate a loss change in nats/token; Michel et
+al.'s importance ``E|dL/dxi_h|`` is a derivative of the loss (nats) by the head's mask ``xi_h``
+(1 kept, 0 ablated)."""
+
+
+def estimate_axis_label(method: str) -> str:
+    """The colour-bar label of ``ablation_estimate.png``: what ``method`` estimates and its units
+    (:data:`ESTIMATE_UNITS`, as summary.json gives them)."""
+    what = "estimated Δ loss" if ESTIMATE_SIGNED[method] else "importance ≥ 0"
+    return f"{what} ({ESTIMATE_UNITS[method]})"
+
+
 ESTIMATE_SHORT = {
     "atp": "AtP*: attribution patching with GradDrop",
     "attribution": "attribution patching, first order",
@@ -516,7 +533,14 @@ ESTIMATE_COLUMN = {
     "second-order": "second_order_estimate",
 }
 """head_ablation.csv column (after ``<task>_``) of each ``--estimate``: never ``loss_delta``, the exact effect."""
-assert set(ESTIMATE_LABELS) == set(ESTIMATE_SHORT) == set(ESTIMATE_COLUMN) == set(ESTIMATE_SIGNED) == set(ESTIMATES)
+assert (
+    set(ESTIMATE_LABELS)
+    == set(ESTIMATE_SHORT)
+    == set(ESTIMATE_COLUMN)
+    == set(ESTIMATE_SIGNED)
+    == set(ESTIMATE_UNITS)
+    == set(ESTIMATES)
+)
 
 
 def _estimate(

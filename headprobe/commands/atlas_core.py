@@ -396,7 +396,7 @@ def atlas(
     """
     from headprobe.settings import given_in_python, refuse_inert
 
-    options.check_fields(AtlasConfig, config_fields, "atlas")
+    options.check_fields(AtlasConfig, config_fields, "atlas", accepts=atlas)
     config = AtlasConfig(**config_fields)
     refuse_inert(config, given_in_python(AtlasConfig, config_fields))  # toy_steps= without toy: as the flag
     with options.own_run(), run_inputs(options.config_inputs(config)):  # as the command line's run

@@ -39,6 +39,7 @@ from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import finite_json
 from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.core.reprs import CompactRepr
+from headprobe.probe.core.vocabulary import unsupported_dtype
 from headprobe.probe.layout import cost
 from headprobe.probe.layout.attention import attention_module, windows_from_hf_config
 from headprobe.probe.layout.cost import AttentionLayout, format_bytes, format_flops, format_tflop
@@ -90,10 +91,12 @@ def budget_dtype(text: str) -> str:
     try:
         return TORCH_DTYPE_NAMES[dtype_name(name)]
     except argparse.ArgumentTypeError:
+        choices = f"{', '.join(cost.DTYPE_BYTES)} or torch's {', '.join(n for n in TORCH_DTYPE_NAMES if n not in cost.DTYPE_BYTES)}"
+        if unsupported_dtype(name):  # a real dtype, not a misspelling: no spelling suggestion
+            raise argparse.ArgumentTypeError(f"dtype {text!r} is not supported: budget counts {choices}") from None
         raise argparse.ArgumentTypeError(
             f"unknown dtype {text!r}{did_you_mean(str(text).lower(), (*cost.DTYPE_BYTES, *TORCH_DTYPE_NAMES))}; "
-            f"choose one of {', '.join(cost.DTYPE_BYTES)} "
-            f"or torch's {', '.join(n for n in TORCH_DTYPE_NAMES if n not in cost.DTYPE_BYTES)}"
+            f"choose one of {choices}"
         ) from None
 
 
@@ -1541,7 +1544,7 @@ def budget(**fields_: Any) -> BudgetResult:
     """
     from headprobe.options import check_fields
 
-    check_fields(BudgetConfig, fields_, "budget", positional=())
+    check_fields(BudgetConfig, fields_, "budget", positional=(), accepts=budget)
     return run(BudgetConfig(**fields_))
 
 

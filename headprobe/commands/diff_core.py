@@ -581,7 +581,7 @@ def diff(
         HeadprobeError: bad settings, layouts that differ (one line), or as :func:`compare_models`.
     """
     name = lambda m: m if isinstance(m, str) else m.spec.name
-    options.check_fields(DiffConfig, fields, "diff", positional=("model", "b"))
+    options.check_fields(DiffConfig, fields, "diff", positional=("model", "b"), accepts=diff)
     a, b = (os.fspath(m) if isinstance(m, os.PathLike) else m for m in (a, b))
     for m in (b, a):  # a loaded model runs where it is: the device recorded is A's, else B's
         options.check_model_argument(m, "diff")

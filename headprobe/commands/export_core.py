@@ -541,7 +541,7 @@ def export(source: str, out: str | None = None, **fields) -> ExportResult:
     from headprobe.options import check_fields, config_inputs
     from headprobe.settings import given_in_python, refuse_inert
 
-    check_fields(ExportConfig, fields, "export", positional=("source", "out"))
+    check_fields(ExportConfig, fields, "export", positional=("source", "out"), accepts=export)
     config = ExportConfig(source=source, out=out, **fields)
     refuse_inert(config, given_in_python(ExportConfig, fields))  # sink= with format="headkv": as the flags
     result = run(config)

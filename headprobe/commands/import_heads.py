@@ -23,10 +23,11 @@ from dataclasses import MISSING, dataclass
 from headprobe import options
 from headprobe.analyses import vocabulary as vocab
 from headprobe.commands import Command, lazy_names, resolve
+from headprobe.commands.kv import DEFAULT_BLOCK_LEN, long_range_floor
 from headprobe.commands.scan import DEFAULT_K, ScanConfig
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.registry import did_you_mean
-from headprobe.settings import DataSettings, Flags, ModelSettings, setting
+from headprobe.settings import DataSettings, Flags, ModelSettings, losses_floor, setting
 
 _CORE = ("ImportResult", "run", "import_heads")
 """Names of :mod:`headprobe.commands.import_heads_core` (torch), imported on first use."""
@@ -85,6 +86,16 @@ class ImportConfig(ScanConfig):
             raise HeadprobeError(
                 f"--task must be one of {', '.join(vocab.TASKS)}, got {self.task!r}{did_you_mean(str(self.task), vocab.TASKS)}"
             )
+
+    def seq_len_floor(self) -> tuple[int, str]:
+        """The fewest ``--seq-len`` positions (:func:`headprobe.settings.seq_len_floor`): no head
+        type is scored, so the natural-text losses' (:func:`headprobe.settings.losses_floor`), or
+        with ``--kv`` ``headprobe kv``'s long-range task at its default ``--block-len``
+        (:func:`headprobe.commands.kv.long_range_floor`; the config :func:`~headprobe.commands.import_heads_core.measure_policy` builds)."""
+        if not self.measure_kv:
+            return losses_floor(self)
+        least, why = long_range_floor(DEFAULT_BLOCK_LEN, self.prepend_bos)
+        return least, f"--kv measures as headprobe kv: {why}"
 
     def preflight(self) -> None:
         """The file read and its shape checked against the model's config.json, before any weights load.

@@ -39,7 +39,17 @@ from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.core.vocabulary import backend_lacks
-from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, Needs, setting, shared
+from headprobe.settings import (
+    OUTPUT,
+    DataSettings,
+    Flags,
+    ModelSettings,
+    Needs,
+    setting,
+    shared,
+    text_window_floor,
+    text_window_reason,
+)
 
 _CORE = ("KVResult", "run", "kv")
 """Names of :mod:`headprobe.commands.kv_core` (the run: torch), imported on first use."""
@@ -88,6 +98,23 @@ def check_context(seq_len: int, n_ctx: int) -> None:
         raise HeadprobeError(f"--seq-len {seq_len} is longer than the model's context ({n_ctx} tokens)")
 
 
+DEFAULT_BLOCK_LEN = 16
+"""``--block-len``'s default: the long-range task's planted block, in tokens."""
+
+
+def long_range_floor(block_len: int, prepend_bos: bool) -> tuple[int, str]:
+    """``(least, why)``: the fewest ``--seq-len`` positions of the long-range task's sequence, a
+    natural-text window (BOS before it unless ``--no-bos``) with a block of ``block_len`` tokens
+    planted in it and repeated at the end (:func:`headprobe.analyses.data.long_range_tokens`), and
+    a clause saying so (:func:`headprobe.settings.seq_len_floor`)."""
+    block = max(block_len, 2)  # a shorter block is refused by its own check
+    least = text_window_floor(prepend_bos, extra=2 * block)
+    return least, (
+        f"the long-range task needs at least {least} positions ({text_window_reason(prepend_bos)}; "
+        f"and the planted block of --block-len {block} twice)"
+    )
+
+
 @dataclass(frozen=True)
 class KVConfig(ModelSettings):
     """Settings of ``headprobe kv``: the shared :class:`~headprobe.settings.ModelSettings` (how the
@@ -126,7 +153,7 @@ class KVConfig(ModelSettings):
         type=_ints,
         metavar="D,...",
     )
-    block_len: int = setting(16, "planted block length (default %(default)s)", type=positive_int)
+    block_len: int = setting(DEFAULT_BLOCK_LEN, "planted block length (default %(default)s)", type=positive_int)
     n_per_distance: int = setting(1, "long-range sequences per distance (default %(default)s)", type=positive_int)
     sink: int = setting(4, "attention-sink positions a streaming group keeps (default %(default)s)", type=int)
     window: int | None = setting(
@@ -180,7 +207,6 @@ class KVConfig(ModelSettings):
         for flag, value, least in (
             ("--sink", self.sink, 0),
             ("--n-random", self.n_random, 1),
-            ("--seq-len", self.seq_len, 8),
             ("--block-len", self.block_len, 2),  # copying is scored on the repeat's tokens 2..block_len
         ):
             if value < least:
@@ -205,6 +231,10 @@ class KVConfig(ModelSettings):
                 self, "distances", tuple(sorted({max(self.block_len, room * i // 4) for i in (1, 2, 3)} | {room}))
             )
         object.__setattr__(self, "distances", tuple(sorted({int(d) for d in self.distances})))  # a set, as budgets
+
+    def seq_len_floor(self) -> tuple[int, str]:
+        """The fewest ``--seq-len`` positions (:func:`headprobe.settings.seq_len_floor`): :func:`long_range_floor`."""
+        return long_range_floor(self.block_len, self.prepend_bos)
 
     @property
     def floor(self) -> float:

@@ -785,7 +785,8 @@ def figure_makers(result: ScanResult) -> dict[str, Callable[[], Figure]]:
         what += [", ".join(types)] if types else []
         tag += f"\nNO VERDICT for {' and '.join(what)} (summary.json: warnings)"
     out: dict[str, Callable[[], Figure]] = {}
-    out.update(head_metrics.heatmap_makers(dets, result.scores, spec.group_size, tag, spec.causal))
+    removed = figs.removed_cells(spec.n_layers, spec.n_heads, spec.removed_heads)  # as the overview draws them
+    out.update(head_metrics.heatmap_makers(dets, result.scores, spec.group_size, tag, spec.causal, removed=removed))
     out["overview"] = overview_maker(result, dets, f"Head scores of {tag}\n{data_label(result)}")
     for head_type, ex in result.examples.items():
         det = DETECTORS[head_type]
@@ -806,7 +807,7 @@ def figure_makers(result: ScanResult) -> dict[str, Callable[[], Figure]]:
             positions=ex.get("positions"),
         )
     fields = {"W": head_metrics.distant_window(int(result.natural.tokens.shape[1]))}  # as the metric reads it
-    out.update(head_metrics.metric_figure_makers(result.scores, spec.group_size, tag, fields))
+    out.update(head_metrics.metric_figure_makers(result.scores, spec.group_size, tag, fields, removed=removed))
     if result.composition is not None and {"previous_token", "induction"} <= set(result.config.types):
         out["composition_k"] = partial(
             figs.composition_plot,
@@ -844,9 +845,7 @@ def overview_maker(result: ScanResult, dets: Sequence, suptitle: str) -> Callabl
     ]
     label = figs.overview_score_label([(det.panel_title, det.overview_unit) for det in dets if det.overview_unit])
     n_layers, n_heads = result.spec.n_layers, result.spec.n_heads
-    removed = np.zeros((n_layers, n_heads), dtype=bool)  # a pruned checkpoint's heads: drawn as removed
-    for head in result.spec.removed_heads:
-        removed[head] = True
+    removed = figs.removed_cells(n_layers, n_heads, result.spec.removed_heads)  # drawn as removed
     if not result.verifications:
         return partial(
             figs.scores_overview, panels, result.spec.group_size, suptitle, score_label=label, removed=removed

@@ -324,7 +324,7 @@ def show(
     formats = figure_formats(formats)
 
     fields = dict(head=heads_text(head, "head"), prompt=prompt, out=str(out), **load)
-    options.check_fields(ShowConfig, fields, "show")
+    options.check_fields(ShowConfig, fields, "show", accepts=show)
     options.check_model_argument(model, "show")
     if isinstance(model, (str, os.PathLike)):
         cfg, loaded = ShowConfig(model=str(model), **fields), None

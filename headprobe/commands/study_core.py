@@ -294,7 +294,7 @@ def study(which: str, *, progress: bool = False, **config_fields) -> StudyResult
         TypeError: an unknown field (naming the setting meant, :func:`headprobe.options.check_fields`).
         HeadprobeError: as :func:`run`.
     """
-    check_fields(StudyConfig, config_fields, "study", positional=("which",))
+    check_fields(StudyConfig, config_fields, "study", positional=("which",), accepts=study)
     config = StudyConfig(which, **config_fields)
     result = run(config, progress=progress)
     result.inputs = config_inputs(config)  # what result.save(overwrite=True) must not remove

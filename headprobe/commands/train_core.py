@@ -251,7 +251,9 @@ def train(*, progress: bool = False, **config_fields) -> TrainResult:
     """
     from headprobe.options import check_fields, config_inputs
 
-    check_fields(TrainFlags, config_fields, "train", positional=())  # TrainFlags: TrainConfig's fields, with flags
+    check_fields(
+        TrainFlags, config_fields, "train", positional=(), accepts=train
+    )  # TrainFlags: TrainConfig's fields, with flags
     config = TrainConfig(**config_fields)
     result = run(config, progress=progress)
     result.inputs = config_inputs(config)  # what result.save(overwrite=True) must not remove

@@ -283,8 +283,9 @@ def view(
 
     Raises:
         HeadprobeError: as :func:`run`; a loading setting or ``pattern_len`` given without ``model``.
-        TypeError: an unknown keyword.
+        TypeError: an unknown keyword (naming the setting meant, :func:`headprobe.options.check_fields`).
     """
+    options.check_fields(ViewConfig, load, "view", positional=("dir", "ablation", "model", "circuit"), accepts=view)
     config = ViewConfig(
         dir=str(dir),
         ablation=None if ablation is None else str(ablation),

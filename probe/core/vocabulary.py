@@ -100,3 +100,25 @@ DTYPES = ("float32", "bfloat16", "float16")
 """Compute precisions, by torch's names."""
 DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 """Short names accepted everywhere for :data:`DTYPES`."""
+TORCH_DTYPES: frozenset[str] = frozenset(
+    {
+        *("bfloat16", "bool", "cdouble", "cfloat", "chalf", "complex128", "complex32", "complex64", "double"),
+        *("float", "float16", "float32", "float64", "half", "int", "long", "short", "bit"),
+        *("float4_e2m1fn_x2", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu"),
+        *(f"int{n}" for n in (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64)),
+        *(f"uint{n}" for n in (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64)),
+        *("bits16", "bits1x8", "bits2x4", "bits4x2", "bits8", "qint32", "qint8", "quint2x4", "quint4x2", "quint8"),
+    }
+)
+"""Every dtype torch names (``torch.<name>`` is a ``torch.dtype``; torch-free here, equal to torch's
+own set by ``tests/test_cli.py``): a ``--dtype`` among them that a command does not support is refused
+as unsupported, with what is, not as a misspelling (:func:`unsupported_dtype`)."""
+OTHER_DTYPE_SPELLINGS = ("fp64", "f64", "fp8", "fp4")
+"""Short names of real dtypes that are not torch's attribute names, refused as :data:`TORCH_DTYPES` are."""
+
+
+def unsupported_dtype(text: str) -> bool:
+    """Whether ``text`` (any case, ``torch.`` or not) names a real dtype (:data:`TORCH_DTYPES`,
+    :data:`OTHER_DTYPE_SPELLINGS`): one not accepted is unsupported, not misspelt."""
+    name = str(text).strip().lower().removeprefix("torch.")
+    return name in TORCH_DTYPES or name in OTHER_DTYPE_SPELLINGS
