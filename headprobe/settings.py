@@ -830,6 +830,23 @@ def seq_len_floor(cfg) -> tuple[int, str]:
     return 2, "scores need at least 2 positions"
 
 
+DEFAULT_BLOCK_LEN = 16
+"""``--block-len``'s default: the long-range task's planted block, in tokens."""
+
+
+def long_range_floor(block_len: int, prepend_bos: bool) -> tuple[int, str]:
+    """``(least, why)``: the fewest ``--seq-len`` positions of the long-range task's sequence, a
+    natural-text window (BOS before it unless ``--no-bos``) with a block of ``block_len`` tokens
+    planted in it and repeated at the end (:func:`headprobe.analyses.data.long_range_tokens`), and
+    a clause saying so (:func:`seq_len_floor`); ``kv`` and ``import --kv``."""
+    block = max(block_len, 2)  # a shorter block is refused by its own check
+    least = text_window_floor(prepend_bos, extra=2 * block)
+    return least, (
+        f"the long-range task needs at least {least} positions ({text_window_reason(prepend_bos)}; "
+        f"and the planted block of --block-len {block} twice)"
+    )
+
+
 def losses_floor(cfg) -> tuple[int, str]:
     """:func:`seq_len_floor` of a config whose losses are read on natural-text windows (its
     ``prepend_bos``): :func:`text_window_floor` and why."""

@@ -23,11 +23,18 @@ from dataclasses import MISSING, dataclass
 from headprobe import options
 from headprobe.analyses import vocabulary as vocab
 from headprobe.commands import Command, lazy_names, resolve
-from headprobe.commands.kv import DEFAULT_BLOCK_LEN, long_range_floor
 from headprobe.commands.scan import DEFAULT_K, ScanConfig
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.registry import did_you_mean
-from headprobe.settings import DataSettings, Flags, ModelSettings, losses_floor, setting
+from headprobe.settings import (
+    DEFAULT_BLOCK_LEN,
+    DataSettings,
+    Flags,
+    ModelSettings,
+    long_range_floor,
+    losses_floor,
+    setting,
+)
 
 _CORE = ("ImportResult", "run", "import_heads")
 """Names of :mod:`headprobe.commands.import_heads_core` (torch), imported on first use."""
@@ -91,7 +98,7 @@ class ImportConfig(ScanConfig):
         """The fewest ``--seq-len`` positions (:func:`headprobe.settings.seq_len_floor`): no head
         type is scored, so the natural-text losses' (:func:`headprobe.settings.losses_floor`), or
         with ``--kv`` ``headprobe kv``'s long-range task at its default ``--block-len``
-        (:func:`headprobe.commands.kv.long_range_floor`; the config :func:`~headprobe.commands.import_heads_core.measure_policy` builds)."""
+        (:func:`headprobe.settings.long_range_floor`; the config :func:`~headprobe.commands.import_heads_core.measure_policy` builds)."""
         if not self.measure_kv:
             return losses_floor(self)
         least, why = long_range_floor(DEFAULT_BLOCK_LEN, self.prepend_bos)

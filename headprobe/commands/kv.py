@@ -40,15 +40,15 @@ from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.core.vocabulary import backend_lacks
 from headprobe.settings import (
+    DEFAULT_BLOCK_LEN,
     OUTPUT,
     DataSettings,
     Flags,
     ModelSettings,
     Needs,
+    long_range_floor,
     setting,
     shared,
-    text_window_floor,
-    text_window_reason,
 )
 
 _CORE = ("KVResult", "run", "kv")
@@ -96,23 +96,6 @@ def check_context(seq_len: int, n_ctx: int) -> None:
     """
     if seq_len > n_ctx:
         raise HeadprobeError(f"--seq-len {seq_len} is longer than the model's context ({n_ctx} tokens)")
-
-
-DEFAULT_BLOCK_LEN = 16
-"""``--block-len``'s default: the long-range task's planted block, in tokens."""
-
-
-def long_range_floor(block_len: int, prepend_bos: bool) -> tuple[int, str]:
-    """``(least, why)``: the fewest ``--seq-len`` positions of the long-range task's sequence, a
-    natural-text window (BOS before it unless ``--no-bos``) with a block of ``block_len`` tokens
-    planted in it and repeated at the end (:func:`headprobe.analyses.data.long_range_tokens`), and
-    a clause saying so (:func:`headprobe.settings.seq_len_floor`)."""
-    block = max(block_len, 2)  # a shorter block is refused by its own check
-    least = text_window_floor(prepend_bos, extra=2 * block)
-    return least, (
-        f"the long-range task needs at least {least} positions ({text_window_reason(prepend_bos)}; "
-        f"and the planted block of --block-len {block} twice)"
-    )
 
 
 @dataclass(frozen=True)
@@ -233,7 +216,7 @@ class KVConfig(ModelSettings):
         object.__setattr__(self, "distances", tuple(sorted({int(d) for d in self.distances})))  # a set, as budgets
 
     def seq_len_floor(self) -> tuple[int, str]:
-        """The fewest ``--seq-len`` positions (:func:`headprobe.settings.seq_len_floor`): :func:`long_range_floor`."""
+        """The fewest ``--seq-len`` positions (:func:`headprobe.settings.seq_len_floor`): :func:`~headprobe.settings.long_range_floor`."""
         return long_range_floor(self.block_len, self.prepend_bos)
 
     @property
