@@ -86,11 +86,11 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
     def _unknown_flags(self) -> list[str]:
         """The words this parser was given that spell no option of it (``--to``, ``--outt=x``: their
-        flags; an abbreviation is one, allow_abbrev being off); argparse says only which required flags
-        are missing when one of these was probably meant as one."""
+        flags; an abbreviation is one, allow_abbrev being off; ``-out``: a long option with one dash);
+        argparse says only which required flags are missing when one of these was probably meant as one."""
         known = [o for a in self._actions for o in a.option_strings]
-        flags = (w.split("=", 1)[0] for w in self._argv if w.startswith("--") and w != "--")
-        return [f for f in flags if f not in known]
+        flags = [w.split("=", 1)[0] for w in self._argv if w.startswith("-") and w != "--"]
+        return [f for f in flags if f not in known and (f.startswith("--") or "-" + f in known)]
 
     def _meant(self, unknown: list[str], message: str) -> str:
         """`` (did you mean --out?)`` for the ``unknown`` flags given where argparse's ``message`` says
@@ -121,16 +121,20 @@ class OneLineErrorParser(argparse.ArgumentParser):
 def _did_you_mean(unknown: list[str], known: dict[str, list[str]], argv: list[str]) -> str:
     """`` (did you mean --seq-len?)`` for misspelt or abbreviated flags (``--seq_len``, ``--type``,
     ``--over``), from the options of the subcommand named on the command line (all options if none
-    is): the one option the flag abbreviates, else the closest by :func:`difflib.get_close_matches`;
-    several an abbreviation fits are all named (``--n`` -> ``--n-natural or --n-repeated``)."""
+    is): first the option of the same name with another number of dashes (``--k`` -> ``-k``,
+    ``-top-k`` -> ``--top-k``), else the one option the flag abbreviates, else the closest by
+    :func:`difflib.get_close_matches`; several an abbreviation fits are all named (``--n`` ->
+    ``--n-natural or --n-repeated``). A flag of one dash gets only the first kind of hint."""
     import difflib
 
     words = set(argv)
     pool = next((opts for cmd, opts in known.items() if cmd and cmd in words), None)
     pool = pool or sorted({o for opts in known.values() for o in opts})
     hints = []
-    for flag in (u.split("=", 1)[0].replace("_", "-").lower() for u in unknown if u.startswith("--")):
-        close = [o for o in pool if o.startswith(flag)] or difflib.get_close_matches(flag, pool, n=1, cutoff=0.7)
+    for flag in (u.split("=", 1)[0].replace("_", "-").lower() for u in unknown if u.startswith("-")):
+        close = [o for o in pool if o.lstrip("-").lower() == flag.lstrip("-") and o != flag]
+        if not close and flag.startswith("--"):
+            close = [o for o in pool if o.startswith(flag)] or difflib.get_close_matches(flag, pool, n=1, cutoff=0.7)
         if close:
             hints.append(" or ".join(close))
     return f" (did you mean {', '.join(hints)}?)" if hints else ""
