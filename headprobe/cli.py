@@ -23,7 +23,7 @@ from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV, figure_formats
 from headprobe.commands import COMMANDS
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.registry import did_you_mean
-from headprobe.settings import DEFAULTS_KEY, parsed_defaults
+from headprobe.settings import GIVEN_KEY
 
 REQUIRED_MESSAGE = "the following arguments are required: "
 """How argparse begins the usage error of required arguments left out."""
@@ -34,16 +34,31 @@ class OneLineErrorParser(argparse.ArgumentParser):
     --help)``) and exit status 2, like every other bad input, and no abbreviated options
     (``allow_abbrev=False``: ``scan --type induction`` is refused with "did you mean --types?",
     where argparse took it as ``--types``, and a flag added later cannot change what an
-    abbreviation meant); subparsers inherit both (``add_parser`` makes this class)."""
+    abbreviation meant); subparsers inherit both (``add_parser`` makes this class). The parsed
+    namespace lists the options given (``settings.GIVEN_KEY``: each option argparse took from the
+    words, in any spelling, at any value), for :func:`~headprobe.settings.refuse_inert`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
         self._argv: list[str] = []
+        self._given: list[str] = []
 
     def parse_known_args(self, args=None, namespace=None):  # unannotated: argparse's overloads
         self._argv = list(sys.argv[1:] if args is None else args)  # the words an error's hint reads
-        return super().parse_known_args(args, namespace)
+        self._given = []
+        parsed, extra = super().parse_known_args(args, namespace)
+        # a subcommand's parser sets its own list first; argparse copies it up into this namespace
+        before = [d for d in getattr(parsed, GIVEN_KEY, None) or () if d not in self._given]
+        setattr(parsed, GIVEN_KEY, [*before, *self._given])
+        return parsed, extra
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        """argparse's reading of the words of an option taken from the command line (never of a
+        default left in place: argparse reads those with ``_get_value``), recording it as given."""
+        if action.option_strings and action.dest not in self._given:
+            self._given.append(action.dest)
+        return super()._get_values(action, arg_strings)
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         """argparse's check of a flag's ``choices`` (and of the command's name), its line followed by
@@ -71,11 +86,11 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
     def _unknown_flags(self) -> list[str]:
         """The words this parser was given that spell no option of it (``--to``, ``--outt=x``: their
-        flags; an abbreviation is one, allow_abbrev being off); argparse says only which required flags
-        are missing when one of these was probably meant as one."""
+        flags; an abbreviation is one, allow_abbrev being off; ``-out``: a long option with one dash);
+        argparse says only which required flags are missing when one of these was probably meant as one."""
         known = [o for a in self._actions for o in a.option_strings]
-        flags = (w.split("=", 1)[0] for w in self._argv if w.startswith("--") and w != "--")
-        return [f for f in flags if f not in known]
+        flags = [w.split("=", 1)[0] for w in self._argv if w.startswith("-") and w != "--"]
+        return [f for f in flags if f not in known and (f.startswith("--") or "-" + f in known)]
 
     def _meant(self, unknown: list[str], message: str) -> str:
         """`` (did you mean --out?)`` for the ``unknown`` flags given where argparse's ``message`` says
@@ -106,16 +121,20 @@ class OneLineErrorParser(argparse.ArgumentParser):
 def _did_you_mean(unknown: list[str], known: dict[str, list[str]], argv: list[str]) -> str:
     """`` (did you mean --seq-len?)`` for misspelt or abbreviated flags (``--seq_len``, ``--type``,
     ``--over``), from the options of the subcommand named on the command line (all options if none
-    is): the one option the flag abbreviates, else the closest by :func:`difflib.get_close_matches`;
-    several an abbreviation fits are all named (``--n`` -> ``--n-natural or --n-repeated``)."""
+    is): first the option of the same name with another number of dashes (``--k`` -> ``-k``,
+    ``-top-k`` -> ``--top-k``), else the one option the flag abbreviates, else the closest by
+    :func:`difflib.get_close_matches`; several an abbreviation fits are all named (``--n`` ->
+    ``--n-natural or --n-repeated``). A flag of one dash gets only the first kind of hint."""
     import difflib
 
     words = set(argv)
     pool = next((opts for cmd, opts in known.items() if cmd and cmd in words), None)
     pool = pool or sorted({o for opts in known.values() for o in opts})
     hints = []
-    for flag in (u.split("=", 1)[0].replace("_", "-").lower() for u in unknown if u.startswith("--")):
-        close = [o for o in pool if o.startswith(flag)] or difflib.get_close_matches(flag, pool, n=1, cutoff=0.7)
+    for flag in (u.split("=", 1)[0].replace("_", "-").lower() for u in unknown if u.startswith("-")):
+        close = [o for o in pool if o.lstrip("-").lower() == flag.lstrip("-") and o != flag]
+        if not close and flag.startswith("--"):
+            close = [o for o in pool if o.startswith(flag)] or difflib.get_close_matches(flag, pool, n=1, cutoff=0.7)
         if close:
             hints.append(" or ".join(close))
     return f" (did you mean {', '.join(hints)}?)" if hints else ""
@@ -223,7 +242,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             else argparse.HelpFormatter,
         )
         cmd.add_flags(p)
-        p.set_defaults(_run=cmd.execute, **{DEFAULTS_KEY: parsed_defaults(p)})  # which flags were given
+        p.set_defaults(_run=cmd.execute)
     return parser
 
 

@@ -999,8 +999,15 @@ RUN_ONLY = ("threads", "memory_budget")
 
 
 def checkpoint_key(config) -> dict:
-    """The fields of ``config`` that a resumed run must share with the run that saved the checkpoint."""
-    return {k: v for k, v in asdict(config).items() if k not in RUN_ONLY}
+    """The fields of ``config`` that a resumed run must share with the run that saved the checkpoint,
+    ``model`` as the model it loads (:func:`~headprobe.probe.backends.sources.canonical_name`: the
+    built-in names are case-insensitive, ``SmolLM2-135M`` resumes a ``smollm2-135m`` run)."""
+    from headprobe.probe.backends.sources import canonical_name
+
+    key = {k: v for k, v in asdict(config).items() if k not in RUN_ONLY}
+    if isinstance(key.get("model"), str):
+        key["model"] = canonical_name(key["model"])
+    return key
 
 
 def checkpoint_describer(config_cls):

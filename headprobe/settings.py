@@ -240,9 +240,9 @@ class Needs:
 
 
 def refuse_inert(config, given) -> None:
-    """Refuse the settings among ``given`` (field names the user set: a flag given on the command
-    line, :func:`given_on_command_line`; a keyword given from Python with a value other than the
-    default, :func:`given_in_python`) that do nothing with the rest of ``config``: each setting
+    """Refuse the settings among ``given`` (field names the user set, at any value: a flag given on
+    the command line, :func:`given_on_command_line`; a keyword passed to a Python function,
+    :func:`given_in_python`) that do nothing with the rest of ``config``: each setting
     declared with ``needs`` (:class:`Needs`) whose condition ``config`` does not meet. Called once,
     before any work, for every command (:meth:`headprobe.commands.Command.execute` and
     :func:`headprobe.options.config_and_model`).
@@ -263,51 +263,25 @@ def decides(cls, name: str) -> bool:
     return name in getattr(cls, "__dataclass_fields__", {}) or isinstance(getattr(cls, name, None), property)
 
 
-def parsed_defaults(parser: argparse.ArgumentParser) -> dict[str, Any]:
-    """Each option's value where it is not given (its ``dest`` -> the default, through its ``type``
-    where the default is text, as argparse converts it), to tell given flags apart
-    (:func:`given_on_command_line`)."""
-    out = {}
-    for action in parser._actions:
-        if not action.option_strings or action.dest == argparse.SUPPRESS:
-            continue
-        default = action.default
-        if isinstance(default, str) and callable(action.type):
-            try:
-                default = action.type(default)
-            except (argparse.ArgumentTypeError, TypeError, ValueError):
-                pass
-        out[action.dest] = default
-    return out
-
-
-DEFAULTS_KEY = "_parsed_defaults"
-"""The parsed namespace's entry holding :func:`parsed_defaults` (set by :func:`headprobe.cli.build_parser`)."""
+GIVEN_KEY = "_given"
+"""The parsed namespace's entry listing the options given on the command line (their ``dest``), set
+by :class:`headprobe.cli.OneLineErrorParser` as argparse takes each one (:func:`given_on_command_line`)."""
 
 
 def given_on_command_line(args: argparse.Namespace) -> list[str]:
-    """The options of ``args`` given with a value other than the parser's default (flags a user
-    actually gave; one given at its default value does nothing new); none where ``args`` does not
-    hold the parser's defaults (a namespace made by hand)."""
-    defaults = getattr(args, DEFAULTS_KEY, None) or {}
-    return [k for k, d in defaults.items() if hasattr(args, k) and not _same(getattr(args, k), d)]
+    """The options of ``args`` given on the command line (their ``dest``): each one whose flag, in any
+    of its spellings (``--steps 5``, ``--steps=5``, ``-k 3``, ``-k3``), the parsed words held, at any
+    value, its default included (no abbreviations: ``allow_abbrev`` is off); none where ``args`` was
+    not parsed by headprobe's parser (a namespace made by hand)."""
+    return list(getattr(args, GIVEN_KEY, None) or ())
 
 
 def given_in_python(cls, fields: dict[str, Any]) -> list[str]:
-    """The keywords of a command's Python function (``fields``) given a value other than field's
-    default in ``cls`` (passing a default stays accepted)."""
-    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
-    return [k for k, v in fields.items() if k in defaults and not _same(v, defaults[k])]
-
-
-def _same(a: Any, b: Any) -> bool:
-    """``a == b`` for settings' values (lists and tuples alike; an odd type that cannot compare: not the same)."""
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        a, b = tuple(a), tuple(b)
-    try:
-        return bool(a == b)
-    except Exception:  # an array's ambiguous truth value: compared as not the same
-        return False
+    """The keywords of a command's Python function (``fields``: exactly those passed, as its
+    ``**fields`` receives them) that are fields of ``cls``, whatever their value: passing a
+    setting's default where it does nothing is refused as the flag is."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return [k for k in fields if k in names]
 
 
 def setting(

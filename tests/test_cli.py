@@ -65,6 +65,28 @@ def test_an_abbreviated_flag_is_refused_with_the_flag_it_abbreviates(argv, said,
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["scan", "--types", "induction", "--k", "300", "--out", "x"], "--k 300 (did you mean -k?)"),
+        (["scan", "--types", "induction", "-top-k", "300", "--out", "x"], "-top-k 300 (did you mean --top-k?)"),
+        (["scan", "--k=300", "--out", "x"], "--k=300 (did you mean -k?)"),
+        (["scan", "-out", "x"], "-out (did you mean --out?)"),  # where --out is missing: the flag alone
+    ],
+)
+def test_a_flag_with_another_number_of_dashes_is_pointed_to_its_option(argv, said, capsys, tmp_path):
+    """The option of the same name with one dash more or fewer comes before difflib's closest and
+    before the options it abbreviates. Old code: ``--k`` got "did you mean --keep-n-random?" (an
+    abbreviation of it) and ``-top-k`` no hint (flags of one dash were not looked at)."""
+    from headprobe.cli import main
+
+    argv = [str(tmp_path / "x") if a == "x" else a for a in argv]
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"headprobe: error: unrecognized arguments: {said}"), lines
+    assert not (tmp_path / "x").exists()
+
+
 def _required_words(sub) -> list[str]:
     """Words that satisfy ``sub``'s positionals, required flags and required exclusive groups
     (the first choice, else ``0.0``): argparse reports those before unrecognized ones."""
@@ -82,7 +104,9 @@ def _required_words(sub) -> list[str]:
 
 def test_no_long_flag_of_any_command_can_be_abbreviated():
     """Every long flag of every command, less its last letter (where that is not a flag itself),
-    is refused as unrecognized, naming the flag. Old code: each was read as the flag (361 of 361)."""
+    is refused as unrecognized, naming the flag (or, where there is one, the option of that very name
+    with another number of dashes: import's ``--k`` names ``-k``, not ``--kv``). Old code: each was
+    read as the flag (361 of 361)."""
     import argparse
 
     from headprobe.cli import build_parser, check_argv
@@ -100,7 +124,9 @@ def test_no_long_flag_of_any_command_can_be_abbreviated():
             with pytest.raises(HeadprobeError) as e:
                 check_argv([name, *_required_words(sub), f"{flag[:-1]}=1"])
             said = str(e.value)
-            assert said.startswith(f"unrecognized arguments: {flag[:-1]}=1 (did you mean") and flag in said, said
+            same = [o for o in flags if o.lstrip("-") == flag[:-1].lstrip("-")]
+            meant = f"did you mean {same[0]}?" if same else flag
+            assert said.startswith(f"unrecognized arguments: {flag[:-1]}=1 (did you mean") and meant in said, said
             checked += 1
     assert checked > 300  # every command's flags, not a few
 

@@ -1,7 +1,7 @@
 """Flags given where they do nothing (``scan --keep-n-random --no-verify``, ``circuit --method eap
 --steps 3``) are refused in one line before any work (:func:`headprobe.settings.refuse_inert`, from
-each setting's ``needs``), from the command line and from Python; a flag left at its default, or a
-keyword passed at its default, is not."""
+each setting's ``needs``), from the command line and from Python, whatever its value (its default
+too: ``--steps 5`` is given); a flag or keyword left out is not."""
 
 from __future__ import annotations
 
@@ -30,6 +30,11 @@ INERT = [
     ),
     (["ablate", "--n-probes", "4"], "--n-probes only acts with --estimate second-order, not without --estimate"),
     (["prune", "--save-fraction", "0.5"], "--save-fraction only acts with --save-pruned"),
+    # at their defaults (old code: accepted, a value equal to the default counted as not given)
+    (["circuit", "--method", "eap", "--steps", "5"], "--steps only acts with --method eap-ig, not --method eap"),
+    (["circuit", "--method", "eap", "--steps=5"], "--steps only acts with --method eap-ig, not --method eap"),
+    (["prune", "--save-fraction", "0.3"], "--save-fraction only acts with --save-pruned"),
+    (["scan", "--no-verify", "-k5"], "--top-k only acts without --no-verify"),
     (["prune", "--method", "michel", "--l0-steps", "3"], "--l0-steps only acts with l0 in --method"),
     (["prune", "--method", "l0", "--n-seeds", "2"], "--n-seeds only acts with random in --method"),
     (["prune", "--method", "random", "--no-rescore"], "--no-rescore only acts with michel in --method"),
@@ -68,22 +73,35 @@ def _given(argv):
     return set(given_on_command_line(build_parser(argv[0]).parse_args(argv))) - {"out"}
 
 
-def test_only_flags_given_with_another_value_count_as_given():
-    """The parser's defaults, through each flag's type (prune's --l0-lambdas is text), are not
-    "given"; the same value typed out is accepted, as it changes nothing."""
+def test_a_flag_is_given_where_its_spelling_is_on_the_command_line():
+    """Given is presence, in any spelling (``--flag value``, ``--flag=value``, ``-k 3``, ``-k3``), at
+    any value, the default's included (old code: a value equal to the parser's default was not given)."""
     assert _given(["prune", "--out", "o"]) == set()
-    assert _given(["prune", "--out", "o", "--save-fraction", "0.3", "--method", "michel"]) == {"methods"}
+    assert _given(["prune", "--out", "o", "--save-fraction", "0.3", "--method", "michel"]) == {
+        "save_fraction",
+        "methods",
+    }
     assert _given(["prune", "--out", "o", "--l0-lambdas", "1,3"]) == {"l0_lambdas"}
-    assert _given(["circuit", "--out", "o", "--method", "eap", "--steps", "5"]) == {"method"}
+    assert _given(["circuit", "--out", "o", "--method", "eap", "--steps", "5"]) == {"method", "steps"}
+    assert _given(["circuit", "--out=o", "--steps=5"]) == {"steps"}
     assert _given(["scan", "--out", "o", "--no-verify", "--seq-len", "9"]) == {"verify", "seq_len"}
+    assert _given(["scan", "--out", "o", "-k", "5"]) == _given(["scan", "--out", "o", "-k5"]) == {"k"}
+    assert _given(["scan", "--out", "o", "--top-k", "5"]) == {"k"}
 
 
 def test_the_default_values_of_inert_flags_still_run(tmp_path, capsys, monkeypatch):
-    """The same commands without the inert flag get past the check (to the model load, stubbed)."""
+    """The same commands without the inert flag, or with what it needs, get past the check (to the
+    model load, stubbed)."""
     from headprobe import options
 
     monkeypatch.setattr(options, "load_for", _stop)
-    for argv in (["scan", "--no-verify"], ["circuit", "--method", "eap", "--steps", "5"], ["prune", "--method", "l0"]):
+    for argv in (
+        ["scan", "--no-verify"],
+        ["circuit", "--method", "eap"],
+        ["circuit", "--method", "eap-ig", "--steps", "5"],
+        ["prune", "--method", "l0"],
+        ["prune", "--save-pruned", "--save-fraction", "0.3"],
+    ):
         assert main([*argv, "--out", str(tmp_path / "o")]) == 2
         assert "stub: past the checks" in capsys.readouterr().err
 
@@ -101,10 +119,16 @@ def test_the_python_functions_refuse_the_same_and_accept_defaults(monkeypatch):
         headprobe.ablate("smollm2-135m", estimate="gradient", n_probes=4)
     with pytest.raises(HeadprobeError, match="--save-fraction only acts with --save-pruned"):
         headprobe.prune("smollm2-135m", save_fraction=0.5)
-    for call in (  # a default passed by name is accepted
-        lambda: headprobe.scan("smollm2-135m", verify=False, keep_n_random=False, n_random=50),
-        lambda: headprobe.circuit("smollm2-135m", method="eap", steps=5),
-        lambda: headprobe.prune("smollm2-135m", save_fraction=0.3, save_pruned=False),
+    # a default passed by name is given as well (old code: accepted)
+    with pytest.raises(HeadprobeError, match="--steps only acts with --method eap-ig"):
+        headprobe.circuit("smollm2-135m", method="eap", steps=5)
+    with pytest.raises(HeadprobeError, match="--save-fraction only acts with --save-pruned"):
+        headprobe.prune("smollm2-135m", save_fraction=0.3, save_pruned=False)
+    for call in (  # left out, or where it acts, it is accepted
+        lambda: headprobe.scan("smollm2-135m", verify=False),
+        lambda: headprobe.circuit("smollm2-135m", method="eap"),
+        lambda: headprobe.circuit("smollm2-135m", method="eap-ig", steps=5),
+        lambda: headprobe.prune("smollm2-135m", save_fraction=0.3, save_pruned=True),
     ):
         with pytest.raises(HeadprobeError, match="stub: past the checks"):
             call()
@@ -150,12 +174,14 @@ def test_view_loading_flags_need_model(tmp_path, capsys, flag):
     assert not (tmp_path / "index.html").exists()
 
 
-def test_view_loading_flags_at_their_default_or_with_model_pass_the_check(tmp_path, capsys, monkeypatch):
+def test_view_loading_flags_left_out_or_with_model_pass_the_check(tmp_path, capsys, monkeypatch):
     from headprobe import options
 
     monkeypatch.setattr(options, "load_for", _stop)
-    assert main(["view", str(tmp_path), "--dtype", "float32", "--device", "auto"]) == 2
+    assert main(["view", str(tmp_path)]) == 2
     assert "holds neither" in capsys.readouterr().err  # past the check, to reading DIR
+    assert main(["view", str(tmp_path), "--device", "auto"]) == 2  # given, at its default: refused
+    assert "--device only acts with --model" in capsys.readouterr().err
     assert main(["view", str(tmp_path), "--model", "smollm2-135m", "--device", "cpu"]) == 2
     assert "holds neither" in capsys.readouterr().err
 
@@ -167,8 +193,10 @@ def test_view_python_function_refuses_loading_settings_without_model(tmp_path):
         headprobe.view(tmp_path, dtype="bfloat16")
     with pytest.raises(HeadprobeError, match="^--pattern-len only acts with --model"):
         headprobe.view(tmp_path, pattern_len=64)
-    with pytest.raises(HeadprobeError, match="holds neither"):  # a default passed by name is accepted
+    with pytest.raises(HeadprobeError, match="^--dtype only acts with --model"):  # its default too
         headprobe.view(tmp_path, dtype="float32")
+    with pytest.raises(HeadprobeError, match="holds neither"):  # left out: past the check
+        headprobe.view(tmp_path)
 
 
 def test_atlas_toy_steps_needs_a_toy_model(tmp_path, capsys):

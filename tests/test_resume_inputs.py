@@ -154,3 +154,23 @@ def test_a_checkpoint_of_other_settings_is_refused_naming_the_flags(tmp_path):
     assert "--no-verify: not given there, given now" in said, said
     assert "--types: default there, induction now" in said, said  # not the default's every type, encoders' too
     assert "sequential:" not in said and " verify:" not in said and "--overwrite" in said
+
+
+def test_a_built_in_model_name_in_another_case_resumes_the_run(tmp_path):
+    """Model names are case-insensitive (``--model smollm2-135M`` loads smollm2-135m): a checkpoint
+    saved under one spelling resumes under another, and records the canonical name. Old code: the key
+    held the raw text, refused with "--model: SmolLM2-135M there, smollm2-135m now". A path stays as
+    written (another case is another folder on most file systems)."""
+    from types import SimpleNamespace
+
+    from headprobe.commands.scan import ScanConfig
+    from headprobe.options import _resume, checkpoint_key
+
+    RunCheckpoint(tmp_path, checkpoint_key(ScanConfig(model="SmolLM2-135M"))).save({"verification": {"x": 1}})
+    for spelling in ("smollm2-135m", "smollm2-135M"):
+        saved, *_ = _resume(str(tmp_path), False, ScanConfig(model=spelling), SimpleNamespace(), False, True)
+        assert saved == {"verification": {"x": 1}}
+    assert json.loads((tmp_path / CHECKPOINT_NAME).read_text())["key"]["model"] == "smollm2-135m"
+    assert checkpoint_key(ScanConfig(model="GPT2"))["model"] == "gpt2"
+    path = tmp_path / "Tiny"
+    assert checkpoint_key(ScanConfig(model=str(path)))["model"] == str(path)
