@@ -1211,8 +1211,6 @@ def training_curves(
     ax1.plot(steps, max_previous_token, color="#E69F00", lw=1.0, ls="--", label="max previous-token score")
     ax1.set_ylim(0, 1.02)
     ax1.set_ylabel("head score")
-    # before the phase change the scores are low and after it high: the lower right corner is free
-    ax1.legend(loc="lower right", frameon=False, fontsize=6)
     ax1.set_title(title)
     ax2.plot(steps, in_context_loss, color="#009E73", lw=1.2, label="in-context loss (late − early)")
     ax2.axhline(0, color="black", lw=0.5)
@@ -1221,8 +1219,9 @@ def training_curves(
     tw = ax2.twinx()
     tw.plot(steps[1:], train_loss[1:], color="#CC79A7", lw=0.9, ls=":", label="training loss")
     tw.set_ylabel("training loss (nats)")
-    lines = ax2.get_lines()[:1] + tw.get_lines()
-    # below the panel: the two falling losses leave no corner free for every run
+    lines = ax1.get_lines() + ax2.get_lines()[:1] + tw.get_lines()
+    # one legend below the panels, over no data: no corner of either panel is free in every run
+    # (a previous-token score that stays low lay under the upper panel's lower-right legend)
     ax2.legend(
         lines,
         [ln.get_label() for ln in lines],

@@ -18,6 +18,7 @@ import headprobe
 from headprobe.analyses import atlas as atlas_lib
 from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV
 from headprobe.cli import main
+from headprobe.commands import atlas as atlas_cmd
 
 SCAN = dict(n_natural=3, seq_len=16, n_repeated=2, period=6, k=2, n_random=3, pattern_len=0, device="cpu")
 SMALL = dict(SCAN, model_figures=False)
@@ -332,6 +333,9 @@ def test_colliding_and_hostile_model_names_keep_their_own_folders(tiny_dir, gpt2
         (["atlas", "--models", "a", "--checkpoints", "/nonexistent"], "--checkpoints /nonexistent: no such folder"),
         (["atlas", "--models", "a", "a"], "named twice"),
         (["atlas", "--models", "a", "--n-random", "0"], "n-random"),
+        (["atlas", "--models", "toy", "--seq-len", "64"], "the toy model: --seq-len 64 is longer than the model's"),
+        (["atlas", "--seq-len", "49"], "the toy model: --seq-len 49 is longer than the model's context (48 tokens)"),
+        (["atlas", "--models", "toy", "--period", "24"], "the toy model: --period 24 gives sequences longer"),
     ],
 )
 def test_bad_atlas_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
@@ -341,6 +345,20 @@ def test_bad_atlas_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys)
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_seq_len_beyond_the_toys_context_is_refused_before_it_trains(tmp_path, monkeypatch):
+    """``atlas(models=("toy",), seq_len=64)`` trained the toy (about 40 s) and only then failed its
+    scan (a 48-token context); the toy's context is known from its training settings, so the
+    refusal comes first, with nothing trained or written."""
+    from headprobe.commands import atlas_core
+    from headprobe.probe.core.errors import HeadprobeError
+
+    trained = []
+    monkeypatch.setattr(atlas_core, "_train_toy", lambda *a, **k: trained.append(1))
+    with pytest.raises(HeadprobeError, match=r"the toy model: --seq-len 64 .* context \(48 tokens\)"):
+        headprobe.atlas(models=("toy",), out=tmp_path / "o", seq_len=64)
+    assert not trained and not (tmp_path / "o").exists()
 
 
 def test_checkpoints_folder_without_snapshots_says_so(tmp_path, capsys):
@@ -420,12 +438,14 @@ def test_a_hub_name_the_hub_does_not_hold_is_refused_before_the_toy_trains(tmp_p
     sources.check_model("gpt2-typo")
 
 
-def test_a_trained_toy_is_kept_when_every_model_fails_and_reused(tmp_path, text_file, capsys):
+def test_a_trained_toy_is_kept_when_every_model_fails_and_reused(tmp_path, text_file, capsys, monkeypatch):
     """The toy trains, then its scan (a --seq-len beyond its 48-token context) and the other model
     fail: the atlas is refused as before, but the trained toy stays in OUT/toy/ (nothing else the
     run added does), and the next atlas there, without --overwrite, says so in one line and scans
     it without training again; one that would train another toy there is refused."""
     bad = _unloadable(tmp_path / "bad") if not (tmp_path / "bad").mkdir() else None
+    # a toy scan that fails after training: --seq-len 60 with the check before training left out
+    monkeypatch.setattr(atlas_cmd.AtlasConfig, "check_toy_layout", lambda self: None)
     out, flags = tmp_path / "o", [*SMALL_FLAGS, "--toy-steps", "2", "--text", str(text_file)]
     long = [*flags[: flags.index("--seq-len") + 1], "60", *flags[flags.index("--seq-len") + 2 :]]
     line = _atlas_refused(["--models", "toy", str(bad), *long], out, "every model failed", capsys, loaded=True)

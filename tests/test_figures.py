@@ -786,3 +786,27 @@ def test_an_unsigned_panel_keeps_zero_at_the_bottom_whatever_its_values():
     assert unsigned.axes[0].images[0].cmap.name == figs.SEQUENTIAL_CMAP
     assert (signed.axes[0].images[0].norm.vmin, signed.axes[0].images[0].norm.vmax) == (-5.0, 5.0)
     assert signed.axes[0].images[0].cmap.name == figs.DIVERGING_CMAP
+
+
+@pytest.mark.parametrize("previous_token", ["low", "high"])
+def test_the_training_curves_legend_covers_no_data(previous_token):
+    """``headprobe train --steps 400``'s training.png: a previous-token score that stayed low ran
+    under the upper panel's lower-right legend. Every legend's box (drawn, in display pixels) holds
+    no point of any line, whatever corner the scores leave free, and names all four curves."""
+    steps = np.arange(0, 401, 10)
+    rise = 1 / (1 + np.exp(-(steps - 150) / 20))
+    prev = 0.05 + 0.05 * rise if previous_token == "low" else 0.2 + 0.75 * rise
+    fig = figs.training_curves(steps, 0.9 * rise, prev, -1.5 * rise, 4 - 2 * rise, 150, "toy")
+    fig.draw_without_rendering()
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()] + list(fig.legends)
+    labels = [t.get_text() for legend in legends for t in legend.get_texts()]
+    assert sorted(labels) == sorted(
+        ["max induction score", "max previous-token score", "in-context loss (late − early)", "training loss"]
+    )
+    for legend in legends:
+        box = legend.get_window_extent()
+        for ax in fig.axes:
+            for line in ax.get_lines():
+                xy = line.get_transform().transform(np.column_stack(line.get_data()))
+                inside = (xy[:, 0] >= box.x0) & (xy[:, 0] <= box.x1) & (xy[:, 1] >= box.y0) & (xy[:, 1] <= box.y1)
+                assert not inside.any(), (line.get_label(), xy[inside][:3], box)

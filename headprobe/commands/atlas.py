@@ -248,6 +248,8 @@ class AtlasConfig(ModelSettings, DataSettings):
         if self.toy_steps < 1:
             raise HeadprobeError(f"--toy-steps must be a positive integer, got {self.toy_steps}")
         self.scan_config("smollm2-135m").preflight()  # the scan's own checks (n_random, k, text file, dtype ...)
+        if self.trains_toy:
+            self.check_toy_layout()
         if self.checkpoints is not None:
             snapshot_dirs(self.checkpoints)
 
@@ -258,6 +260,22 @@ class AtlasConfig(ModelSettings, DataSettings):
         if self.models is None:
             return self.checkpoints is None
         return TOY in self.models
+
+    def check_toy_layout(self) -> None:
+        """The scan's checks of ``seq_len``, ``period`` and ``k`` against the :data:`TOY` model's context
+        and heads, known from :data:`TOY_TRAIN` before it trains (else a bad ``--seq-len`` failed only
+        after the training).
+
+        Raises:
+            HeadprobeError: as :meth:`~headprobe.commands.scan.ScanConfig.preflight`, naming the toy.
+        """
+        from headprobe.analyses.train_config import TrainConfig
+
+        n_heads = TOY_TRAIN.get("n_layers", TrainConfig.n_layers) * TOY_TRAIN["n_heads"]
+        try:
+            self.scan_config(TOY)._check_layout(n_heads, TOY_TRAIN["seq_len"])
+        except HeadprobeError as e:
+            raise HeadprobeError(f"the {TOY} model: {e}") from None
 
     def scan_config(self, model: str):
         """The :class:`~headprobe.commands.scan.ScanConfig` every model is scanned with."""
