@@ -259,6 +259,14 @@ def test_settings_reachability_and_effect_rule():
         f"(use --n-random 19 or more; {lone} or more for one verdict on its own under bh over 2 tests)"
     )
     assert vocabulary.unreachable_note(10, 0.05, 1, "bh").endswith("(use --n-random 19 or more)")
+    # the default types: said before the load, it counted the encoder-only next/last-token types of
+    # a decoder's family (139 over 7 tests where the plan's lines say 99 over 5)
+    default = scan_note(ScanConfig(n_random=10, keep_n_random=True))
+    five, seven = statistics.lone_draws_needed(5, 0.05), statistics.lone_draws_needed(7, 0.05)
+    assert (five, seven) == (99, 139) and default.endswith(
+        f"{five} or more for one verdict on its own under bh over 5 tests; "
+        f"{seven} on an encoder, which also verifies next_token, last_token)"
+    )
     assert (
         VerificationSettings(k=3, n_random=10, alpha=0.1).reachable and VerificationSettings(k=3, n_random=19).reachable
     )

@@ -292,7 +292,17 @@ def unreachable_note(cfg: ScanConfig) -> str | None:
     verification, or without ``keep_n_random``: then the draws are raised to what a lone verdict needs)."""
     if not cfg.verify or not cfg.keep_n_random:
         return None
-    return vocab.unreachable_note(cfg.n_random, cfg.alpha, len(cfg.types or ()), cfg.correction)
+    from headprobe.analyses.columns import DETECTORS
+
+    types = cfg.types or ()
+    on_any = [t for t in types if not DETECTORS[t].encoder_only]  # a decoder verifies these alone
+    note = vocab.unreachable_note(cfg.n_random, cfg.alpha, len(on_any) or len(types), cfg.correction)
+    if note and "on its own" in note and len(on_any) < len(types):  # before the load: decoder or encoder unknown
+        from headprobe.analyses.statistics import lone_draws_needed
+
+        lone = lone_draws_needed(len(types), cfg.alpha)
+        note = f"{note.removesuffix(')')}; {lone} on an encoder, which also verifies {', '.join(t for t in types if t not in on_any)})"
+    return note
 
 
 @dataclass(frozen=True)
