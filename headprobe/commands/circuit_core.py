@@ -188,8 +188,7 @@ class CircuitResult(CompactRepr, ReadsInputs):
         """Write edges.csv, path_patching.csv, qk_attribution.csv, the figure and, last, summary.json.
 
         Args:
-            formats: the figures' formats, as ``--formats``: ``"png"``, ``"png,svg"`` or ``("png", "pdf")``;
-                ``"none"`` or ``()``: no figures; None: ``$HEADPROBE_FIGURE_FORMATS``, or all three.
+            formats: the figures' formats, as ``--formats`` (:func:`~headprobe.analyses.vocabulary.figure_formats`).
 
         Raises:
             HeadprobeError: ``out_dir`` is a file, not writable, or not empty without ``overwrite``.

@@ -237,8 +237,7 @@ class KVResult(CompactRepr, ReadsInputs):
         """Write policy.json, policy_budget.json, group_costs.csv, curve.csv, the figure and, last, summary.json.
 
         Args:
-            formats: the figures' formats, as ``--formats``: ``"png"``, ``"png,svg"`` or ``("png", "pdf")``;
-                ``"none"`` or ``()``: no figures; None: ``$HEADPROBE_FIGURE_FORMATS``, or all three.
+            formats: the figures' formats, as ``--formats`` (:func:`~headprobe.analyses.vocabulary.figure_formats`).
 
         Raises:
             HeadprobeError: ``out_dir`` is a file, not writable, or not empty without ``overwrite``.

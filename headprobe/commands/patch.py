@@ -402,8 +402,7 @@ class PatchResult(CompactRepr, ReadsInputs):
         and, last, summary.json into ``out_dir``.
 
         Args:
-            formats: the figures' formats, as ``--formats``: ``"png"``, ``"png,svg"`` or ``("png", "pdf")``;
-                ``"none"`` or ``()``: no figures; None: ``$HEADPROBE_FIGURE_FORMATS``, or all three.
+            formats: the figures' formats, as ``--formats`` (:func:`~headprobe.analyses.vocabulary.figure_formats`).
 
         Raises:
             HeadprobeError: ``out_dir`` is a file, not writable, or not empty without ``overwrite``.

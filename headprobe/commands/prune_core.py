@@ -268,8 +268,7 @@ class PruneResult(CompactRepr, ReadsInputs):
         atomically; a directory holding only a run checkpoint counts as empty). Returns the paths.
 
         Args:
-            formats: the figures' formats, as ``--formats``: ``"png"``, ``"png,svg"`` or ``("png", "pdf")``;
-                ``"none"`` or ``()``: no figures; None: ``$HEADPROBE_FIGURE_FORMATS``, or all three.
+            formats: the figures' formats, as ``--formats`` (:func:`~headprobe.analyses.vocabulary.figure_formats`).
 
         Raises:
             HeadprobeError: ``out_dir`` is a file, not writable, or holds other files and ``overwrite`` is False.

@@ -228,8 +228,7 @@ class RobustnessResult(CompactRepr, ReadsInputs):
         """Write robustness.csv, the figure and, last, summary.json (:func:`~headprobe.analyses.outputs.write_outputs`).
 
         Args:
-            formats: the figures' formats, as ``--formats``: ``"png"``, ``"png,svg"`` or ``("png", "pdf")``;
-                ``"none"`` or ``()``: no figures; None: ``$HEADPROBE_FIGURE_FORMATS``, or all three.
+            formats: the figures' formats, as ``--formats`` (:func:`~headprobe.analyses.vocabulary.figure_formats`).
 
         Raises:
             HeadprobeError: ``out_dir`` is a file, not writable, or not empty without ``overwrite``.

@@ -169,8 +169,7 @@ class ScanResult(CompactRepr, ReadsInputs):
         in it is complete. Returns the paths. ``progress``: a progress bar over the figures (stderr).
 
         Args:
-            formats: the figures' formats, as ``--formats``: ``"png"``, ``"png,svg"`` or ``("png", "pdf")``;
-                ``"none"`` or ``()``: no figures; None: ``$HEADPROBE_FIGURE_FORMATS``, or all three.
+            formats: the figures' formats, as ``--formats`` (:func:`~headprobe.analyses.vocabulary.figure_formats`).
 
         Raises:
             HeadprobeError: ``out_dir`` is a file, not writable, or not empty and ``overwrite`` is False.

@@ -136,8 +136,7 @@ class TrainResult(CompactRepr, TrainRun, ReadsInputs):
         atomically. Returns the paths written.
 
         Args:
-            formats: the figures' formats, as ``--formats``: ``"png"``, ``"png,svg"`` or ``("png", "pdf")``;
-                ``"none"`` or ``()``: no figures; None: ``$HEADPROBE_FIGURE_FORMATS``, or all three.
+            formats: the figures' formats, as ``--formats`` (:func:`~headprobe.analyses.vocabulary.figure_formats`).
 
         Raises:
             HeadprobeError: ``out_dir`` is a non-empty directory and ``overwrite`` is False, is a
