@@ -13,7 +13,6 @@ warn it is too narrow in small samples).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -242,7 +241,7 @@ class SequentialMCTest:
         return sequential_mc_p_value(self.reached, self.n_max, self.h)[0]
 
 
-from headprobe.analyses.vocabulary import CORRECTIONS  # noqa: E402 - the names live in the torch-free vocabulary
+from headprobe.analyses.vocabulary import CORRECTIONS, lone_draws_needed  # noqa: E402, F401 - the names live in the torch-free vocabulary
 
 
 def adjust_p_values(p_values: Sequence[float], method: str) -> np.ndarray:
@@ -300,11 +299,3 @@ def confirmable(smallest_p: Sequence[float], method: str, alpha: float) -> list[
             else "never"
         )
     return out
-
-
-def lone_draws_needed(m: int, alpha: float) -> int:
-    """The fewest control sets with which one test of a family of ``m`` can be confirmed on its
-    own under BH or Holm: a lone rejection needs ``p <= alpha / m``, and the smallest exact Monte
-    Carlo p-value of n draws is ``1 / (n + 1)``, so ``n >= m / alpha - 1`` (39 for m = 2 at
-    alpha 0.05, 99 for m = 5)."""
-    return max(1, math.ceil(max(m, 1) / exact_level(alpha)) - 1)

@@ -208,15 +208,28 @@ def reachable(n_random: int, alpha: float) -> bool:
     return Fraction(1, n_random + 1) <= exact_level(alpha)
 
 
-def unreachable_note(n_random: int, alpha: float, tests: int = 1, correction: str = "") -> str | None:
+def lone_draws_needed(m: int, alpha: float) -> int:
+    """The fewest control sets with which one test of a family of ``m`` can be confirmed on its
+    own under BH or Holm: a lone rejection needs ``p <= alpha / m``, and the smallest exact Monte
+    Carlo p-value of n draws is ``1 / (n + 1)``, so ``n >= m / alpha - 1`` (39 for m = 2 at
+    alpha 0.05, 99 for m = 5)."""
+    return max(1, math.ceil(max(m, 1) / exact_level(alpha)) - 1)
+
+
+def unreachable_note(
+    n_random: int, alpha: float, tests: int = 1, correction: str = "", encoder_tests: int = 0, encoder_only: str = ""
+) -> str | None:
     """The one line said before a verification whose draws cannot reach ``alpha`` (None if they can).
     ``tests`` > 1 verdicts under ``correction``: the line also gives the draws one verdict needs to
-    be CONFIRMED on its own (``tests / alpha - 1``, as the plan's later lines say)."""
+    be CONFIRMED on its own (:func:`lone_draws_needed`, as the plan's later lines say), and, where an
+    encoder would verify more (``encoder_tests`` > ``tests``: the types ``encoder_only`` names), its count."""
     if reachable(n_random, alpha):
         return None
     need = math.ceil(1 / exact_level(alpha)) - 1
-    lone = max(1, math.ceil(tests / exact_level(alpha)) - 1)
+    lone = lone_draws_needed(tests, alpha)
     more = f"; {lone} or more for one verdict on its own under {correction} over {tests} tests" if lone > need else ""
+    if more and encoder_tests > tests:  # said before the load: whether the model is an encoder is not known
+        more += f"; {lone_draws_needed(encoder_tests, alpha)} on an encoder, which also verifies {encoder_only}"
     return (
         f"--n-random {n_random} cannot reach alpha={alpha:g} (the smallest p-value of {n_random} draws is "
         f"1/{n_random + 1} = {1 / (n_random + 1):.3f}): no verdict can be CONFIRMED; the ablations still run and "

@@ -296,13 +296,10 @@ def unreachable_note(cfg: ScanConfig) -> str | None:
 
     types = cfg.types or ()
     on_any = [t for t in types if not DETECTORS[t].encoder_only]  # a decoder verifies these alone
-    note = vocab.unreachable_note(cfg.n_random, cfg.alpha, len(on_any) or len(types), cfg.correction)
-    if note and "on its own" in note and len(on_any) < len(types):  # before the load: decoder or encoder unknown
-        from headprobe.analyses.statistics import lone_draws_needed
-
-        lone = lone_draws_needed(len(types), cfg.alpha)
-        note = f"{note.removesuffix(')')}; {lone} on an encoder, which also verifies {', '.join(t for t in types if t not in on_any)})"
-    return note
+    encoder_only = ", ".join(t for t in types if t not in on_any)
+    return vocab.unreachable_note(
+        cfg.n_random, cfg.alpha, len(on_any) or len(types), cfg.correction, len(types), encoder_only
+    )
 
 
 @dataclass(frozen=True)
