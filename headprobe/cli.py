@@ -76,8 +76,9 @@ class OneLineErrorParser(argparse.ArgumentParser):
         if message.startswith(REQUIRED_MESSAGE + "COMMAND") and argv[:1] and argv[0][:1] == "-":
             # an unknown option before any command (`headprobe --vers`): argparse says only that none was named
             message = f"unrecognized arguments: {argv[0]}"
-        if message.startswith(REQUIRED_MESSAGE) and (meant := self._meant(self._unknown_flags(), message)):
-            message = f"unrecognized arguments: {' '.join(self._unknown_flags())}{meant}"  # the flag meant, not the gap
+        unknown = self._unknown_flags() if message.startswith(REQUIRED_MESSAGE) else []
+        if unknown and (meant := self._meant(unknown, message)):
+            message = f"unrecognized arguments: {' '.join(unknown)}{meant}"  # the flag meant, not the gap
         elif message.startswith("unrecognized arguments:"):  # reported by the top parser, about a command's flags
             message += _did_you_mean(message.split(":", 1)[1].split(), self._known_options(), argv)
             command = next((c for c in self._known_options() if c and c in argv[:1]), None)
@@ -99,7 +100,7 @@ class OneLineErrorParser(argparse.ArgumentParser):
         stood where its value goes: ``--to DIR``, ``--out``'s name before 0.1.0); ``""``: none is meant."""
         if not unknown:
             return ""
-        close = _did_you_mean(unknown, {"": [o for a in self._actions for o in a.option_strings]}, [])
+        close = _did_you_mean(unknown, {"": self._known_options()[""]}, [])
         missing = [w for w in message.removeprefix(REQUIRED_MESSAGE).replace(",", " ").split() if w.startswith("--")]
         if close or len(unknown) != 1 or len(missing) != 1:
             return close
