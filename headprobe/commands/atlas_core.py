@@ -370,6 +370,7 @@ def _remove_new(out: Path, before: set[Path] | None, keep: Path | None = None) -
             p.unlink(missing_ok=True)
 
 
+@options.notes_flags("atlas")
 def atlas(
     *,
     out: str | Path,

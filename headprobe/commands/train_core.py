@@ -46,6 +46,7 @@ from headprobe.analyses.train import (
 from headprobe.analyses.train import (
     train as train_model,
 )
+from headprobe.options import notes_flags
 from headprobe.probe.core.io import ReadsInputs, cpu_kernels, keeps_inputs, summary_envelope
 from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.hooks.ablation import format_head
@@ -235,6 +236,7 @@ def run(config: TrainConfig, progress: bool = False) -> TrainResult:
     return TrainResult(**{f.name: getattr(r, f.name) for f in fields(TrainRun)})
 
 
+@notes_flags("train")
 def train(*, progress: bool = False, **config_fields) -> TrainResult:
     """``headprobe.train(steps=300, n_kv_heads=2, ...)``: :func:`run` on ``TrainConfig(**config_fields)``
     (see :class:`headprobe.analyses.train.TrainConfig` for every field and its default).
