@@ -383,8 +383,9 @@ class AblateResult(CompactRepr, ReadsInputs):
     def save(
         self, out_dir: str | Path, overwrite: bool = False, *, formats: str | Sequence[str] | None = None
     ) -> list[Path]:
-        """Write head_ablation.csv, ablation_effect.png/pdf and, last, summary.json into ``out_dir``
-        (each atomically; a directory holding only a run checkpoint counts as empty). Returns the paths.
+        """Write head_ablation.csv, ablation_effect.<format> (ablation_estimate.<format> with
+        ``estimate``) for each of ``formats`` and, last, summary.json into ``out_dir`` (each
+        atomically; a directory holding only a run checkpoint counts as empty). Returns the paths.
 
         Args:
             formats: the figures' formats, as ``--formats`` (:func:`~headprobe.analyses.vocabulary.figure_formats`).

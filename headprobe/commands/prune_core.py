@@ -263,9 +263,10 @@ class PruneResult(CompactRepr, ReadsInputs):
     def save(
         self, out_dir: str | Path, overwrite: bool = False, *, formats: str | Sequence[str] | None = None
     ) -> list[Path]:
-        """Write pruning_curve.csv, pruning_curve.png/pdf, per_layer.csv and its figure (``per_layer``),
-        the pruned model directory (``save_pruned``) and, last, summary.json into ``out_dir`` (each
-        atomically; a directory holding only a run checkpoint counts as empty). Returns the paths.
+        """Write pruning_curve.csv, pruning_curve.<format> for each of ``formats``, per_layer.csv and
+        per_layer.<format> (``per_layer``), the pruned model directory (``save_pruned``) and, last,
+        summary.json into ``out_dir`` (each atomically; a directory holding only a run checkpoint
+        counts as empty). Returns the paths.
 
         Args:
             formats: the figures' formats, as ``--formats`` (:func:`~headprobe.analyses.vocabulary.figure_formats`).

@@ -239,8 +239,9 @@ class StudyResult(CompactRepr, ReadsInputs):
     def save(
         self, out_dir: str | Path, overwrite: bool = False, *, formats: str | Sequence[str] | None = None
     ) -> list[Path]:
-        """Write results.csv, the figure (PNG, PDF) and, last, study.json into ``out_dir`` (created
-        if absent), each file atomically. Returns the paths written.
+        """Write results.csv, loss_vs_heads.<format> or quality_vs_kv.<format> for each of
+        ``formats`` and, last, study.json into ``out_dir`` (created if absent), each file
+        atomically. Returns the paths written.
 
         Args:
             formats: the figures' formats, as ``--formats`` (:func:`~headprobe.analyses.vocabulary.figure_formats`).

@@ -133,8 +133,8 @@ class TrainResult(CompactRepr, TrainRun, ReadsInputs):
         self, out_dir: str | Path, overwrite: bool = False, *, formats: str | Sequence[str] | None = None
     ) -> list[Path]:
         """Write train_log.csv, the checkpoint (config.json, headprobe_model.pt, tokenizer files),
-        training.{png,pdf} and, last, summary.json into ``out_dir`` (created if absent), each file
-        atomically. Returns the paths written.
+        training.<format> for each of ``formats`` and, last, summary.json into ``out_dir`` (created
+        if absent), each file atomically. Returns the paths written.
 
         Args:
             formats: the figures' formats, as ``--formats`` (:func:`~headprobe.analyses.vocabulary.figure_formats`).
