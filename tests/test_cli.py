@@ -72,12 +72,16 @@ def test_an_abbreviated_flag_is_refused_with_the_flag_it_abbreviates(argv, said,
         (["scan", "--types", "induction", "-top-k", "300", "--out", "x"], "-top-k 300 (did you mean --top-k?)"),
         (["scan", "--k=300", "--out", "x"], "--k=300 (did you mean -k?)"),
         (["scan", "-out", "x"], "-out (did you mean --out?)"),  # where --out is missing: the flag alone
+        # flags are case-sensitive: compared as typed first, then without regard to case, named as spelt
+        (["scan", "--types", "induction", "-K", "300", "--out", "x"], "-K 300 (did you mean -k?)"),
+        (["scan", "--types", "induction", "--TOP-K", "300", "--out", "x"], "--TOP-K 300 (did you mean --top-k?)"),
     ],
 )
 def test_a_flag_with_another_number_of_dashes_is_pointed_to_its_option(argv, said, capsys, tmp_path):
     """The option of the same name with one dash more or fewer comes before difflib's closest and
     before the options it abbreviates. Old code: ``--k`` got "did you mean --keep-n-random?" (an
-    abbreviation of it) and ``-top-k`` no hint (flags of one dash were not looked at)."""
+    abbreviation of it) and ``-top-k`` no hint (flags of one dash were not looked at); later, ``-K`` no
+    hint (the flag was lowercased, and ``-k`` then passed over as the flag itself)."""
     from headprobe.cli import main
 
     argv = [str(tmp_path / "x") if a == "x" else a for a in argv]
