@@ -83,7 +83,9 @@ def peek_config(model: str) -> dict | None:
     caller checks after loading instead."""
     import json
 
-    if model.lower() == DEFAULT_MODEL and not Path(model).exists():  # case-insensitive, as load_model reads it
+    from headprobe.probe.backends.sources import embedded
+
+    if embedded(model) == DEFAULT_MODEL:  # case-insensitive, and before a folder of that name, as load_model reads it
         return {
             "n_layers": SMOLLM2_LAYOUT[0],
             "n_heads": SMOLLM2_LAYOUT[1],
@@ -189,8 +191,10 @@ def peek_token_count(model: str, text: str, prepend_bos: bool = True) -> int | N
     import json
     from pathlib import Path
 
+    from headprobe.probe.backends.sources import embedded
+
     folder = Path(model).expanduser()
-    if model.lower() == DEFAULT_MODEL and not folder.exists():
+    if embedded(model) == DEFAULT_MODEL:
         from headprobe.probe.backends.weights_cache import cache_root
 
         root = cache_root()
@@ -225,11 +229,10 @@ def peek_encoder(model: str) -> bool | None:
     loader reads it. None where no config can be read that cheaply: the loaded model's ``spec.causal`` decides."""
     import json
 
-    from headprobe.probe.backends.sources import MINILM_NAME, SMOLLM2_NAME, canonical_name
+    from headprobe.probe.backends.sources import MINILM_NAME, embedded
     from headprobe.probe.model.families import is_encoder_type
 
-    name = canonical_name(model)
-    if name in (MINILM_NAME, SMOLLM2_NAME):  # the embedded models, taken from their wheels (sources.resolve)
+    if (name := embedded(model)) is not None:  # the embedded models, taken from their wheels (sources.resolve)
         return name == MINILM_NAME
     path = _config_file(model)
     try:
