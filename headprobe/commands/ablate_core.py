@@ -33,7 +33,7 @@ from headprobe.analyses.ablation import (
 from headprobe.analyses.attribution import atp_star, estimate_plan, forward_equivalents, second_order
 from headprobe.analyses.data import TokenSet, left_out_notes, open_text_file, task_tokens, window_counts
 from headprobe.analyses.scoring import score_plan, score_tokens
-from headprobe.commands.ablate import ESTIMATES, TASKS, AblateConfig
+from headprobe.commands.ablate import ESTIMATES, NEEDS_CAUSAL, TASKS, AblateConfig
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core import ablation_kinds
 from headprobe.probe.core.errors import HeadprobeError
@@ -731,9 +731,7 @@ def run(
         saved.setdefault("repeated", saved.pop("induction"))
     save = (lambda: on_save(saved)) if on_save is not None else (lambda: None)
     spec = model.spec
-    options.require_causal(
-        spec, "ablate needs a causal language model (its effects are next-token loss effects)", options.ENCODER_HINT
-    )
+    options.require_causal(spec, NEEDS_CAUSAL, options.ENCODER_HINT)
     model.self_check.require_decomposition("head ablation (ablate, prune)")
     if config.estimate:
         memory_plan(model, config)  # refuses an estimate that cannot fit, before any allocation

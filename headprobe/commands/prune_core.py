@@ -28,7 +28,7 @@ from headprobe.analyses.pruning import (
     present_heads,
 )
 from headprobe.analyses.pruning import memory_plan as pruning_memory_plan
-from headprobe.commands.prune import PRUNED_DIR, PruneConfig
+from headprobe.commands.prune import NEEDS_CAUSAL, PRUNED_DIR, PruneConfig
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import format_head
@@ -436,9 +436,7 @@ def batch_line(model: LoadedModel, config: PruneConfig) -> str:
 
 def _refuse_early(model: LoadedModel, cfg: PruneConfig) -> None:
     """Raise, before any computation, what :func:`run` refuses of the model itself."""
-    options.require_causal(
-        model.spec, "prune needs a causal language model (its curves are next-token losses)", options.ENCODER_HINT
-    )
+    options.require_causal(model.spec, NEEDS_CAUSAL, options.ENCODER_HINT)
     model.self_check.require_decomposition("head ablation (ablate, prune)")
     present_heads(model)  # refuses a pruned checkpoint with no head left
     if (head_layers := model.spec.layout.head_layers) is not None:  # its fractions and masks span every layer's heads
