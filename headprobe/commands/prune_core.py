@@ -5,10 +5,10 @@ matplotlib; the package's ``__init__`` does not."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -17,6 +17,7 @@ from headprobe import options
 from headprobe.analyses import figures as figs
 from headprobe.analyses.ablation import first_scored
 from headprobe.analyses.data import TokenSet, left_out_notes, open_text_file, task_tokens, window_counts
+from headprobe.analyses.outputs import WritesOutputs
 from headprobe.analyses.pruning import (
     LossSet,
     PruningRun,
@@ -32,7 +33,7 @@ from headprobe.commands.prune import PRUNED_DIR, PruneConfig
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import format_head
-from headprobe.probe.core.io import ReadsInputs, keeps_inputs, summary_envelope
+from headprobe.probe.core.io import summary_envelope
 from headprobe.probe.core.memory import BatchPlan
 from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.layout.spec import ModelSpec
@@ -81,7 +82,7 @@ def figure_labels(
 
 
 @dataclass(repr=False)
-class PruneResult(CompactRepr, ReadsInputs):
+class PruneResult(CompactRepr, WritesOutputs):
     """Every method's pruning curve (losses in nats/token) and, with ``save_pruned``, the pruned model.
 
     Attributes:
@@ -259,23 +260,9 @@ class PruneResult(CompactRepr, ReadsInputs):
             )
         return out
 
-    @keeps_inputs
-    def save(
-        self, out_dir: str | Path, overwrite: bool = False, *, formats: str | Sequence[str] | None = None
-    ) -> list[Path]:
-        """Write pruning_curve.csv, pruning_curve.png/pdf, per_layer.csv and its figure (``per_layer``),
-        the pruned model directory (``save_pruned``) and, last, summary.json into ``out_dir`` (each
-        atomically; a directory holding only a run checkpoint counts as empty). Returns the paths.
-
-        Args:
-            formats: the figures' formats, as ``--formats`` (:func:`~headprobe.analyses.vocabulary.figure_formats`).
-
-        Raises:
-            HeadprobeError: ``out_dir`` is a file, not writable, or holds other files and ``overwrite`` is False.
-            InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest),
-                before anything is written.
-        """
-        from headprobe.analyses.outputs import write_outputs
+    def outputs(self) -> dict[str, Any]:
+        """save's files: pruning_curve.csv and its figure, per_layer.csv and its figure (``per_layer``),
+        the pruned model directory (``save_pruned``) and, last, summary.json."""
         from headprobe.probe.model.checkpoint import source_weights
         from headprobe.probe.model.pruned import save_pruned_dir
 
@@ -296,16 +283,13 @@ class PruneResult(CompactRepr, ReadsInputs):
             )
             return [out / PRUNED_DIR]
 
-        return write_outputs(
-            out_dir,
-            overwrite,
+        return dict(
             resumable=True,
             summary=self.summary,
             tables=tables,
             figures=self.figures,
             extra=pruned_model,
             models=(PRUNED_DIR,) if self.pruned is not None else (),
-            formats=formats,
         )
 
     def report(self) -> str:
