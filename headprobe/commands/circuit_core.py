@@ -67,15 +67,7 @@ class CircuitResult(CompactRepr, WritesOutputs):
         s = {
             **info,
             "hf_name": spec.hf_name,
-            "layout": {
-                "attention": spec.kind,
-                "n_layers": spec.n_layers,
-                "n_heads": spec.n_heads,
-                "n_kv_heads": spec.n_kv_heads,
-                "d_head": spec.d_head,
-                "d_model": spec.d_model,
-                "parallel_attn_mlp": self.parallel_attn_mlp,
-            },
+            "layout": {**spec.layout_summary(), "parallel_attn_mlp": self.parallel_attn_mlp},
             "task": f"{self.config.n_seqs} repeated random sequences of {self.config.period} tokens; corrupted: "
             f"other repeated random sequences (seed + 1)",
             "metric": "next-token loss (nats/token) on the second copy from its second token; effect = patched - clean",
