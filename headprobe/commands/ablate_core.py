@@ -30,7 +30,7 @@ from headprobe.analyses.ablation import (
     top_heads,
 )
 from headprobe.analyses.attribution import atp_star, estimate_plan, forward_equivalents, second_order
-from headprobe.analyses.data import TokenSet, left_out_notes, open_text_file, task_tokens, window_counts
+from headprobe.analyses.data import TokenSet, left_out_notes, window_counts
 from headprobe.analyses.outputs import WritesOutputs
 from headprobe.analyses.scoring import score_plan, score_tokens
 from headprobe.commands.ablate import ESTIMATES, TASKS, AblateConfig
@@ -551,18 +551,7 @@ def _task_sets(model: LoadedModel, cfg: AblateConfig) -> tuple[TokenSet, TokenSe
     source tokens)`` (the source None unless the kind needs one: the natural task's is the other
     natural-text windows, the repeated task's other repeated sequences), and ``mean_z`` (over the
     other natural-text windows, where the kind needs it)."""
-    text = open_text_file(cfg.text) if cfg.text else None
-    assert cfg.seq_len is not None and cfg.period is not None  # set by AblateConfig.resolved
-    data = task_tokens(
-        model,
-        cfg.n_natural,
-        cfg.seq_len,
-        cfg.n_repeated,
-        cfg.period,
-        cfg.seed,
-        text,
-        source=str(cfg.text) if cfg.text else None,
-    )
+    data = cfg.task_tokens(model)
     natural, repeated = data.natural, data.repeated
     nat, nat_ref = natural.tokens[: cfg.n_natural], natural.tokens[cfg.n_natural :]
     needs = ablation_kinds.KINDS.get(cfg.kind).needs

@@ -16,7 +16,7 @@ import pandas as pd
 from headprobe import options
 from headprobe.analyses import figures as figs
 from headprobe.analyses.ablation import first_scored
-from headprobe.analyses.data import TokenSet, left_out_notes, open_text_file, task_tokens, window_counts
+from headprobe.analyses.data import TokenSet, left_out_notes, window_counts
 from headprobe.analyses.outputs import WritesOutputs
 from headprobe.analyses.pruning import (
     LossSet,
@@ -438,18 +438,7 @@ def _loss_sets(model: LoadedModel, cfg: PruneConfig) -> tuple[TokenSet, LossSet,
     """``(repeated, score, evals, natural)``: the repeated task's token set, the natural-text windows the
     heads are scored on, the held-out sets every curve is evaluated on (``natural``: the other
     natural-text windows; ``repeated``), and the whole natural-text draw."""
-    assert cfg.period is not None and cfg.seq_len is not None  # set by PruneConfig.resolved
-    text = open_text_file(cfg.text) if cfg.text else None
-    data = task_tokens(
-        model,
-        cfg.n_natural,
-        cfg.seq_len,
-        cfg.n_repeated,
-        cfg.period,
-        cfg.seed,
-        text,
-        source=str(cfg.text) if cfg.text else None,
-    )
+    data = cfg.task_tokens(model)
     natural, repeated = data.natural, data.repeated
     score = LossSet(natural.tokens[: cfg.n_natural], first_scored("natural", natural.start, None))
     evals = {
