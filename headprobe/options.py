@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
     import torch
 
+    from headprobe.analyses.data import TaskTokens
     from headprobe.probe.backends.base import LoadedModel
 
 
@@ -966,6 +967,24 @@ class ModelRunConfig(ModelSettings, DataSettings):
 
         if self.text:
             open_text_file(self.text)
+
+    def task_tokens(self, model: LoadedModel) -> TaskTokens:
+        """``model``'s token sets of this (resolved) config: :func:`headprobe.analyses.data.task_tokens`
+        with ``n_natural``, ``seq_len``, ``n_repeated``, ``period``, ``seed`` and the ``--text`` file (or
+        the default text).
+
+        Raises:
+            HeadprobeError: a bad text file, or as :func:`~headprobe.analyses.data.task_tokens`.
+        """
+        from headprobe.analyses.data import task_tokens
+        from headprobe.probe.core.io import open_text_file
+
+        assert self.seq_len is not None and self.period is not None  # set by resolved
+        text = open_text_file(self.text) if self.text else None
+        source = str(self.text) if self.text else None
+        return task_tokens(
+            model, self.n_natural, self.seq_len, self.n_repeated, self.period, self.seed, text, source=source
+        )
 
 
 def model_run_flags(n_natural_help: str = "") -> tuple[Flags, ...]:
