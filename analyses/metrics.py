@@ -110,15 +110,7 @@ def local_fraction(pattern: Pattern, window: int) -> Float[Tensor, " head"]:
     Raises:
         ValueError: ``pattern`` is not ``[batch, head, q, q]`` with q > ``window``.
     """
-    T = pattern.shape[-1]
-    if pattern.ndim != 4 or T != pattern.shape[-2] or T <= window:
-        raise ValueError(
-            f"pattern must be [batch, head, q_pos, k_pos] with q_pos == k_pos > window={window}, "
-            f"got {tuple(pattern.shape)}"
-        )
-    i = torch.arange(T, device=pattern.device)
-    near = (i[:, None] - i[None, :]).abs() < window
-    return (pattern.float() * near).sum(-1)[..., window:].mean(dim=(0, 2))
+    return _window_mass(pattern, window, local=True)
 
 
 def distant_fraction(pattern: Pattern, window: int) -> Float[Tensor, " head"]:
@@ -130,6 +122,16 @@ def distant_fraction(pattern: Pattern, window: int) -> Float[Tensor, " head"]:
     Raises:
         ValueError: ``pattern`` is not ``[batch, head, q, q]`` with q > ``window``.
     """
+    return _window_mass(pattern, window, local=False)
+
+
+def _window_mass(pattern: Pattern, window: int, local: bool) -> Float[Tensor, " head"]:
+    """The attention mass on the keys with ``|i - j| < window`` (``local``) or ``j <= i - window``,
+    averaged over the queries ``i >= window`` and the batch: :func:`local_fraction`, :func:`distant_fraction`.
+
+    Raises:
+        ValueError: ``pattern`` is not ``[batch, head, q, q]`` with q > ``window``.
+    """
     T = pattern.shape[-1]
     if pattern.ndim != 4 or T != pattern.shape[-2] or T <= window:
         raise ValueError(
@@ -137,8 +139,9 @@ def distant_fraction(pattern: Pattern, window: int) -> Float[Tensor, " head"]:
             f"got {tuple(pattern.shape)}"
         )
     i = torch.arange(T, device=pattern.device)
-    far = (i[:, None] - i[None, :]) >= window
-    return (pattern.float() * far).sum(-1)[..., window:].mean(dim=(0, 2))
+    offset = i[:, None] - i[None, :]  # [q_pos, k_pos]: i - j
+    keys = offset.abs() < window if local else offset >= window
+    return (pattern.float() * keys).sum(-1)[..., window:].mean(dim=(0, 2))
 
 
 def local_columns(windows: tuple[int, ...]) -> tuple[str, ...]:

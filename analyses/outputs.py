@@ -12,10 +12,20 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from matplotlib.figure import Figure
+from headprobe.probe.core.io import (
+    ReadsInputs,
+    keeps_inputs,
+    prepare_output_dir,
+    staging,
+    swap_in,
+    write_json,
+    write_text,
+)
 
-from headprobe.probe.core.io import prepare_output_dir, staging, swap_in, write_json, write_text
+if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn, not by the commands' light modules
+    from matplotlib.figure import Figure
 
 
 def write_outputs(
@@ -95,3 +105,32 @@ def write_outputs(
         files = [Path(p).relative_to(tmp).as_posix() for p in written]
         swap_in(out, tmp, files, [Path(p).relative_to(out).as_posix() for p in produced])
     return [out / f for f in files]
+
+
+class WritesOutputs(ReadsInputs):
+    """A command's result whose :meth:`save` writes its :meth:`outputs` with :func:`write_outputs`
+    (``ablate``, ``prune``, ``patch``, ``circuit``, ``kv``, ``diff``, ``robustness``, ``train``, ``study``)."""
+
+    def outputs(self) -> dict[str, Any]:
+        """The keywords of :func:`write_outputs` besides ``out_dir``, ``overwrite`` and ``formats``
+        (``summary``, ``tables``, ``figures``, ``extra``, ...): what :meth:`save` writes."""
+        raise NotImplementedError
+
+    @keeps_inputs
+    def save(
+        self, out_dir: str | Path, overwrite: bool = False, *, formats: str | Sequence[str] | None = None
+    ) -> list[Path]:
+        """Write the result's files (:meth:`outputs`) and, last, its summary into ``out_dir`` (created
+        if absent; staged and swapped in, each file atomically: :func:`write_outputs`). Returns the
+        paths written.
+
+        Args:
+            formats: the figures' formats, as ``--formats`` (:func:`~headprobe.analyses.vocabulary.figure_formats`).
+
+        Raises:
+            HeadprobeError: ``out_dir`` is a file, not writable, or not empty without ``overwrite``
+                (a directory holding only a run checkpoint counts as empty for ``ablate`` and ``prune``).
+            InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest),
+                before anything is written.
+        """
+        return write_outputs(out_dir, overwrite, formats=formats, **self.outputs())

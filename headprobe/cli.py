@@ -125,20 +125,37 @@ def _did_you_mean(unknown: list[str], known: dict[str, list[str]], argv: list[st
     is): first the option of the same name with another number of dashes (``--k`` -> ``-k``,
     ``-top-k`` -> ``--top-k``), else the one option the flag abbreviates, else the closest by
     :func:`difflib.get_close_matches`; several an abbreviation fits are all named (``--n`` ->
-    ``--n-natural or --n-repeated``). A flag of one dash gets only the first kind of hint."""
-    import difflib
+    ``--n-natural or --n-repeated``). A flag of one dash gets only the first kind of hint. Flags are
+    case-sensitive: each kind is looked for as typed first, and only where none fits without regard to
+    case (``-K`` -> ``-k``, ``--Out`` -> ``--out``), the option named as it is spelt."""
 
     words = set(argv)
     pool = next((opts for cmd, opts in known.items() if cmd and cmd in words), None)
     pool = pool or sorted({o for opts in known.values() for o in opts})
     hints = []
-    for flag in (u.split("=", 1)[0].replace("_", "-").lower() for u in unknown if u.startswith("-")):
-        close = [o for o in pool if o.lstrip("-").lower() == flag.lstrip("-") and o != flag]
-        if not close and flag.startswith("--"):
-            close = [o for o in pool if o.startswith(flag)] or difflib.get_close_matches(flag, pool, n=1, cutoff=0.7)
+    for given in (u.split("=", 1)[0] for u in unknown if u.startswith("-")):
+        close = _closest(given.replace("_", "-"), given, pool, str) or _closest(
+            given.replace("_", "-").lower(), given, pool, str.lower
+        )
         if close:
             hints.append(" or ".join(close))
     return f" (did you mean {', '.join(hints)}?)" if hints else ""
+
+
+def _closest(flag: str, given: str, pool: list[str], fold) -> list[str]:
+    """:func:`_did_you_mean`'s options for ``flag`` (the ``given`` word, ``_`` read as ``-`` and, with
+    ``fold`` :meth:`str.lower`, lowercased) among ``pool``, each option compared as ``fold`` gives it and
+    named as it is spelt: the same name with another number of dashes (or, folded, another case), else for
+    a ``--`` flag the options it abbreviates, else the closest (:func:`difflib.get_close_matches`)."""
+    import difflib
+
+    folded = {fold(o): o for o in pool}
+    close = [o for o in pool if fold(o).lstrip("-") == flag.lstrip("-") and o != given]
+    if not close and flag.startswith("--"):
+        close = [o for o in pool if fold(o).startswith(flag)] or [
+            folded[m] for m in difflib.get_close_matches(flag, list(folded), n=1, cutoff=0.7)
+        ]
+    return close
 
 
 _NEGATIVE = re.compile(r"^-[0-9.]")

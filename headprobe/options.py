@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
     import torch
 
+    from headprobe.analyses.data import TaskTokens
     from headprobe.probe.backends.base import LoadedModel
 
 
@@ -85,7 +86,9 @@ def peek_config(model: str) -> dict | None:
     caller checks after loading instead."""
     import json
 
-    if model.lower() == DEFAULT_MODEL and not Path(model).exists():  # case-insensitive, as load_model reads it
+    from headprobe.probe.backends.sources import embedded
+
+    if embedded(model) == DEFAULT_MODEL:  # case-insensitive, and before a folder of that name, as load_model reads it
         return {
             "n_layers": SMOLLM2_LAYOUT[0],
             "n_heads": SMOLLM2_LAYOUT[1],
@@ -191,8 +194,10 @@ def peek_token_count(model: str, text: str, prepend_bos: bool = True) -> int | N
     import json
     from pathlib import Path
 
+    from headprobe.probe.backends.sources import embedded
+
     folder = Path(model).expanduser()
-    if model.lower() == DEFAULT_MODEL and not folder.exists():
+    if embedded(model) == DEFAULT_MODEL:
         from headprobe.probe.backends.weights_cache import cache_root
 
         root = cache_root()
@@ -213,6 +218,48 @@ def peek_token_count(model: str, text: str, prepend_bos: bool = True) -> int | N
     except Exception:
         return None
     return n + int(bool(prepend_bos and bos))
+
+
+ENCODER_HINT = "headprobe scan verifies an encoder's heads by 1 - cos of its output"
+"""What :func:`require_causal` points an encoder's user to."""
+
+
+def peek_encoder(model: str) -> bool | None:
+    """Whether ``model`` is an encoder (bidirectional attention, no next-token loss), read without loading
+    weights or torch: the embedded ``all-minilm-l6-v2`` is, ``smollm2-135m`` is not; else :func:`_config_file`'s
+    ``config.json``: a headprobe checkpoint's ``causal`` False, or a Hugging Face ``model_type`` of a registered
+    encoder family (:func:`headprobe.probe.model.families.is_encoder_type`) not configured ``is_decoder``, as the
+    loader reads it. None where no config can be read that cheaply: the loaded model's ``spec.causal`` decides."""
+    import json
+
+    from headprobe.probe.backends.sources import MINILM_NAME, embedded
+    from headprobe.probe.model.families import is_encoder_type
+
+    if (name := embedded(model)) is not None:  # the embedded models, taken from their wheels (sources.resolve)
+        return name == MINILM_NAME
+    path = _config_file(model)
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8-sig")) if path is not None else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    if isinstance(cfg.get("model"), dict) and "format" in cfg:  # headprobe checkpoint
+        return cfg["model"].get("causal", True) is False
+    return is_encoder_type(cfg.get("model_type")) and not cfg.get("is_decoder", False)
+
+
+def refuse_encoder(model: str, needs: str, hint: str | None = ENCODER_HINT) -> None:
+    """:func:`require_causal`'s refusal before the load, where :func:`peek_encoder` reads ``model`` as an
+    encoder (else the loaded model's ``spec.causal`` is checked as before).
+
+    Raises:
+        HeadprobeError: the model is an encoder, in the words of :func:`require_causal`."""
+    from headprobe.probe.backends.sources import canonical_name
+    from headprobe.probe.core.errors import HeadprobeError
+
+    if peek_encoder(model):
+        raise HeadprobeError(f"{needs}; {canonical_name(model)} is an encoder" + (f": {hint}" if hint else ""))
 
 
 def check_model(model: str) -> None:
@@ -372,10 +419,6 @@ def describe_model(model: LoadedModel) -> str:
         f"{spec.n_kv_heads} KV head{'' if spec.n_kv_heads == 1 else 's'}); weights: {spec.precision}"
         + (f"; {threads}" if threads else "")
     )
-
-
-ENCODER_HINT = "headprobe scan verifies an encoder's heads by 1 - cos of its output"
-"""What :func:`require_causal` points an encoder's user to."""
 
 
 def require_causal(spec, needs: str, hint: str | None = None) -> None:
@@ -1031,6 +1074,24 @@ class ModelRunConfig(ModelSettings, DataSettings):
 
         if self.text:
             open_text_file(self.text)
+
+    def task_tokens(self, model: LoadedModel) -> TaskTokens:
+        """``model``'s token sets of this (resolved) config: :func:`headprobe.analyses.data.task_tokens`
+        with ``n_natural``, ``seq_len``, ``n_repeated``, ``period``, ``seed`` and the ``--text`` file (or
+        the default text).
+
+        Raises:
+            HeadprobeError: a bad text file, or as :func:`~headprobe.analyses.data.task_tokens`.
+        """
+        from headprobe.analyses.data import task_tokens
+        from headprobe.probe.core.io import open_text_file
+
+        assert self.seq_len is not None and self.period is not None  # set by resolved
+        text = open_text_file(self.text) if self.text else None
+        source = str(self.text) if self.text else None
+        return task_tokens(
+            model, self.n_natural, self.seq_len, self.n_repeated, self.period, self.seed, text, source=source
+        )
 
 
 def model_run_flags(n_natural_help: str = "") -> tuple[Flags, ...]:

@@ -146,20 +146,15 @@ def redraw_atlas(d: Path) -> list[Path]:
     """Redraw an atlas's figures from its atlas.csv with today's figure code (the figures
     :meth:`AtlasResult.figures` draws from the table), each only where the run wrote it and in the
     formats it wrote."""
-    import os
-    from unittest import mock
-
     from headprobe.analyses.figures import FORMATS, save_figure
-    from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV
     from headprobe.commands.atlas_core import AtlasResult
 
     table = pd.read_csv(d / "atlas.csv")
     written = []
     for name, fig in AtlasResult(None, table, {}, d).figures().items():  # type: ignore[arg-type]
         formats = [f for f in FORMATS if (d / f"{name}.{f}").is_file()]
-        if formats:  # the formats save_figure writes, for this figure only (the caller's setting restored)
-            with mock.patch.dict(os.environ, {FIGURE_FORMATS_ENV: ",".join(formats)}):
-                written += save_figure(fig, d / name)
+        if formats:  # the formats the run wrote of this figure, whatever $HEADPROBE_FIGURE_FORMATS says
+            written += save_figure(fig, d / name, formats=formats)
     return written
 
 
@@ -247,9 +242,16 @@ def scan_result(d: Path, model=None, with_composition: bool = True):
     )
 
 
-def redraw_scan(d: Path, model=None, stems: Sequence[str] | None = None, out: Path | None = None) -> list[Path]:
+def redraw_scan(
+    d: Path,
+    model=None,
+    stems: Sequence[str] | None = None,
+    out: Path | None = None,
+    formats: str | Sequence[str] | None = None,
+) -> list[Path]:
     """Redraw a scan's figures but the ablation one (see the module docstring) into ``out`` (default:
-    ``d``), those of ``stems`` only where given; ``model`` as :func:`scan_result`. Returns the paths.
+    ``d``), those of ``stems`` only where given, in ``formats`` (as :func:`~headprobe.analyses.figures.save_figure`;
+    None: ``$HEADPROBE_FIGURE_FORMATS`` or all three); ``model`` as :func:`scan_result`. Returns the paths.
 
     Raises:
         SystemExit: the redraw does not reproduce the run's numbers.
@@ -259,7 +261,7 @@ def redraw_scan(d: Path, model=None, stems: Sequence[str] | None = None, out: Pa
 
     makers = figure_makers(scan_result(d, model, with_composition=stems is None or "composition_k" in stems))
     chosen = [stem for stem in makers if stem != "ablation" and (stems is None or stem in stems)]
-    return [p for stem in chosen for p in save_figure(makers[stem](), (out or d) / stem)]
+    return [p for stem in chosen for p in save_figure(makers[stem](), (out or d) / stem, formats=formats)]
 
 
 def check_scan(d: Path, model=None, stems: Sequence[str] | None = None, tol: float = 1.0) -> list[str]:
@@ -272,28 +274,17 @@ def check_scan(d: Path, model=None, stems: Sequence[str] | None = None, tol: flo
     Raises:
         SystemExit: the redraw does not reproduce the run's numbers.
     """
-    import os
     import tempfile
 
-    from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV
-
-    before = os.environ.get(FIGURE_FORMATS_ENV)
-    os.environ[FIGURE_FORMATS_ENV] = "png"
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            differ = []
-            for drawn in redraw_scan(d, model, stems, Path(tmp)):
-                kept = d / drawn.name
-                if not kept.is_file():
-                    differ.append(f"{kept}: not committed")
-                elif (why := _compare(kept, drawn, tol)) is not None:
-                    differ.append(f"{kept}: differs from today's drawing ({why})")
-            return differ
-    finally:
-        if before is None:
-            del os.environ[FIGURE_FORMATS_ENV]
-        else:
-            os.environ[FIGURE_FORMATS_ENV] = before
+    with tempfile.TemporaryDirectory() as tmp:
+        differ = []
+        for drawn in redraw_scan(d, model, stems, Path(tmp), formats="png"):
+            kept = d / drawn.name
+            if not kept.is_file():
+                differ.append(f"{kept}: not committed")
+            elif (why := _compare(kept, drawn, tol)) is not None:
+                differ.append(f"{kept}: differs from today's drawing ({why})")
+        return differ
 
 
 def _compare(expected: Path, actual: Path, tol: float) -> str | None:
@@ -312,7 +303,9 @@ def main(argv: list[str]) -> None:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="redraw_figures.py", description="Redraw committed figures from the numbers their runs saved."
+        prog="redraw_figures.py",
+        allow_abbrev=False,  # as headprobe's commands and benchmarks/: --che is no --check
+        description="Redraw committed figures from the numbers their runs saved.",
     )
     parser.add_argument("root", nargs="?", default="figures", help="a run's directory or a folder of them (figures)")
     parser.add_argument(

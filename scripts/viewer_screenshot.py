@@ -14,7 +14,7 @@ from pathlib import Path
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("dir", type=Path, help="a scan folder with index.html (headprobe scan --html)")
     p.add_argument("--head", default="18.6", help="the head to click, LAYER.HEAD")
     p.add_argument("--map", default="induction score", help="the map to show (its label in the page)")

@@ -449,3 +449,41 @@ def test_a_save_fraction_beyond_the_curve_is_refused(tmp_path, capsys):
         "give --max-fraction 0.5 or more, or a smaller --save-fraction"
     ), line
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["ablate", "prune"])
+def test_an_encoder_is_refused_before_the_load(tmp_path_factory, tmp_path, command):
+    """The embedded all-MiniLM-L6-v2 and a BERT folder (its config.json's model_type) are known as encoders
+    before any weights load: the same one line as after the load, exit 2, torch never imported, nothing written."""
+    import subprocess
+    import sys
+
+    import zoo
+
+    d = zoo.save_dir("bert", zoo.encoder_tokenizer(tmp_path_factory.mktemp("bert_tok")), tmp_path / "bert")
+    for model in ("all-MiniLM-L6-v2", str(d)):
+        out = tmp_path / "x"
+        r = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "headprobe", command, "--model", model, "--out", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        lines = r.stderr.splitlines()
+        errors = [x for x in lines if not x.startswith("import time:")]
+        assert r.returncode == 2 and len(errors) == 1, errors
+        name = "all-minilm-l6-v2" if model.startswith("all") else model
+        assert errors[0].startswith(f"headprobe: error: {command} needs a causal language model"), errors
+        assert errors[0].endswith(
+            f"; {name} is an encoder: headprobe scan verifies an encoder's heads by 1 - cos of its output"
+        )
+        assert not any(x.rsplit("|", 1)[-1].strip() == "torch" for x in lines if x.startswith("import time:"))
+        assert not out.exists()
+
+
+def test_the_encoder_group_of_the_families_is_their_encoder_flag():
+    """The torch-free group that names encoder families before a load is exactly the families whose
+    ``Family.encoder`` is set (each family module imported and read)."""
+    from headprobe.probe.model.families import FAMILIES, is_encoder_type
+
+    assert {t for t in FAMILIES if is_encoder_type(t)} == {t for t in FAMILIES if FAMILIES.get(t).encoder} == {"bert"}

@@ -72,12 +72,16 @@ def test_an_abbreviated_flag_is_refused_with_the_flag_it_abbreviates(argv, said,
         (["scan", "--types", "induction", "-top-k", "300", "--out", "x"], "-top-k 300 (did you mean --top-k?)"),
         (["scan", "--k=300", "--out", "x"], "--k=300 (did you mean -k?)"),
         (["scan", "-out", "x"], "-out (did you mean --out?)"),  # where --out is missing: the flag alone
+        # flags are case-sensitive: compared as typed first, then without regard to case, named as spelt
+        (["scan", "--types", "induction", "-K", "300", "--out", "x"], "-K 300 (did you mean -k?)"),
+        (["scan", "--types", "induction", "--TOP-K", "300", "--out", "x"], "--TOP-K 300 (did you mean --top-k?)"),
     ],
 )
 def test_a_flag_with_another_number_of_dashes_is_pointed_to_its_option(argv, said, capsys, tmp_path):
     """The option of the same name with one dash more or fewer comes before difflib's closest and
     before the options it abbreviates. Old code: ``--k`` got "did you mean --keep-n-random?" (an
-    abbreviation of it) and ``-top-k`` no hint (flags of one dash were not looked at)."""
+    abbreviation of it) and ``-top-k`` no hint (flags of one dash were not looked at); later, ``-K`` no
+    hint (the flag was lowercased, and ``-k`` then passed over as the flag itself)."""
     from headprobe.cli import main
 
     argv = [str(tmp_path / "x") if a == "x" else a for a in argv]
@@ -610,24 +614,27 @@ def test_a_real_dtype_we_do_not_support_is_refused_as_unsupported(command, dtype
     assert list(tmp_path.iterdir()) == []
 
 
-def test_every_benchmark_parser_refuses_abbreviated_flags():
-    """benchmarks/*.py made their own parsers with argparse's default allow_abbrev=True, so
-    ``tail_calibration.py --sim 1`` ran as ``--sims 1`` (and a flag added later could silently take
-    over an abbreviation), unlike headprobe's commands. Every ``ArgumentParser`` made there now has
-    ``allow_abbrev=False``; one is run to show the refusal."""
+def test_every_benchmark_and_script_parser_refuses_abbreviated_flags():
+    """benchmarks/*.py and scripts/*.py made their own parsers with argparse's default allow_abbrev=True, so
+    ``tail_calibration.py --sim 1`` ran as ``--sims 1`` and ``redraw_figures.py --che`` as ``--check`` (and a
+    flag added later could silently take over an abbreviation), unlike headprobe's commands. Every
+    ``ArgumentParser`` made there now has ``allow_abbrev=False``; one of each is run to show the refusal.
+    Old code: scripts/redraw_figures.py and scripts/viewer_screenshot.py's parsers allowed them."""
     import ast
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    top = Path(__file__).resolve().parents[1]
+    root = top / "benchmarks"
     made = {}
-    for path in sorted(root.glob("*.py")):
+    for path in [*sorted(root.glob("*.py")), *sorted((top / "scripts").glob("*.py"))]:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("ArgumentParser"):
                 kw = {k.arg: k.value for k in node.keywords}
-                made[f"{path.name}:{node.lineno}"] = isinstance(kw.get("allow_abbrev"), ast.Constant) and (
-                    kw["allow_abbrev"].value is False
-                )
-    assert len(made) >= 10 and all(made.values()), [k for k, v in made.items() if not v]
+                made[f"{path.parent.name}/{path.name}:{node.lineno}"] = isinstance(
+                    kw.get("allow_abbrev"), ast.Constant
+                ) and (kw["allow_abbrev"].value is False)
+    assert sum(k.startswith("scripts/") for k in made) >= 2 and len(made) >= 12, made
+    assert all(made.values()), [k for k, v in made.items() if not v]
     p = subprocess.run(
         [sys.executable, str(root / "tail_calibration.py"), "--sim", "1", "--n", "2"],
         capture_output=True,
@@ -635,3 +642,10 @@ def test_every_benchmark_parser_refuses_abbreviated_flags():
         timeout=120,
     )
     assert p.returncode == 2 and "unrecognized arguments: --sim" in p.stderr, (p.returncode, p.stderr[-300:])
+    p = subprocess.run(
+        [sys.executable, str(top / "scripts" / "redraw_figures.py"), str(top / "figures"), "--che"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2 and "unrecognized arguments: --che" in p.stderr, (p.returncode, p.stderr[-300:])

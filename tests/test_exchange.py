@@ -742,3 +742,21 @@ def test_import_report_signs_the_kv_loss_change_once():
     r = ImportResult(ImportConfig(heads_file="h.txt"), HeadFile("list", [(0, 1)], "listed"), [(0, 1)], [], {}, kv=rows)
     kv_lines = [line for line in r.report().splitlines() if line.startswith("kv ")]
     assert [line.split("natural loss ")[1].split(",")[0] for line in kv_lines] == ["-0.0123", "+0.0456"]
+
+
+def test_import_kv_refuses_a_policy_covering_seq_len_before_the_load(tmp_path):
+    """--kv with a DuoAttention policy whose sink + window cover --seq-len (or the default 128 fitted
+    to SmolLM2's context): refused from the file and config.json, before torch loads."""
+    duo = tmp_path / "duo"
+    duo.mkdir()
+    np.savetxt(duo / "full_attention_heads.tsv", np.array([[1.0, 0.0, 0.0]] * 30), delimiter="\t")
+    (duo / "config.json").write_text(json.dumps({"sink_size": 64, "recent_size": 100}))
+    for given, n in ((["--seq-len", "160"], 160), ([], 128)):
+        code, errors, torch = _refuse(
+            ["import", "--heads-file", "duo", "--model", "smollm2-135m", "--kv", *given], tmp_path
+        )
+        assert code == 2 and errors == [
+            f"headprobe: error: the policy's sink 64 + window 100 cover all {n} tokens of --seq-len: "
+            "nothing would stream; give a longer --seq-len"
+        ], errors
+        assert not torch

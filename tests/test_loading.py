@@ -148,3 +148,44 @@ def test_a_directory_loads_with_the_tokenizer_it_saved(family, tiny_tokenizer, t
     model = load_model(str(save_dir(family, tiny_tokenizer, tmp_path / family)), quiet=True)
     want = [tiny_tokenizer.bos_token_id, *tiny_tokenizer("t1 t2 t3", add_special_tokens=False)["input_ids"]]
     assert model.to_tokens("t1 t2 t3").tolist() == [want] and len(want) == 4
+
+
+def test_a_registered_name_that_is_also_a_folder_here_says_which_loads(tmp_path, tiny_tokenizer, capsys, monkeypatch):
+    """``--model gpt2`` where ./gpt2 exists loaded the folder without a word (the hub's GPT-2 is meant as
+    often); ``smollm2-135m`` beside a folder of that name loaded the embedded model while the checks before
+    the load read the folder's config.json. Now one NOTE line says which loads and how to name the other,
+    and the checks before the load read what loads. No NOTE for ./gpt2 or for a name without such a folder."""
+    import json
+
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from headprobe import options
+
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=101, n_positions=32)).save_pretrained("gpt2")
+    tiny_tokenizer.save_pretrained("gpt2")
+    capsys.readouterr()
+    model = load_model("gpt2")
+    assert (model.spec.n_layers, model.spec.n_heads) == (1, 2)  # the folder's random GPT-2, not the hub's 12 x 12
+    notes = [x for x in capsys.readouterr().err.splitlines() if x.startswith("NOTE:")]
+    assert notes == [
+        "NOTE: --model gpt2 is the folder ./gpt2 here, not headprobe's openai-community/gpt2; "
+        "for that model give openai-community/gpt2"
+    ], notes
+    load_model("./gpt2")
+    assert "NOTE:" not in capsys.readouterr().err
+    (tmp_path / "smollm2-135m").mkdir()
+    (tmp_path / "smollm2-135m" / "config.json").write_text(
+        json.dumps({"num_hidden_layers": 2, "num_attention_heads": 4})
+    )
+    from headprobe.probe.backends.sources import folder_or_name_note
+
+    assert folder_or_name_note("smollm2-135m") == (
+        "--model smollm2-135m is the embedded smollm2-135m, not the folder ./smollm2-135m here; "
+        "give ./smollm2-135m for the folder"
+    )
+    assert options.peek_layout("smollm2-135m") == options.SMOLLM2_LAYOUT  # what loads: the embedded model
+    assert options.peek_layout("./smollm2-135m") == (2, 4)
+    assert folder_or_name_note("distilgpt2") is None  # no such folder here

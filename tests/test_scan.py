@@ -421,6 +421,10 @@ def test_redraw_script_reproduces_a_scan_and_refuses_one_it_cannot(tiny_dir, wor
         f"{stem}.{ext}" for stem in figure_makers(result) for ext in ("png", "pdf", "svg")
     )
     assert "pattern_induction" in figure_makers(result) and "composition_k" in figure_makers(result)
+    # the formats asked for, passed to save_figure (no $HEADPROBE_FIGURE_FORMATS set and restored around it)
+    assert sorted(p.name for p in redraw_figures.redraw_scan(out, stems=("overview",), formats="png")) == [
+        "overview.png"
+    ]
     summary = json.loads((out / "summary.json").read_text())
     summary["top_heads"]["induction"][0]["head"] = "9.9"  # a run the saved table does not describe
     (out / "summary.json").write_text(json.dumps(summary))

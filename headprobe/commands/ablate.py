@@ -150,17 +150,22 @@ class AblateConfig(options.ModelRunConfig):
         return [h for h in heads if head_layers is None or h[0] in head_layers]
 
     def preflight(self) -> None:
-        """Check, without loading weights, what the settings and files alone decide: the text file,
-        and the heads' range where the model's layout can be read cheaply (:func:`headprobe.options.peek_layout`).
+        """Check, without loading weights, what the settings and files alone decide: the text file, an
+        encoder where its config says so (:func:`headprobe.options.refuse_encoder`; else after the load), and
+        the heads' range where the model's layout can be read cheaply (:func:`headprobe.options.peek_layout`).
 
         Raises:
-            HeadprobeError: a bad text file or a head out of range.
+            HeadprobeError: a bad text file, an encoder or a head out of range.
         """
         super().preflight()
+        options.refuse_encoder(self.model, NEEDS_CAUSAL)
         layout = options.peek_layout(self.model)
         if layout and self.heads:
             self.head_list(*layout)
 
+
+NEEDS_CAUSAL = "ablate needs a causal language model (its effects are next-token loss effects)"
+"""Why ablate refuses an encoder (:func:`headprobe.options.require_causal`), before the load where the config says so."""
 
 FLAGS = (*options.model_run_flags(), settings.Flags(only=("kind", "heads", "max_batch", "estimate", "n_probes")))
 """``headprobe ablate``'s flags in ``--help`` order."""

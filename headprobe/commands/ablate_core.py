@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -31,14 +30,15 @@ from headprobe.analyses.ablation import (
     top_heads,
 )
 from headprobe.analyses.attribution import atp_star, estimate_plan, forward_equivalents, second_order
-from headprobe.analyses.data import TokenSet, left_out_notes, open_text_file, task_tokens, window_counts
+from headprobe.analyses.data import TokenSet, left_out_notes, window_counts
+from headprobe.analyses.outputs import WritesOutputs
 from headprobe.analyses.scoring import score_plan, score_tokens
-from headprobe.commands.ablate import ESTIMATES, TASKS, AblateConfig
+from headprobe.commands.ablate import ESTIMATES, NEEDS_CAUSAL, TASKS, AblateConfig
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core import ablation_kinds
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import format_head
-from headprobe.probe.core.io import ReadsInputs, keeps_inputs, summary_envelope
+from headprobe.probe.core.io import summary_envelope
 from headprobe.probe.core.memory import BatchPlan
 from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.hooks.capture import kv_head_of
@@ -199,7 +199,7 @@ TOP_N = 10
 
 
 @dataclass(repr=False)
-class AblateResult(CompactRepr, ReadsInputs):
+class AblateResult(CompactRepr, WritesOutputs):
     """What ``ablate`` measured (losses in nats/token).
 
     Attributes:
@@ -379,32 +379,13 @@ class AblateResult(CompactRepr, ReadsInputs):
 
         return notebook_html(self.html())
 
-    @keeps_inputs
-    def save(
-        self, out_dir: str | Path, overwrite: bool = False, *, formats: str | Sequence[str] | None = None
-    ) -> list[Path]:
-        """Write head_ablation.csv, ablation_effect.<format> (ablation_estimate.<format> with
-        ``estimate``) for each of ``formats`` and, last, summary.json into ``out_dir`` (each
-        atomically; a directory holding only a run checkpoint counts as empty). Returns the paths.
-
-        Args:
-            formats: the figures' formats, as ``--formats`` (:func:`~headprobe.analyses.vocabulary.figure_formats`).
-
-        Raises:
-            HeadprobeError: ``out_dir`` is a file, not writable, or holds other files and ``overwrite`` is False.
-            InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest),
-                before anything is written.
-        """
-        from headprobe.analyses.outputs import write_outputs
-
-        return write_outputs(
-            out_dir,
-            overwrite,
+    def outputs(self) -> dict[str, Any]:
+        """save's files: head_ablation.csv, ablation_effect.png/pdf and, last, summary.json."""
+        return dict(
             resumable=True,
             summary=self.summary,
             figures=self.figures,
             tables={"head_ablation.csv": self.table.to_csv(index=False, float_format="%.6f")},
-            formats=formats,
         )
 
     def report(self) -> str:
@@ -570,18 +551,7 @@ def _task_sets(model: LoadedModel, cfg: AblateConfig) -> tuple[TokenSet, TokenSe
     source tokens)`` (the source None unless the kind needs one: the natural task's is the other
     natural-text windows, the repeated task's other repeated sequences), and ``mean_z`` (over the
     other natural-text windows, where the kind needs it)."""
-    text = open_text_file(cfg.text) if cfg.text else None
-    assert cfg.seq_len is not None and cfg.period is not None  # set by AblateConfig.resolved
-    data = task_tokens(
-        model,
-        cfg.n_natural,
-        cfg.seq_len,
-        cfg.n_repeated,
-        cfg.period,
-        cfg.seed,
-        text,
-        source=str(cfg.text) if cfg.text else None,
-    )
+    data = cfg.task_tokens(model)
     natural, repeated = data.natural, data.repeated
     nat, nat_ref = natural.tokens[: cfg.n_natural], natural.tokens[cfg.n_natural :]
     needs = ablation_kinds.KINDS.get(cfg.kind).needs
@@ -732,9 +702,7 @@ def run(
         saved.setdefault("repeated", saved.pop("induction"))
     save = (lambda: on_save(saved)) if on_save is not None else (lambda: None)
     spec = model.spec
-    options.require_causal(
-        spec, "ablate needs a causal language model (its effects are next-token loss effects)", options.ENCODER_HINT
-    )
+    options.require_causal(spec, NEEDS_CAUSAL, options.ENCODER_HINT)
     model.self_check.require_decomposition("head ablation (ablate, prune)")
     if config.estimate:
         memory_plan(model, config)  # refuses an estimate that cannot fit, before any allocation

@@ -4,15 +4,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from headprobe import options
+from headprobe.analyses.outputs import WritesOutputs
 from headprobe.commands.circuit import HELP, CircuitConfig, parse_qk_head, parse_receivers  # noqa: F401 - the light module's names, re-exported
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.io import ReadsInputs, keeps_inputs, summary_envelope
+from headprobe.probe.core.io import summary_envelope
 from headprobe.probe.core.reprs import CompactRepr
 
 if TYPE_CHECKING:
@@ -24,7 +23,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(repr=False)
-class CircuitResult(CompactRepr, ReadsInputs):
+class CircuitResult(CompactRepr, WritesOutputs):
     """A finished ``circuit`` run: ``config``, the model's ``spec``, ``edges`` (edges.csv),
     ``agreement`` (EAP(-IG) against exact path patching on the verified edges, or None),
     ``paths`` (path_patching.csv or None), ``qk`` (:class:`~headprobe.analyses.qk_attribution.QKAttribution`
@@ -68,15 +67,7 @@ class CircuitResult(CompactRepr, ReadsInputs):
         s = {
             **info,
             "hf_name": spec.hf_name,
-            "layout": {
-                "attention": spec.kind,
-                "n_layers": spec.n_layers,
-                "n_heads": spec.n_heads,
-                "n_kv_heads": spec.n_kv_heads,
-                "d_head": spec.d_head,
-                "d_model": spec.d_model,
-                "parallel_attn_mlp": self.parallel_attn_mlp,
-            },
+            "layout": {**spec.layout_summary(), "parallel_attn_mlp": self.parallel_attn_mlp},
             "task": f"{self.config.n_seqs} repeated random sequences of {self.config.period} tokens; corrupted: "
             f"other repeated random sequences (seed + 1)",
             "metric": "next-token loss (nats/token) on the second copy from its second token; effect = patched - clean",
@@ -181,30 +172,14 @@ class CircuitResult(CompactRepr, ReadsInputs):
             )
         return "\n".join(lines)
 
-    @keeps_inputs
-    def save(
-        self, out_dir: str | Path, overwrite: bool = False, *, formats: str | Sequence[str] | None = None
-    ) -> list[Path]:
-        """Write edges.csv, path_patching.csv, qk_attribution.csv, the figure and, last, summary.json.
-
-        Args:
-            formats: the figures' formats, as ``--formats`` (:func:`~headprobe.analyses.vocabulary.figure_formats`).
-
-        Raises:
-            HeadprobeError: ``out_dir`` is a file, not writable, or not empty without ``overwrite``.
-            InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest),
-                before anything is written.
-        """
-        from headprobe.analyses.outputs import write_outputs
-
+    def outputs(self) -> dict[str, Any]:
+        """save's files: edges.csv, path_patching.csv, qk_attribution.csv, the figure and, last, summary.json."""
         tables = {"edges.csv": self.edges.to_csv(index=False, float_format="%.6g")}
         if self.paths is not None:
             tables["path_patching.csv"] = self.paths.to_csv(index=False, float_format="%.6g")
         if self.qk is not None:
             tables["qk_attribution.csv"] = self.qk_table().to_csv(index=False, float_format="%.6g")
-        return write_outputs(
-            out_dir, overwrite, summary=self.summary, tables=tables, figures={"circuit": self.figure}, formats=formats
-        )
+        return dict(summary=self.summary, tables=tables, figures={"circuit": self.figure})
 
 
 def batch_line(model: LoadedModel, config: CircuitConfig) -> str:

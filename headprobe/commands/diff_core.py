@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -30,13 +31,14 @@ from headprobe.analyses.data import (
     unknown_share,
     window_counts,
 )
+from headprobe.analyses.outputs import WritesOutputs
 from headprobe.analyses.scoring import score_tokens
 from headprobe.analyses.statistics import adjust_p_values
 from headprobe.commands.diff import HELP, DiffConfig, check_resample_sources, layout_refusal  # noqa: F401 - HELP re-exported
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import parse_heads
-from headprobe.probe.core.io import ReadsInputs, keeps_inputs, open_text_file, summary_envelope
+from headprobe.probe.core.io import open_text_file, summary_envelope
 from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.hooks.ablation import format_head
 from headprobe.probe.layout.spec import ModelSpec
@@ -116,7 +118,7 @@ def compare(
 
 
 @dataclass(repr=False)
-class DiffResult(CompactRepr, ReadsInputs):
+class DiffResult(CompactRepr, WritesOutputs):
     """What ``headprobe diff`` found: per quantity the two models' values and the tests, the top-k
     sets of each type in each model, the flipped heads, the table (diff.csv) and the settings.
     ``load_s``: seconds loading model A (set by the caller that loaded it); ``timings``: seconds
@@ -257,29 +259,12 @@ class DiffResult(CompactRepr, ReadsInputs):
         )
         return "\n".join(lines)
 
-    @keeps_inputs
-    def save(
-        self, out_dir: str | Path, overwrite: bool = False, *, formats: str | Sequence[str] | None = None
-    ) -> list[Path]:
-        """Write diff.csv, the figure and, last, summary.json (:func:`~headprobe.analyses.outputs.write_outputs`).
-
-        Args:
-            formats: the figures' formats, as ``--formats`` (:func:`~headprobe.analyses.vocabulary.figure_formats`).
-
-        Raises:
-            HeadprobeError: ``out_dir`` is a file, not writable, or not empty without ``overwrite``.
-            InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest),
-                before anything is written.
-        """
-        from headprobe.analyses.outputs import write_outputs
-
-        return write_outputs(
-            out_dir,
-            overwrite,
+    def outputs(self) -> dict[str, Any]:
+        """save's files: diff.csv, the figure and, last, summary.json."""
+        return dict(
             summary=self.summary,
             figures=self.figures,
             tables={"diff.csv": self.table.to_csv(index=False, float_format="%.6g")},
-            formats=formats,
         )
 
 

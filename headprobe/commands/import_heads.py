@@ -28,6 +28,7 @@ from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.registry import did_you_mean
 from headprobe.settings import (
     DEFAULT_BLOCK_LEN,
+    DEFAULT_SEQ_LEN,
     DataSettings,
     Flags,
     ModelSettings,
@@ -127,7 +128,34 @@ class ImportConfig(ScanConfig):
             if cfg
             else None
         )
-        refuse_unused(self, read_head_file(self.heads_file, layout, self.k or DEFAULT_K, self.score))
+        hf = read_head_file(self.heads_file, layout, self.k or DEFAULT_K, self.score)
+        refuse_unused(self, hf)
+        if self.measure_kv and hf.policy is not None:
+            seq_len = self.seq_len or (min(DEFAULT_SEQ_LEN, cfg["n_ctx"]) if cfg and cfg["n_ctx"] else None)
+            if seq_len is not None:  # else the fitted default is known, and checked, once the model loads
+                check_policy_span(hf.policy, seq_len)
+
+
+def policy_span(policy) -> tuple[int, int]:
+    """``(sink, window)`` in positions of a KV policy's streaming groups
+    (:class:`~headprobe.analyses.kvpolicy.KVPolicy`; a file gives one span for all of them), ``(0, 1)`` where none streams."""
+    spans = {(s.sink, s.window) for row in policy.groups for s in row if s is not None}
+    return spans.pop() if spans else (0, 1)
+
+
+def check_policy_span(policy, seq_len: int) -> None:
+    """Refuse ``import --kv`` where the policy's sink and window cover all ``seq_len`` positions: nothing
+    would stream. Checked before the load where ``--seq-len`` (or the context it is fitted to) is known
+    (:meth:`ImportConfig.preflight`), else by :func:`~headprobe.commands.import_heads_core.measure_policy`.
+
+    Raises:
+        HeadprobeError: one line naming the sink, the window and ``--seq-len``."""
+    sink, window = policy_span(policy)
+    if sink + window >= seq_len:
+        raise HeadprobeError(
+            f"the policy's sink {sink} + window {window} cover all {seq_len} tokens of --seq-len: "
+            "nothing would stream; give a longer --seq-len"
+        )
 
 
 SCORE_FILES = ("headkv", "parquet", "csv")

@@ -14,7 +14,7 @@ from headprobe.analyses import exchange as ex
 from headprobe.analyses.ablation import Verification
 from headprobe.analyses.verdicts import verdict_counts
 from headprobe.commands import scan_core
-from headprobe.commands.import_heads import HELP, ImportConfig, refuse_unused  # noqa: F401 - the light module's names, re-exported
+from headprobe.commands.import_heads import HELP, ImportConfig, check_policy_span, policy_span, refuse_unused  # noqa: F401 - the light module's names, re-exported
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import Head, check_head_layers
@@ -203,14 +203,9 @@ def measure_policy(model: LoadedModel, cfg: ImportConfig, hf: ex.HeadFile) -> tu
     from headprobe.probe.layout.attention import Streaming
 
     policy = hf.policy
-    spans = {(s.sink, s.window) for row in policy.groups for s in row if s is not None}
-    sink, window = spans.pop() if spans else (0, 1)
+    sink, window = policy_span(policy)
     assert cfg.seq_len is not None
-    if sink + window >= cfg.seq_len:
-        raise HeadprobeError(
-            f"the policy's sink {sink} + window {window} cover all {cfg.seq_len} tokens of --seq-len: "
-            "nothing would stream; give a longer --seq-len"
-        )
+    check_policy_span(policy, cfg.seq_len)  # where the fitted --seq-len was not known before the load
     kp.check_kv_backend(model)
     kvc = KVConfig(
         model=cfg.model,

@@ -5,15 +5,15 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from headprobe import options
+from headprobe.analyses.outputs import WritesOutputs
 from headprobe.commands.kv import HELP, KVConfig, check_context  # noqa: F401 - the light module's names, re-exported
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.io import ReadsInputs, keeps_inputs, summary_envelope, write_json
+from headprobe.probe.core.io import summary_envelope, write_json
 from headprobe.probe.core.reprs import CompactRepr
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(repr=False)
-class KVResult(CompactRepr, ReadsInputs):
+class KVResult(CompactRepr, WritesOutputs):
     """A finished ``headprobe kv`` run.
 
     Attributes:
@@ -230,24 +230,13 @@ class KVResult(CompactRepr, ReadsInputs):
             )
         return "\n".join([*lines, *(f"NOTE: {note}" for note in notes)])
 
-    @keeps_inputs
-    def save(
-        self, out_dir: str | Path, overwrite: bool = False, *, formats: str | Sequence[str] | None = None
-    ) -> list[Path]:
-        """Write policy.json, policy_budget.json, group_costs.csv, curve.csv, the figure and, last, summary.json.
+    def outputs(self) -> dict[str, Any]:
+        """save's files: policy.json, policy_budget.json, group_costs.csv, curve.csv, the figure and,
+        last, summary.json."""
 
-        Args:
-            formats: the figures' formats, as ``--formats`` (:func:`~headprobe.analyses.vocabulary.figure_formats`).
-
-        Raises:
-            HeadprobeError: ``out_dir`` is a file, not writable, or not empty without ``overwrite``.
-            InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest),
-                before anything is written.
-        """
         import pandas as pd
 
         from headprobe.analyses import figures
-        from headprobe.analyses.outputs import write_outputs
 
         def policy_files(out: Path) -> list[Path]:
             write_json(out / "policy.json", self.policy.to_dict())
@@ -274,15 +263,7 @@ class KVResult(CompactRepr, ReadsInputs):
             "group_costs.csv": self.group_table().to_csv(index=False, float_format="%.6f"),
             "curve.csv": pd.DataFrame(self.curve).to_csv(index=False, float_format="%.6f"),
         }
-        return write_outputs(
-            out_dir,
-            overwrite,
-            summary=self.summary,
-            tables=tables,
-            figures={"kv_curve": curve_figure},
-            extra=policy_files,
-            formats=formats,
-        )
+        return dict(summary=self.summary, tables=tables, figures={"kv_curve": curve_figure}, extra=policy_files)
 
 
 def _mean(values) -> float:

@@ -32,16 +32,16 @@ import argparse
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from headprobe import options
+from headprobe.analyses.outputs import WritesOutputs
 from headprobe.analyses.vocabulary import PATCH_SITES
 from headprobe.commands import Command
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import heads_text, read_heads
-from headprobe.probe.core.io import ReadsInputs, keeps_inputs, read_text_file, summary_envelope
+from headprobe.probe.core.io import read_text_file, summary_envelope
 from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.core.reprs import CompactRepr
 from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
@@ -230,7 +230,7 @@ SITE_TEXT = {
 
 
 @dataclass(repr=False)
-class PatchResult(CompactRepr, ReadsInputs):
+class PatchResult(CompactRepr, WritesOutputs):
     """A finished patching run: ``config``, the model's ``spec``, ``patching``
     (:class:`headprobe.analyses.patching.PatchingResult`), ``table`` (head_patching.csv, or
     resid_patching.csv for ``--site resid``), ``seconds`` (the run's) and ``load_s`` (the model's load,
@@ -394,30 +394,13 @@ class PatchResult(CompactRepr, ReadsInputs):
             lines.append(f"normalised effects n/a: {s['normalized_null_reason']}")
         return "\n".join([*lines, *(f"NOTE: {n}" for n in self.notes)])
 
-    @keeps_inputs
-    def save(
-        self, out_dir: str | Path, overwrite: bool = False, *, formats: str | Sequence[str] | None = None
-    ) -> list[Path]:
-        """Write the CSV (head_patching.csv; resid_patching.csv for ``--site resid``), the figures
-        and, last, summary.json into ``out_dir``.
-
-        Args:
-            formats: the figures' formats, as ``--formats`` (:func:`~headprobe.analyses.vocabulary.figure_formats`).
-
-        Raises:
-            HeadprobeError: ``out_dir`` is a file, not writable, or not empty without ``overwrite``.
-            InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest),
-                before anything is written.
-        """
-        from headprobe.analyses.outputs import write_outputs
-
-        return write_outputs(
-            out_dir,
-            overwrite,
+    def outputs(self) -> dict[str, Any]:
+        """save's files: head_patching.csv (resid_patching.csv for ``--site resid``), the figures and,
+        last, summary.json."""
+        return dict(
             summary=self.summary,
             figures=self.figures,
             tables={self.csv_name: self.table.to_csv(index=False, float_format="%.5f")},
-            formats=formats,
         )
 
 

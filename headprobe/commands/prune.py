@@ -223,6 +223,18 @@ class PruneConfig(options.ModelRunConfig):
         if self.save_pruned and self.device_map is not None:  # removing heads rewrites weights that may be offloaded
             raise HeadprobeError("--save-pruned needs the whole model on one device: drop --device-map")
 
+    def preflight(self) -> None:
+        """Check, without loading weights, what the settings and files alone decide: the text file, and an
+        encoder where its config says so (:func:`headprobe.options.refuse_encoder`; else after the load).
+
+        Raises:
+            HeadprobeError: a bad text file, or an encoder."""
+        super().preflight()
+        options.refuse_encoder(self.model, NEEDS_CAUSAL)
+
+
+NEEDS_CAUSAL = "prune needs a causal language model (its curves are next-token losses)"
+"""Why prune refuses an encoder (:func:`headprobe.options.require_causal`), before the load where the config says so."""
 
 FLAGS = (
     *options.model_run_flags(

@@ -5,10 +5,10 @@ matplotlib; the package's ``__init__`` does not."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -16,7 +16,8 @@ import pandas as pd
 from headprobe import options
 from headprobe.analyses import figures as figs
 from headprobe.analyses.ablation import first_scored
-from headprobe.analyses.data import TokenSet, left_out_notes, open_text_file, task_tokens, window_counts
+from headprobe.analyses.data import TokenSet, left_out_notes, window_counts
+from headprobe.analyses.outputs import WritesOutputs
 from headprobe.analyses.pruning import (
     LossSet,
     PruningRun,
@@ -28,11 +29,11 @@ from headprobe.analyses.pruning import (
     present_heads,
 )
 from headprobe.analyses.pruning import memory_plan as pruning_memory_plan
-from headprobe.commands.prune import PRUNED_DIR, PruneConfig
+from headprobe.commands.prune import NEEDS_CAUSAL, PRUNED_DIR, PruneConfig
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import format_head
-from headprobe.probe.core.io import ReadsInputs, keeps_inputs, summary_envelope
+from headprobe.probe.core.io import summary_envelope
 from headprobe.probe.core.memory import BatchPlan
 from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.layout.spec import ModelSpec
@@ -81,7 +82,7 @@ def figure_labels(
 
 
 @dataclass(repr=False)
-class PruneResult(CompactRepr, ReadsInputs):
+class PruneResult(CompactRepr, WritesOutputs):
     """Every method's pruning curve (losses in nats/token) and, with ``save_pruned``, the pruned model.
 
     Attributes:
@@ -259,24 +260,9 @@ class PruneResult(CompactRepr, ReadsInputs):
             )
         return out
 
-    @keeps_inputs
-    def save(
-        self, out_dir: str | Path, overwrite: bool = False, *, formats: str | Sequence[str] | None = None
-    ) -> list[Path]:
-        """Write pruning_curve.csv, pruning_curve.<format> for each of ``formats``, per_layer.csv and
-        per_layer.<format> (``per_layer``), the pruned model directory (``save_pruned``) and, last,
-        summary.json into ``out_dir`` (each atomically; a directory holding only a run checkpoint
-        counts as empty). Returns the paths.
-
-        Args:
-            formats: the figures' formats, as ``--formats`` (:func:`~headprobe.analyses.vocabulary.figure_formats`).
-
-        Raises:
-            HeadprobeError: ``out_dir`` is a file, not writable, or holds other files and ``overwrite`` is False.
-            InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest),
-                before anything is written.
-        """
-        from headprobe.analyses.outputs import write_outputs
+    def outputs(self) -> dict[str, Any]:
+        """save's files: pruning_curve.csv and its figure, per_layer.csv and its figure (``per_layer``),
+        the pruned model directory (``save_pruned``) and, last, summary.json."""
         from headprobe.probe.model.checkpoint import source_weights
         from headprobe.probe.model.pruned import save_pruned_dir
 
@@ -297,16 +283,13 @@ class PruneResult(CompactRepr, ReadsInputs):
             )
             return [out / PRUNED_DIR]
 
-        return write_outputs(
-            out_dir,
-            overwrite,
+        return dict(
             resumable=True,
             summary=self.summary,
             tables=tables,
             figures=self.figures,
             extra=pruned_model,
             models=(PRUNED_DIR,) if self.pruned is not None else (),
-            formats=formats,
         )
 
     def report(self) -> str:
@@ -437,9 +420,7 @@ def batch_line(model: LoadedModel, config: PruneConfig) -> str:
 
 def _refuse_early(model: LoadedModel, cfg: PruneConfig) -> None:
     """Raise, before any computation, what :func:`run` refuses of the model itself."""
-    options.require_causal(
-        model.spec, "prune needs a causal language model (its curves are next-token losses)", options.ENCODER_HINT
-    )
+    options.require_causal(model.spec, NEEDS_CAUSAL, options.ENCODER_HINT)
     model.self_check.require_decomposition("head ablation (ablate, prune)")
     present_heads(model)  # refuses a pruned checkpoint with no head left
     if (head_layers := model.spec.layout.head_layers) is not None:  # its fractions and masks span every layer's heads
@@ -455,18 +436,7 @@ def _loss_sets(model: LoadedModel, cfg: PruneConfig) -> tuple[TokenSet, LossSet,
     """``(repeated, score, evals, natural)``: the repeated task's token set, the natural-text windows the
     heads are scored on, the held-out sets every curve is evaluated on (``natural``: the other
     natural-text windows; ``repeated``), and the whole natural-text draw."""
-    assert cfg.period is not None and cfg.seq_len is not None  # set by PruneConfig.resolved
-    text = open_text_file(cfg.text) if cfg.text else None
-    data = task_tokens(
-        model,
-        cfg.n_natural,
-        cfg.seq_len,
-        cfg.n_repeated,
-        cfg.period,
-        cfg.seed,
-        text,
-        source=str(cfg.text) if cfg.text else None,
-    )
+    data = cfg.task_tokens(model)
     natural, repeated = data.natural, data.repeated
     score = LossSet(natural.tokens[: cfg.n_natural], first_scored("natural", natural.start, None))
     evals = {

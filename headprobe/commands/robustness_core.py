@@ -6,9 +6,8 @@ figure. The settings are :mod:`headprobe.commands.robustness`."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -27,13 +26,14 @@ from headprobe.analyses.data import (
     repeated_random_tokens,
     window_counts,
 )
+from headprobe.analyses.outputs import WritesOutputs
 from headprobe.analyses.scoring import score_tokens
 from headprobe.analyses.vocabulary import PRIMARY_KIND
 from headprobe.commands.robustness import DEFAULT_K, HELP, RobustnessConfig  # noqa: F401 - HELP re-exported
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core import ablation_kinds
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.io import ReadsInputs, keeps_inputs, open_text_file, summary_envelope
+from headprobe.probe.core.io import open_text_file, summary_envelope
 from headprobe.probe.core.progress import progress_bar
 from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.hooks.ablation import format_head
@@ -150,7 +150,7 @@ class Outcome:
 
 
 @dataclass(repr=False)
-class RobustnessResult(CompactRepr, ReadsInputs):
+class RobustnessResult(CompactRepr, WritesOutputs):
     """What ``headprobe robustness`` found.
 
     Attributes:
@@ -221,29 +221,12 @@ class RobustnessResult(CompactRepr, ReadsInputs):
     def report(self) -> str:
         return format_report(self)
 
-    @keeps_inputs
-    def save(
-        self, out_dir: str | Path, overwrite: bool = False, *, formats: str | Sequence[str] | None = None
-    ) -> list[Path]:
-        """Write robustness.csv, the figure and, last, summary.json (:func:`~headprobe.analyses.outputs.write_outputs`).
-
-        Args:
-            formats: the figures' formats, as ``--formats`` (:func:`~headprobe.analyses.vocabulary.figure_formats`).
-
-        Raises:
-            HeadprobeError: ``out_dir`` is a file, not writable, or not empty without ``overwrite``.
-            InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest),
-                before anything is written.
-        """
-        from headprobe.analyses.outputs import write_outputs
-
-        return write_outputs(
-            out_dir,
-            overwrite,
+    def outputs(self) -> dict[str, Any]:
+        """save's files: robustness.csv, the figure and, last, summary.json."""
+        return dict(
             summary=self.summary,
             figures=self.figures,
             tables={"robustness.csv": self.table.to_csv(index=False, float_format="%.4f")},
-            formats=formats,
         )
 
 

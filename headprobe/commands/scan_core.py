@@ -622,14 +622,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
     return summary_envelope(
         {
             "hf_name": spec.hf_name,
-            "layout": {
-                "attention": spec.kind,
-                "n_layers": spec.n_layers,
-                "n_heads": spec.n_heads,
-                "n_kv_heads": spec.n_kv_heads,
-                "d_head": spec.d_head,
-                "d_model": spec.d_model,
-            },
+            "layout": spec.layout_summary(),
             "tokens": {
                 "natural_text": {
                     "source": result.natural.source,

