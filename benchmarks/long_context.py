@@ -58,7 +58,7 @@ def one(n: int, model_name: str, streaming: str) -> dict:
             streaming=streaming,
             progress=False,
         )
-        res.save(out, overwrite=True, figures=False)
+        res.save(out, overwrite=True, formats="none")
     wall = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {

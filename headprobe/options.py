@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import sys
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -725,7 +727,8 @@ def command_function(
     Python name, ``import``), ``__module__`` that of ``run``, a ``__signature__``
     listing every field of ``config_cls`` but ``model`` as a keyword with its type and default, so
     ``help(headprobe.scan)`` and ``inspect.signature`` show the settings, and a docstring
-    (:func:`_command_doc`) opening with ``summary`` that documents each of them.
+    (:func:`_command_doc`) opening with ``summary`` that documents each of them. A refusal naming
+    the command's flags carries a note of their Python spelling (:func:`notes_flags`).
     """
     import dataclasses
     import inspect
@@ -773,7 +776,7 @@ def command_function(
     fn.__module__ = run.__module__
     fields_doc = [f.name for f in fields]
     fn.__doc__ = _command_doc(config_cls, fields_doc, run, command or name, summary, example, result)
-    return fn
+    return notes_flags(command or name)(fn)
 
 
 def _command_doc(config_cls, fields: list[str], run: Callable, name: str, summary: str, example: str, result: str):
@@ -808,7 +811,8 @@ def _command_doc(config_cls, fields: list[str], run: Callable, name: str, summar
 
     Raises:
         HeadprobeError: bad settings (before anything loads), the model cannot be loaded, or as
-            :func:`{run.__module__}.run`.
+            :func:`{run.__module__}.run`; a message naming flags has a note giving their keywords
+            (``in Python: --top-k is k=``).
         TypeError: a keyword that is not a setting of :class:`{config_cls.__name__}`.
     """
 
@@ -879,17 +883,37 @@ def output_hint(name: str, config_cls) -> str | None:
     is ``config_cls`` that its Python function does not take because it says where and how the
     files are written (``--out``, ``--overwrite``, ``--formats``, ``scan --html``, ``budget --json``,
     ``show --prompt-file``: the fields of its flag blocks other than the Config's): where the
-    setting goes in Python, read from the signature of the result's ``save`` (``formats``:
-    ``result.save(path, formats="png")``). None otherwise. The
-    command is the ``COMMAND`` of ``config_cls``'s module (imported already: this module imports no
-    command); its result class is imported now (a refusal, not a run).
+    setting goes in Python (:func:`_output_place`). None otherwise. The command is the ``COMMAND``
+    of ``config_cls``'s module (imported already: this module imports no command).
     """
-    import dataclasses
-    import inspect
-
     command = getattr(sys.modules.get(config_cls.__module__), "COMMAND", None)
     if command is None or command.config_class() is not config_cls:
         return None
+    place = _output_place(command, name)
+    if place is None:
+        return None
+    call, function = place
+    said = f"; {name} is an output setting: "
+    if name == "out":
+        return f"{said}pass the folder to {call}"
+    if name == "json":
+        return f"{said}{function}() returns the result; {call} is what --json prints"
+    if name == "prompt_file":
+        return "; prompt_file is a flag of the command line: pass the file's text as prompt="
+    return f"{said}pass it to {call}"
+
+
+def _output_place(command, name: str) -> tuple[str, str] | None:
+    """``(call, function)``: where output setting ``name`` of :class:`~headprobe.commands.Command`
+    ``command`` goes in Python -- ``result.save(path)`` (``out``), ``result.save(path,
+    formats="png")`` (a keyword of the result's ``save``), ``result.to_dict()`` (``json``) or
+    ``prompt=`` (``prompt_file``) -- and the name of the command's function; None where ``name``
+    is not a field of the command's flag blocks other than its Config's, or has no such place.
+    The result class (the function's return annotation) is imported now (a refusal, not a run)."""
+    import dataclasses
+    import inspect
+
+    config_cls = command.config_class()
     blocks = [b.settings for b in command.flags if b.settings is not None and b.settings is not config_cls]
     owner = next((s for s in blocks if name in {f.name for f in dataclasses.fields(s)}), None)
     function = command.function()
@@ -900,17 +924,100 @@ def output_hint(name: str, config_cls) -> str | None:
     save = getattr(result, "save", None)
     params = dict(inspect.signature(save).parameters) if save is not None else {}
     params.pop("self", None)
-    said = f"; {name} is an output setting: "
     if save is not None and name == "out":
-        return f"{said}pass the folder to result.save(path)"
+        return "result.save(path)", function.__name__
     if name in params:
         value = "True" if isinstance(params[name].default, bool) else '"png"' if name == "formats" else "..."
-        return f"{said}pass it to result.save(path, {name}={value})"
+        return f"result.save(path, {name}={value})", function.__name__
     if name == "json" and hasattr(result, "to_dict"):
-        return f"{said}{function.__name__}() returns the result; result.to_dict() is what --json prints"
+        return "result.to_dict()", function.__name__
     if name == "prompt_file":
-        return "; prompt_file is a flag of the command line: pass the file's text as prompt="
+        return "prompt=<the file's text>", function.__name__
     return None
+
+
+_FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*|-[a-zA-Z])(?![\w-])")
+"""A flag named in a message: ``--n-random``, ``-k`` (not the ``-negative`` of ``non-negative``)."""
+
+_OTHER_COMMAND = re.compile(r"\bheadprobe ([a-z]+)\b")
+"""``headprobe ablate``: a command named in a message; its flags follow it, or precede ``of`` it."""
+
+_IN_COMMAND_FUNCTION: ContextVar[bool] = ContextVar("headprobe_in_command_function", default=False)
+"""Whether a command's Python function is running: the outermost one notes a refusal's flags."""
+
+
+def flag_note(command: str, message: str) -> str | None:
+    """``in Python: --n-random is n_random=, --no-bos is prepend_bos=False, --out is
+    result.save(path)``: the Python spelling of each flag of ``headprobe <command>`` that the
+    refusal ``message`` names (:data:`_FLAG`), for a caller of the command's function. A flag that
+    is a keyword of the function is that keyword (a switch: its value); an output flag the function
+    does not take is where it goes in Python (:func:`_output_place`). Left out: flags the command
+    does not have, flags of another command named beside them (``give the --out folder of headprobe
+    train``, ``headprobe budget --seq-len``), and flags whose keyword the message spells already
+    (``--overwrite (overwrite=True in Python)``). None where none is left, or ``command`` is not
+    registered."""
+    from headprobe.commands import COMMANDS
+
+    entry = COMMANDS.get(command) if command in COMMANDS else None  # None: a function of no registered command
+    function = entry.function() if entry is not None else None
+    if entry is None or function is None:
+        return None
+    parser = argparse.ArgumentParser(add_help=False)
+    entry.add_flags(parser)
+    actions = {flag: action for action in parser._actions for flag in action.option_strings}
+    keywords = set(accepted_keywords(function, entry.config_class(), positional=()))  # budget's model= too
+    others = set(COMMANDS.names()) - {command}
+    said: dict[str, str] = {}
+    for clause in re.split(r"[;()]", message):
+        before_other = [m.start() for m in _OTHER_COMMAND.finditer(clause) if m.group(1) in others]
+        for match in _FLAG.finditer(clause):
+            flag, action = match.group(1), actions.get(match.group(1))
+            after = re.match(r" (?:\S+ )?of headprobe ([a-z]+)\b", clause[match.end() :])
+            if action is None or flag in said or any(start < match.start() for start in before_other):
+                continue
+            if (after and after.group(1) in others) or re.search(rf"\b{action.dest}=", message):
+                continue
+            if action.dest in keywords:
+                switch = f"{action.const}" if action.nargs == 0 and isinstance(action.const, bool) else ""
+                said[flag] = f"{action.dest}={switch}"
+            elif (place := _output_place(entry, action.dest)) is not None:
+                said[flag] = place[0]
+    return "in Python: " + ", ".join(f"{flag} is {python}" for flag, python in said.items()) if said else None
+
+
+_Function = TypeVar("_Function", bound=Callable[..., Any])
+
+
+def notes_flags(command: str) -> Callable[[_Function], _Function]:
+    """Decorator of the Python function of ``headprobe <command>``: a ``HeadprobeError`` raised in
+    a call of it whose message names flags of the command (``--n-random must be at least 1``)
+    leaves with a note giving their Python spelling (:func:`flag_note`, ``BaseException.add_note``),
+    the same exception object, its message untouched: the command line prints the message alone
+    (``str(error)``), a traceback shows the note below it. Only the outermost command function
+    called notes (one run inside another: the flags of the function the caller called)."""
+    import functools
+
+    from headprobe.probe.core.errors import HeadprobeError
+
+    def decorate(function: _Function) -> _Function:
+        @functools.wraps(function)
+        def noting(*args: Any, **kwargs: Any) -> Any:
+            if _IN_COMMAND_FUNCTION.get():
+                return function(*args, **kwargs)
+            token = _IN_COMMAND_FUNCTION.set(True)
+            try:
+                return function(*args, **kwargs)
+            except HeadprobeError as error:
+                note = flag_note(command, str(error))
+                if note is not None:
+                    error.add_note(note)
+                raise
+            finally:
+                _IN_COMMAND_FUNCTION.reset(token)
+
+        return noting  # type: ignore[return-value]
+
+    return decorate
 
 
 def nearest_keyword(name: str, valid: list[str]) -> str | None:

@@ -560,6 +560,6 @@ def test_an_output_flag_given_to_a_function_says_where_it_goes(call, keyword, sa
     with pytest.raises(TypeError, match=rf"\(\) got an unknown setting '{keyword}'; {said}"):
         call(**{keyword: "png" if keyword == "formats" else True})
     assert list(tmp_path.iterdir()) == []  # nothing written
-    assert {"overwrite", "html", "figures", "formats"} <= set(inspect.signature(ScanResult.save).parameters)
+    assert {"overwrite", "html", "formats"} <= set(inspect.signature(ScanResult.save).parameters)
     assert {"overwrite", "formats"} <= set(inspect.signature(StudyResult.save).parameters)
     assert all("formats" in inspect.signature(f).parameters for f in (headprobe.atlas, headprobe.show))

@@ -171,6 +171,9 @@ def test_atlas_records_a_failing_model_and_goes_on(atlas_run):
     }  # decoders' types
     for stem in ["atlas", *(f"atlas_{t}" for t in types)]:
         assert (out / f"{stem}.png").is_file() and (out / f"{stem}.pdf").is_file(), stem
+    # --no-model-figures: each model's scan folder holds its tables, no figure in any format
+    assert len(list((out / "models").glob("*/head_scores.csv"))) == 2
+    assert not [p for p in (out / "models").rglob("*") if p.suffix in (".png", ".pdf", ".svg")]
     # the verdict columns are the per-model scans' own
     table = pd.read_csv(out / "atlas.csv", keep_default_na=False)
     for m in (models[0], models[2]):

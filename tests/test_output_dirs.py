@@ -412,7 +412,7 @@ def test_a_python_results_save_never_removes_its_runs_input(text_file, tmp_path,
     with pytest.raises(HeadprobeError) as e:
         headprobe.show(str(m), head="0.0", prompt="a b a b", out=m, overwrite=True)
     assert str(e.value) == cli_line and _digests(m) == before
-    assert results["scan"].save(tmp_path / "other", figures=False)[-1].name == "summary.json"
+    assert results["scan"].save(tmp_path / "other", formats="none")[-1].name == "summary.json"
 
 
 def test_overwrite_refuses_a_folder_entry_that_is_the_input(tmp_path):

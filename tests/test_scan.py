@@ -414,7 +414,7 @@ def test_redraw_script_reproduces_a_scan_and_refuses_one_it_cannot(tiny_dir, wor
 
     out = tmp_path / "scan"
     result = run(load_for(cfg), cfg, progress=False)
-    result.save(out, figures=False)  # the tables, patterns.npz and summary.json only
+    result.save(out, formats="none")  # the tables, patterns.npz and summary.json only
     written = redraw_figures.redraw_scan(out)
     # every figure the scan draws (no ablation figure: --no-verify), in three formats
     assert sorted(p.name for p in written) == sorted(
@@ -520,7 +520,7 @@ def test_every_output_states_the_verdict_rule_from_its_record(tiny_llama_gqa_nat
     condition = rule.condition()
     assert "alpha = 0.1," in condition and ">= 0.123 (nats/token)" in condition and ">= 3.5x" in condition
     out = tmp_path / "out"
-    result.save(out, html=True, figures=False)  # the one figure checked is drawn below
+    result.save(out, html=True, formats="none")  # the one figure checked is drawn below
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["verification"]["confirmation_rule"] == rule.description()

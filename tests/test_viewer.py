@@ -39,7 +39,7 @@ def tiny_scan_dir(tiny_llama_gqa_native, tmp_path_factory):
     )
     result = run(tiny_llama_gqa_native, cfg, progress=False)
     out = tmp_path_factory.mktemp("scan")
-    paths = result.save(out, overwrite=True, html=True, figures=False)
+    paths = result.save(out, overwrite=True, html=True, formats="none")
     assert {p.name for p in paths} == {"head_scores.csv", "patterns.npz", "index.html", "summary.json"}
     return out, result
 

@@ -380,7 +380,8 @@ class AblateResult(CompactRepr, WritesOutputs):
         return notebook_html(self.html())
 
     def outputs(self) -> dict[str, Any]:
-        """save's files: head_ablation.csv, ablation_effect.png/pdf and, last, summary.json."""
+        """save's files: head_ablation.csv, ablation_effect.<format> (ablation_estimate.<format> with
+        ``estimate``) for each of ``formats`` and, last, summary.json."""
         return dict(
             resumable=True,
             summary=self.summary,

@@ -226,7 +226,8 @@ def _scan_model(
             print(f"{counter} scanning {label} ...", flush=True)
         loaded = options.load_for(config.scan_config(path))
         scanned = run_scan(loaded, config.scan_config(path), progress=progress)
-        scanned.save(d, overwrite=True, html=bool(config.pattern_len), figures=config.model_figures, formats=formats)
+        shown = formats if config.model_figures else ()  # --no-model-figures: no scan figure in any format
+        scanned.save(d, overwrite=True, html=bool(config.pattern_len), formats=shown)
         del loaded, scanned
         rec.update(status="scanned", timings_s={"scan_s": round(time.perf_counter() - t0, 2)})
         # last: this model's scan is complete and reusable
@@ -370,6 +371,7 @@ def _remove_new(out: Path, before: set[Path] | None, keep: Path | None = None) -
             p.unlink(missing_ok=True)
 
 
+@options.notes_flags("atlas")
 def atlas(
     *,
     out: str | Path,

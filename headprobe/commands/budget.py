@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from headprobe.commands import Command
-from headprobe.options import dtype_name, positive_int
+from headprobe.options import dtype_name, notes_flags, positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import finite_json
 from headprobe.probe.core.registry import did_you_mean
@@ -1529,6 +1529,7 @@ def _is_pruned(name: str) -> bool:
     return is_pruned_dir(Path(name).expanduser())
 
 
+@notes_flags("budget")
 def budget(**fields_: Any) -> BudgetResult:
     """``headprobe budget`` as a function: ``budget(preset="llama3-8b", seq_len=32768)``.
 

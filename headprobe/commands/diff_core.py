@@ -544,6 +544,7 @@ def _fields(config: DiffConfig) -> dict:
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in ("model", "b")}
 
 
+@options.notes_flags("diff")
 def diff(
     a: str | LoadedModel,
     b: str | LoadedModel,

@@ -16,6 +16,7 @@ import pandas as pd
 
 from headprobe.analyses import exchange as ex
 from headprobe.commands.export import DUO_RECENT, DUO_SINK, HELP, ExportConfig  # noqa: F401 - the light module's names, re-exported
+from headprobe.options import notes_flags
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import ReadsInputs, keeps_inputs
 from headprobe.probe.core.registry import did_you_mean
@@ -526,6 +527,7 @@ def check_flags_apply(config: ExportConfig, src: Source, formats: tuple[str, ...
         raise HeadprobeError(f"--score {config.score}: for a scan folder's duo and headkv files; {why}")
 
 
+@notes_flags("export")
 def export(source: str, out: str | None = None, **fields) -> ExportResult:
     """``headprobe export`` as a function: the files built (``result.files``) and, with ``out``,
     written.

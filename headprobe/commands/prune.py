@@ -8,8 +8,9 @@ model with the pruned heads' weights removed.
 Data: ``2 n_natural`` disjoint natural-text windows, the first half scores head importance, the
 second half is held out for the curve; repeated random tokens give the ``repeated`` loss (the
 repeated half, Olsson et al. 2022). Writes ``pruning_curve.csv``, ``summary.json``
-(with each curve's area), ``pruning_curve.png/pdf``, with ``--per-layer`` ``per_layer.csv`` and
-its figure, and with ``--save-pruned`` the directory ``pruned_model/`` (a model ``--model DIR`` loads).
+(with each curve's area), ``pruning_curve.<format>`` for each of ``--formats``, with
+``--per-layer`` ``per_layer.csv`` and its figure, and with ``--save-pruned`` the directory
+``pruned_model/`` (a model ``--model DIR`` loads).
 """
 
 from __future__ import annotations

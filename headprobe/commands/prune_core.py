@@ -261,8 +261,9 @@ class PruneResult(CompactRepr, WritesOutputs):
         return out
 
     def outputs(self) -> dict[str, Any]:
-        """save's files: pruning_curve.csv and its figure, per_layer.csv and its figure (``per_layer``),
-        the pruned model directory (``save_pruned``) and, last, summary.json."""
+        """save's files: pruning_curve.csv and pruning_curve.<format>, per_layer.csv and
+        per_layer.<format> (``per_layer``), each figure for each of ``formats``, the pruned model
+        directory (``save_pruned``) and, last, summary.json."""
         from headprobe.probe.model.checkpoint import source_weights
         from headprobe.probe.model.pruned import save_pruned_dir
 

@@ -158,18 +158,18 @@ class ScanResult(CompactRepr, ReadsInputs):
         out_dir: str | Path,
         overwrite: bool = False,
         html: bool = False,
-        figures: bool = True,
         progress: bool = False,
         *,
         formats: str | Sequence[str] | None = None,
     ) -> list[Path]:
-        """Write head_scores.csv, the figures (PNG, PDF and SVG, or ``formats``; not with
-        ``figures=False``), patterns.npz (if kept), with ``html`` the viewer page index.html, and,
-        last, summary.json into ``out_dir``, each file atomically, so a directory with summary.json
-        in it is complete. Returns the paths. ``progress``: a progress bar over the figures (stderr).
+        """Write head_scores.csv, the figures (in ``formats``), patterns.npz (if kept), with ``html``
+        the viewer page index.html, and, last, summary.json into ``out_dir``, each file atomically,
+        so a directory with summary.json in it is complete. Returns the paths. ``progress``: a
+        progress bar over the figures (stderr).
 
         Args:
-            formats: the figures' formats, as ``--formats`` (:func:`~headprobe.analyses.vocabulary.figure_formats`).
+            formats: the figures' formats, as ``--formats`` (:func:`~headprobe.analyses.vocabulary.figure_formats`):
+                ``"none"`` writes no figure (the tables, patterns.npz and summary.json only).
 
         Raises:
             HeadprobeError: ``out_dir`` is a file, not writable, or not empty and ``overwrite`` is False.
@@ -180,7 +180,7 @@ class ScanResult(CompactRepr, ReadsInputs):
 
         formats = figure_formats(formats)  # checked before out_dir is made
         out = prepare_output_dir(out_dir, overwrite)
-        return write_outputs(self, out, html=html, figures=figures, progress=progress, formats=formats)
+        return write_outputs(self, out, html=html, progress=progress, formats=formats)
 
 
 def verification_settings(cfg: ScanConfig) -> verif.VerificationSettings:
@@ -871,11 +871,10 @@ def write_outputs(
     result: ScanResult,
     out: Path,
     html: bool = False,
-    figures: bool = True,
     progress: bool = False,
     formats: str | Sequence[str] | None = None,
 ) -> list[Path]:
-    """Write head_scores.csv, all figures (unless ``figures`` is False) in ``formats``
+    """Write head_scores.csv, all figures in ``formats`` (none with ``"none"`` or ``()``)
     (:func:`headprobe.analyses.outputs.write_outputs`), patterns.npz (if kept), with ``html``
     index.html, and, last, summary.json into the existing directory ``out`` (each file
     atomically), so a directory with summary.json in it is complete. ``progress``: a progress bar
@@ -904,7 +903,7 @@ def write_outputs(
         out,
         True,
         summary=result.summary,
-        figures=figure_makers(result) if figures else {},
+        figures=figure_makers(result),  # none drawn with formats "none"
         tables={"head_scores.csv": result.table.to_csv(index=False, float_format="%.5f")},
         extra=others,
         progress=progress,

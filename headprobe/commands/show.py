@@ -287,6 +287,7 @@ def long_window(n: int, size: int = LONG_WINDOW, sink: int = 4) -> tuple[list[in
     return rows, [*range(sink), *range(n - (size - sink), n)]
 
 
+@options.notes_flags("show")
 def show(
     model: str | LoadedModel = options.DEFAULT_MODEL,
     *,

@@ -15,7 +15,7 @@ from headprobe.analyses import figures
 from headprobe.analyses.outputs import WritesOutputs
 from headprobe.analyses.train_config import INDUCTION_FORMED, TrainConfig
 from headprobe.commands.study import CONTEXT, StudyConfig, layout_of
-from headprobe.options import check_fields, config_inputs
+from headprobe.options import check_fields, config_inputs, notes_flags
 from headprobe.probe.core.io import cpu_kernels, summary_envelope
 from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.layout.cost import attention_params_per_layer, kv_bytes_per_request, kv_bytes_per_token
@@ -261,6 +261,7 @@ def run(config: StudyConfig, progress: bool = False) -> StudyResult:
     return StudyResult(config, run_study(config.variants(), list(config.seeds), progress))
 
 
+@notes_flags("study")
 def study(which: str, *, progress: bool = False, **config_fields) -> StudyResult:
     """``headprobe.study("layouts", steps=600, seeds=(0,), ...)``: :func:`run` on
     ``StudyConfig(which, **config_fields)`` (see :class:`StudyConfig` for every field and its default).

@@ -17,8 +17,8 @@ As a library::
 
 Outputs (``--out``, :meth:`TrainResult.save`): ``train_log.csv`` (one row per evaluation),
 ``summary.json`` (written last: a directory holding it is complete), the figure
-``training.{png,pdf}`` and a headprobe checkpoint (``headprobe_model.pt``, ``config.json``,
-tokenizer files) that ``headprobe scan --model OUT`` reads; with ``--save-every N`` also
+``training.<format>`` for each of ``--formats`` and a headprobe checkpoint (``headprobe_model.pt``,
+``config.json``, tokenizer files) that ``headprobe scan --model OUT`` reads; with ``--save-every N`` also
 ``checkpoints/step-NNNNNN/``, the same kind of checkpoint at step 0 and every N steps (for
 ``headprobe atlas --checkpoints OUT``: head types over training).
 """
@@ -47,6 +47,7 @@ from headprobe.analyses.train import (
 from headprobe.analyses.train import (
     train as train_model,
 )
+from headprobe.options import notes_flags
 from headprobe.probe.core.io import cpu_kernels, summary_envelope
 from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.hooks.ablation import format_head
@@ -130,7 +131,7 @@ class TrainResult(CompactRepr, TrainRun, WritesOutputs):
 
     def outputs(self) -> dict[str, Any]:
         """save's files: train_log.csv, the checkpoint (config.json, headprobe_model.pt, tokenizer files,
-        snapshots), training.{png,pdf} and, last, summary.json."""
+        snapshots), training.<format> for each of ``formats`` and, last, summary.json."""
 
         def model_files(out: Path) -> list[Path]:  # the checkpoint headprobe.load_model reads, and the snapshots
             tokenizer_files = self.loaded.tokenizer.save_pretrained(out)
@@ -218,6 +219,7 @@ def run(config: TrainConfig, progress: bool = False) -> TrainResult:
     return TrainResult(**{f.name: getattr(r, f.name) for f in fields(TrainRun)})
 
 
+@notes_flags("train")
 def train(*, progress: bool = False, **config_fields) -> TrainResult:
     """``headprobe.train(steps=300, n_kv_heads=2, ...)``: :func:`run` on ``TrainConfig(**config_fields)``
     (see :class:`headprobe.analyses.train.TrainConfig` for every field and its default).

@@ -260,6 +260,7 @@ def run(cfg: ViewConfig) -> Path:
     return d / PAGE
 
 
+@options.notes_flags("view")
 def view(
     dir: str | Path,
     *,

@@ -1,0 +1,214 @@
+"""A refusal that names command-line flags (``--n-random must be at least 1``) reaches a caller of
+the command's Python function with a note giving their Python spelling (``in Python: --n-random
+is n_random=``), the message itself untouched; the command line prints the same one line as
+before, without the note. One refusal per command (every command of ``COMMANDS``), each decided
+by the settings alone: no model loads and nothing is written."""
+
+from __future__ import annotations
+
+import traceback
+
+import pytest
+
+import headprobe
+from headprobe import cli
+from headprobe.commands import COMMANDS
+from headprobe.probe.core.errors import HeadprobeError
+
+# command -> (Python arguments, keywords, the note expected, the command line's arguments); "{t}": tmp_path
+CASES = {
+    "scan": (
+        (),
+        dict(seq_len=100000),
+        "in Python: --seq-len is seq_len=",
+        ["scan", "--seq-len", "100000", "--out", "{t}/o"],
+    ),
+    "budget": (
+        (),
+        dict(preset="llama3-8b", model="gpt2"),
+        "in Python: --preset is preset=, --model is model=",
+        ["budget", "--preset", "llama3-8b", "--model", "gpt2"],
+    ),
+    "ablate": (
+        (),
+        dict(heads="0.0", estimate="atp", max_batch=4),
+        "in Python: --max-batch is max_batch=, --estimate is estimate=",
+        ["ablate", "--heads", "0.0", "--estimate", "atp", "--max-batch", "4", "--out", "{t}/o"],
+    ),
+    "prune": (
+        (),
+        dict(methods="nope"),
+        "in Python: --method is methods=",
+        ["prune", "--method", "nope", "--out", "{t}/o"],
+    ),
+    "train": ((), dict(steps=0), "in Python: --steps is steps=", ["train", "--steps", "0", "--out", "{t}/o"]),
+    "study": (
+        ("layouts",),
+        dict(rope=3),
+        "in Python: --rope is rope=",
+        ["study", "layouts", "--rope", "3", "--out", "{t}/o"],
+    ),
+    "view": (
+        ("{t}/none",),
+        dict(pattern_len=1),
+        "in Python: --pattern-len is pattern_len=",
+        ["view", "{t}/none", "--pattern-len", "1"],
+    ),
+    "show": (
+        (),
+        dict(head="0.0", prompt="", out="{t}/o"),
+        "in Python: --prompt is prompt=, --prompt-file is prompt=<the file's text>",
+        ["show", "--head", "0.0", "--prompt", "", "--out", "{t}/o"],
+    ),
+    "atlas": (
+        (),
+        dict(out="{t}/o", models=""),
+        "in Python: --models is models=",
+        ["atlas", "--out", "{t}/o", "--models", ""],
+    ),
+    "patch": (
+        (),
+        dict(n_prompts=1),
+        "in Python: --n-prompts is n_prompts=",
+        ["patch", "--n-prompts", "1", "--out", "{t}/o"],
+    ),
+    "circuit": (
+        (),
+        dict(receivers="x"),
+        "in Python: --receivers is receivers=",
+        ["circuit", "--receivers", "x", "--out", "{t}/o"],
+    ),
+    "kv": (
+        (),
+        dict(kv_budget=2.0),
+        "in Python: --kv-budget is kv_budget=",
+        ["kv", "--kv-budget", "2", "--out", "{t}/o"],
+    ),
+    "export": (
+        ("{t}/none",),
+        dict(format="mib", sink=2),
+        "in Python: --sink is sink=, --format is format=",
+        ["export", "--from", "{t}/none", "--format", "mib", "--sink", "2", "--out", "{t}/o"],
+    ),
+    "import": (
+        (),
+        dict(heads_file="{t}/heads.txt", measure_kv=True),
+        "in Python: --kv is measure_kv=True",
+        ["import", "--heads-file", "{t}/heads.txt", "--kv"],
+    ),
+    "robustness": (
+        (),
+        dict(control_seeds=-1),
+        "in Python: --control-seeds is control_seeds=",
+        ["robustness", "--control-seeds", "-1", "--out", "{t}/o"],
+    ),
+    "diff": (
+        ("a", "b"),
+        dict(min_change=-1.0),
+        "in Python: --min-change is min_change=",
+        ["diff", "a", "b", "--min-change", "-1", "--out", "{t}/o"],
+    ),
+}
+
+
+def _filled(value, t):
+    return value.replace("{t}", str(t)) if isinstance(value, str) else value
+
+
+def python_refusal(command: str, tmp_path) -> HeadprobeError:
+    """The refusal of ``CASES[command]``'s Python call (``tmp_path`` holds a layer.head list)."""
+    (tmp_path / "heads.txt").write_text("0.1\n1.0\n")
+    args, keywords, _, _ = CASES[command]
+    with pytest.raises(HeadprobeError) as e:
+        getattr(headprobe, command)(
+            *(_filled(a, tmp_path) for a in args), **{k: _filled(v, tmp_path) for k, v in keywords.items()}
+        )
+    return e.value
+
+
+def test_the_cases_cover_every_command():
+    """Every registered command has its case: a new command's function must be wrapped too."""
+    assert sorted(CASES) == sorted(COMMANDS.names())
+
+
+@pytest.mark.parametrize("command", sorted(CASES))
+def test_a_refusal_from_python_notes_the_keywords_of_its_flags(command, tmp_path):
+    """The refusal's message names flags (as the command line's), its one note the keyword of
+    each, in the order the message names them; a traceback shows the note under the message."""
+    error = python_refusal(command, tmp_path)
+    assert "\n" not in str(error) and str(error).startswith(("--", "give --", "the prompt is empty"))
+    assert error.__notes__ == [CASES[command][2]]
+    shown = "".join(traceback.format_exception(error)).splitlines()
+    assert shown[-1] == CASES[command][2]
+    assert shown[-2].endswith(f"{type(error).__name__}: {error}")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", sorted(CASES))
+def test_the_command_line_prints_the_same_one_line_without_the_note(command, tmp_path, capsys):
+    """``headprobe <command>`` with the same values prints ``headprobe: error: <the Python
+    refusal's message>``: one line, no note, exit status 2, nothing written."""
+    message = str(python_refusal(command, tmp_path))
+    capsys.readouterr()
+    assert cli.main([_filled(a, tmp_path) for a in CASES[command][3]]) == 2
+    said = capsys.readouterr()
+    assert said.err == f"headprobe: error: {message}\n"
+    assert "in Python" not in said.err + said.out
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_switch_is_its_keyword_and_value():
+    """A store_false flag spelled apart from its setting (``--fixed-draws``: ``sequential=False``)."""
+    with pytest.raises(HeadprobeError) as e:
+        headprobe.scan(verify=False, sequential=False)
+    assert str(e.value) == "--fixed-draws only acts without --no-verify: leave one of them out"
+    assert e.value.__notes__ == ["in Python: --fixed-draws is sequential=False, --no-verify is verify=False"]
+
+
+@pytest.mark.parametrize(
+    ("command", "message", "note"),
+    [
+        # output flags the function does not take: where they go in Python
+        (
+            "ablate",
+            "--overwrite of x would remove x/a, a file of this run's input: write to another --out",
+            "in Python: --overwrite is result.save(path, overwrite=True), --out is result.save(path)",
+        ),
+        ("scan", "--formats 'x': choose from png", 'in Python: --formats is result.save(path, formats="png")'),
+        ("budget", "--json and --compare", "in Python: --json is result.to_dict(), --compare is compare=True"),
+        # a flag the function takes as a keyword, output or not
+        ("show", "--out x is a file", "in Python: --out is out="),
+        # a short flag; not the -negative of non-negative, nor a flag the command lacks
+        ("scan", "a non-negative -k or -x or --nope", "in Python: -k is k="),
+        # flags of another command named beside them, or spelled for Python already: left out
+        (
+            "atlas",
+            "--checkpoints r: w; give the --out folder of headprobe train --save-every N",
+            "in Python: --checkpoints is checkpoints=",
+        ),
+        ("scan", "check with headprobe ablate --heads 0.1 --n-random 5", None),
+        ("scan", "--n-random 3 is low; check with headprobe ablate --n-random 5", "in Python: --n-random is n_random="),
+        ("view", "x is not a directory (give the --out directory of headprobe scan or ablate)", None),
+        ("scan", "x is not empty; pass --overwrite (overwrite=True in Python)", None),
+        ("scan", "no flag here", None),
+    ],
+)
+def test_flag_note(command, message, note):
+    """:func:`headprobe.options.flag_note` of a message: the flags of the command it spells in Python."""
+    from headprobe.options import flag_note
+
+    assert flag_note(command, message) == note
+
+
+def test_only_the_function_called_notes():
+    """One command's function run inside another's: the note is of the function the caller called
+    (view has no --top-k: no note), not of the inner one (scan's ``k=``)."""
+    from headprobe.options import notes_flags
+
+    with pytest.raises(HeadprobeError) as e:
+        notes_flags("view")(lambda: headprobe.scan(k=0))()
+    assert str(e.value) == "--top-k must be at least 1, got 0"
+    assert getattr(e.value, "__notes__", None) is None
+    with pytest.raises(HeadprobeError) as e:
+        headprobe.scan(k=0)
+    assert e.value.__notes__ == ["in Python: --top-k is k="]
