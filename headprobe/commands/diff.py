@@ -147,20 +147,26 @@ class DiffConfig(ModelSettings, DataSettings):
             check_resample_sources({"natural": self.n_natural, "repeated": self.n_repeated})
 
     def preflight(self) -> None:
-        """The text file and the two layouts as config.json gives them, before loading.
+        """The text file, an encoder where its config says so (:func:`headprobe.options.peek_encoder`; else
+        after the load) and the two layouts as config.json gives them, before loading.
 
         Raises:
-            HeadprobeError: a bad text file, or layouts that differ.
+            HeadprobeError: a bad text file, an encoder, or layouts that differ.
         """
         from headprobe.probe.core.io import open_text_file
 
         if self.text:
             open_text_file(self.text)
         options.check_model(self.b)
+        if options.peek_encoder(self.model) or options.peek_encoder(self.b):
+            raise HeadprobeError(NEEDS_CAUSAL)
         a, b = layout_of(self.model), layout_of(self.b)
         if a and b and (why := layout_refusal(a, b, self.model, self.b)):
             raise HeadprobeError(why)
 
+
+NEEDS_CAUSAL = "diff needs two causal language models (its ablation effects are loss effects)"
+"""Why diff refuses an encoder as A or B, before the load where a config says so."""
 
 FLAGS = (
     Flags(only=("model", "b")),
