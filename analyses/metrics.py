@@ -689,7 +689,8 @@ def metric_plans(
     the order it runs them, those the model does not run left out (an encoder: no ``retrieval``,
     ``dla``; a hybrid: the output gate's forward alone; ``value_share_token0`` on materialised
     patterns only). Each is :func:`headprobe.probe.core.memory.plan` of a per-sequence
-    :func:`~headprobe.probe.layout.cost.forward_sequence_bytes` (float32 logits where the step
+    :func:`~headprobe.probe.layout.cost.forward_sequence_bytes` (logits, no loss: as many bytes an
+    entry as :attr:`~headprobe.probe.backends.base.LoadedModel.logit_entry_bytes`, where the step
     unembeds: every position for a pattern pass, ``patterns_by_layer``'s logits; the needles'
     scored queries for ``retrieval``; none from ``final_residual`` on a backend that skips the
     unembedding, every position on one that does not, ``residual_with_logits``) plus the step's own:
@@ -729,7 +730,9 @@ def metric_plans(
     resid_logits = T if model.residual_with_logits else 0  # final_residual's unembedding, where it runs one
 
     def forward(logit_positions: int) -> int:
-        return forward_sequence_bytes(spec.layout, T, V, e, logit_positions=logit_positions)
+        return forward_sequence_bytes(
+            spec.layout, T, V, e, logit_positions=logit_positions, logit_bytes=model.logit_entry_bytes
+        )
 
     steps: list[tuple[str, int, str]] = []
     pattern_temps = 2 * 4 * H * T * T
