@@ -77,6 +77,13 @@ def check_resample_sources(counts: dict[str, int]) -> None:
         )
 
 
+DEFAULT_SEQUENCES = 16
+"""diff's default ``--n-natural`` and ``--n-repeated`` (the shared settings' 8 elsewhere). Over SmolLM2-135M's
+270 heads at alpha 0.05 with BH a lone head's change needs p <= 0.05 / 270, which the sign-flip test
+reaches from 15 sequences (:func:`headprobe.analyses.robustness.detection_limit`, at seed 0; at 8 a
+change passes only with 43 heads changed as much); at 16 also for 33 of seeds 0-39, at 15 for 23."""
+
+
 @dataclass(frozen=True)
 class DiffConfig(ModelSettings, DataSettings):
     """Settings of ``headprobe diff`` (recorded in summary.json's ``config``). ``model`` is A, ``b`` is
@@ -104,6 +111,14 @@ class DiffConfig(ModelSettings, DataSettings):
         kw_only=True,
     )
     seq_len: int | None = context_fitted("seq_len")
+    n_natural: int = setting(
+        DEFAULT_SEQUENCES,
+        "natural-text sequences (default %(default)s: below 15 no lone head's change can pass on SmolLM2's 270 heads)",
+        type=positive_int,
+    )
+    n_repeated: int = setting(
+        DEFAULT_SEQUENCES, "repeated random sequences (default %(default)s, as --n-natural)", type=positive_int
+    )
     period: int | None = context_fitted("period")
     types: str | Sequence[str] | None = setting(None, "head types (default: all causal ones)", metavar="TYPE[,TYPE...]")
     k: int | None = setting(
