@@ -391,8 +391,13 @@ def test_capture_heads_counts_negative_indices_from_the_end(backend, tiny_llama_
             ["patch", "--model", "{model}"],
             "{name} is an encoder: patching's logit difference needs a language-model head",
         ),
+        (["kv", "--model", "{model}"], "{name} is an encoder; KV-cache policies are for causal decoders"),
+        (
+            ["circuit", "--model", "{model}"],
+            "path patching and edge attribution need a decoder (an encoder's post-LN blocks have no direct paths)",
+        ),
     ],
-    ids=["robustness", "diff", "patch"],
+    ids=["robustness", "diff", "patch", "kv", "circuit"],
 )
 def test_an_encoder_is_refused_before_the_load(tmp_path_factory, tmp_path, argv, line):
     """The embedded all-MiniLM-L6-v2 and a BERT folder (its config.json's model_type) are known as encoders
