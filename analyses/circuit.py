@@ -159,9 +159,9 @@ class PathRuns:
 def _check_model(model: LoadedModel) -> None:
     spec = model.spec
     if not spec.causal:
-        raise HeadprobeError(
-            "path patching and edge attribution need a decoder (an encoder's post-LN blocks have no direct paths)"
-        )
+        from headprobe.analyses.vocabulary import CIRCUIT_NEEDS_DECODER
+
+        raise HeadprobeError(CIRCUIT_NEEDS_DECODER)
     model.require(
         "path_patching",
         f"path patching and edge attribution need the native backend (--backend native), not {model.backend}",

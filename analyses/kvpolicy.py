@@ -93,7 +93,9 @@ def check_kv_backend(model: LoadedModel) -> None:
         "load with --backend native (or auto) a family it supports",
     )
     if not model.spec.causal:
-        raise HeadprobeError(f"{model.spec.name} is an encoder; KV-cache policies are for causal decoders")
+        from headprobe.analyses.vocabulary import KV_NEEDS_DECODER
+
+        raise HeadprobeError(f"{model.spec.name} is an encoder; {KV_NEEDS_DECODER}")
 
 
 @dataclass(frozen=True)

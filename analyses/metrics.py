@@ -560,48 +560,6 @@ def _no_op(model: LoadedModel, inputs: MetricInputs) -> dict[str, np.ndarray]:
     return out
 
 
-@torch.inference_mode()
-def sink_removal_effect(
-    model: LoadedModel,
-    tokens: Int[Tensor, "batch pos"],
-    first: int,
-    heads: Sequence[tuple[int, int]],
-    n_controls: int = 20,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """The causal check of learned sinks: the loss increase (nats/token, predictions from index
-    ``first`` on) when the sinks of ``heads`` are removed (their sink logits ``-inf``,
-    :func:`headprobe.probe.hooks.ablation.sink_removal_hooks`), beside the same removal on ``n_controls``
-    random sets of the other heads with as many heads in each layer (the layer-matched controls of
-    scan's verdicts, :func:`headprobe.analyses.verification.layer_matched_sets`). ``p`` is the
-    Monte Carlo p-value ``(1 + #{control >= effect}) / (1 + n)`` (Davison & Hinkley 1997).
-
-    Returns:
-        ``{"effect", "controls", "control_sets", "p", "note"}`` (``controls``: the control sets'
-        effects; ``note``: the layer matching's, or None).
-
-    Raises:
-        HeadprobeError: the model has no learned sinks, or too few other heads for a control.
-    """
-    from headprobe.analyses.verification import layer_matched_sets
-    from headprobe.probe.hooks.ablation import sink_removal_hooks
-
-    spec = model.spec
-    if all(model.sink_logits(l) is None for l in range(spec.n_layers)):
-        raise HeadprobeError(f"sink removal needs learned attention sinks: {NO_SINKS}")
-    clean = float(model.scored_losses(tokens, first).mean())
-
-    def effect(hs: Sequence[tuple[int, int]]) -> float:
-        return float(model.scored_losses(tokens, first, fwd_hooks=sink_removal_hooks(hs)).mean()) - clean
-
-    top = sorted(set(heads))
-    others = [(l, h) for l in range(spec.n_layers) for h in range(spec.n_heads) if (l, h) not in set(top)]
-    sets, note = layer_matched_sets(top, others, spec.n_layers, n_controls, torch.Generator().manual_seed(seed))
-    top_effect, controls = effect(top), [effect(c) for c in sets]
-    p = (1 + sum(c >= top_effect for c in controls)) / (1 + len(controls))
-    return {"effect": top_effect, "controls": controls, "control_sets": sets, "p": p, "note": note}
-
-
 # The reported metrics, each registered by name in headprobe.analyses.columns.HEAD_COLUMNS
 # (group "metric"; headprobe.analyses.columns.METRICS views them in column order).
 COPYING = HeadColumn(
@@ -731,7 +689,8 @@ def metric_plans(
     the order it runs them, those the model does not run left out (an encoder: no ``retrieval``,
     ``dla``; a hybrid: the output gate's forward alone; ``value_share_token0`` on materialised
     patterns only). Each is :func:`headprobe.probe.core.memory.plan` of a per-sequence
-    :func:`~headprobe.probe.layout.cost.forward_sequence_bytes` (float32 logits where the step
+    :func:`~headprobe.probe.layout.cost.forward_sequence_bytes` (logits, no loss: as many bytes an
+    entry as :attr:`~headprobe.probe.backends.base.LoadedModel.logit_entry_bytes`, where the step
     unembeds: every position for a pattern pass, ``patterns_by_layer``'s logits; the needles'
     scored queries for ``retrieval``; none from ``final_residual`` on a backend that skips the
     unembedding, every position on one that does not, ``residual_with_logits``) plus the step's own:
@@ -771,7 +730,9 @@ def metric_plans(
     resid_logits = T if model.residual_with_logits else 0  # final_residual's unembedding, where it runs one
 
     def forward(logit_positions: int) -> int:
-        return forward_sequence_bytes(spec.layout, T, V, e, logit_positions=logit_positions)
+        return forward_sequence_bytes(
+            spec.layout, T, V, e, logit_positions=logit_positions, logit_bytes=model.logit_entry_bytes
+        )
 
     steps: list[tuple[str, int, str]] = []
     pattern_temps = 2 * 4 * H * T * T

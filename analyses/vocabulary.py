@@ -235,3 +235,15 @@ def unreachable_note(
         f"1/{n_random + 1} = {1 / (n_random + 1):.3f}): no verdict can be CONFIRMED; the ablations still run and "
         f"report their p-values (use --n-random {need} or more{more})"
     )
+
+
+KV_NEEDS_DECODER = "KV-cache policies are for causal decoders"
+"""Why ``headprobe kv`` refuses an encoder (``"<name> is an encoder; "`` before it), before the load where its
+config says so (:meth:`headprobe.commands.kv.KVConfig.preflight`) and after
+(:func:`headprobe.analyses.kvpolicy.check_kv_backend`)."""
+
+CIRCUIT_NEEDS_DECODER = (
+    "path patching and edge attribution need a decoder (an encoder's post-LN blocks have no direct paths)"
+)
+"""Why ``headprobe circuit`` refuses an encoder, before the load where its config says so
+(:meth:`headprobe.commands.circuit.CircuitConfig.preflight`) and after (:mod:`headprobe.analyses.circuit`)."""

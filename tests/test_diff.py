@@ -504,3 +504,24 @@ def test_a_text_the_tokenizer_does_not_know_is_said(tiny_tokenizer, tmp_path, ca
     assert (
         r.summary()["natural_text"]["untrusted"] is None and "unknown to the tokenizer" not in capsys.readouterr().err
     )
+
+
+def test_the_default_sequence_counts_let_a_lone_heads_change_pass_on_smollm2():
+    """diff exists to find the heads that changed: with its default --n-natural/--n-repeated (and
+    alpha, correction, flips, seed) one head's change over SmolLM2-135M's 270 heads can pass BH, which
+    it could not at the shared default 8 (43 heads had to change as much); the detection limit is
+    analyses.robustness.detection_limit's, itself checked against hand-made differences above."""
+    from headprobe.analyses.robustness import detection_limit
+    from headprobe.commands.diff import DiffConfig
+
+    cfg = DiffConfig(model="smollm2-135m", b="smollm2-135m")
+    for n in (cfg.n_natural, cfg.n_repeated):
+        d = detection_limit(n, 30 * 9, cfg.alpha, cfg.correction, cfg.n_perm, cfg.seed)
+        assert d["detectable_alone"] and d["heads_needed"] == 1, d
+        assert n >= d["sequences_needed_alone"] == 15, d
+    # docs/robustness.md: how many of seeds 0-39 let a lone head's change pass (drawn flips from 13 sequences)
+    alone = {
+        n: sum(detection_limit(n, 270, cfg.alpha, cfg.correction, cfg.n_perm, s)["detectable_alone"] for s in range(40))
+        for n in (15, 16, 20)
+    }
+    assert alone == {15: 23, 16: 33, 20: 40}

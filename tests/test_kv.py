@@ -486,3 +486,29 @@ def test_seq_len_beyond_the_context_is_refused_after_the_load_where_no_config_is
     _, model = llama
     with pytest.raises(HeadprobeError, match=rf"--seq-len 200 is longer than the model's context \({model.spec.n_ctx}"):
         run(model, KVConfig(model="llama", seq_len=200, block_len=6, sink=2, window=6, text=str(text_file)))
+
+
+def test_kv_leaves_out_the_prediction_from_bos_that_ablate_scores(tiny_llama_gqa_native):
+    """kv's natural-text loss scores from the text's second token (``start`` = 1 with BOS), ablate's and
+    scan's every prediction (``first_scored("natural", ...)`` = 0): docs/kv.md and docs/ablate.md give the
+    reason, checked here. The prediction from BOS alone (loss index 0) is the same under every KV policy
+    (query 0 sees only key 0, its own, inside every policy's window) and the loss of full attention from index 1 is
+    kv's; a head's ablation does change the prediction from BOS (its output at BOS is in the residual)."""
+    from headprobe.analyses.ablation import first_scored
+    from headprobe.probe.backends.base import token_losses
+    from headprobe.probe.hooks.ablation import head_ablation_hooks
+
+    model = tiny_llama_gqa_native
+    tokens = torch.randint(0, 100, (3, 24), generator=torch.Generator().manual_seed(0))
+    # position 0 plays BOS; not this model's BOS id, its padding index, whose embedding is 0 (so is BOS's z)
+    assert first_scored("natural", 1, None) == 0
+    L, G = model.spec.n_layers, model.n_kv_groups
+    full = token_losses(model.forward(tokens), tokens).detach()
+    for policy in (KVPolicy.uniform(L, G, Streaming(1, 2)), KVPolicy.uniform(L, G, Streaming(0, 1))):
+        with model.kv_policy(policy):
+            streamed = token_losses(model.forward(tokens), tokens)
+        assert (streamed[:, 1:] - full[:, 1:]).abs().max() > 1e-3  # the policy changes later predictions
+        torch.testing.assert_close(streamed[:, 0], full[:, 0], atol=1e-5, rtol=0)
+    assert kp.natural_loss(model, tokens, 1) == pytest.approx(float(full[:, 1:].mean()), abs=1e-5)
+    ablated = token_losses(model.forward(tokens, fwd_hooks=head_ablation_hooks([(0, 0), (1, 3)])), tokens)
+    assert (ablated[:, 0] - full[:, 0]).abs().max() > 1e-3

@@ -374,3 +374,41 @@ def test_capture_heads_counts_negative_indices_from_the_end(backend, tiny_llama_
         with pytest.raises(HeadprobeError, match="out of range|not an integer index") as e:
             capture_heads(model, tokens, **bad)
         assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (
+            ["robustness", "--model", "{model}"],
+            "robustness needs a causal language model (its verdicts are loss effects); {name} is an encoder",
+        ),
+        (
+            ["diff", "smollm2-135m", "{model}"],
+            "diff needs two causal language models (its ablation effects are loss effects)",
+        ),
+        (
+            ["patch", "--model", "{model}"],
+            "{name} is an encoder: patching's logit difference needs a language-model head",
+        ),
+        (["kv", "--model", "{model}"], "{name} is an encoder; KV-cache policies are for causal decoders"),
+        (
+            ["circuit", "--model", "{model}"],
+            "path patching and edge attribution need a decoder (an encoder's post-LN blocks have no direct paths)",
+        ),
+    ],
+    ids=["robustness", "diff", "patch", "kv", "circuit"],
+)
+def test_an_encoder_is_refused_before_the_load(tmp_path_factory, tmp_path, argv, line):
+    """The embedded all-MiniLM-L6-v2 and a BERT folder (its config.json's model_type) are known as encoders
+    before any weights load (diff: as model B): the one line each command gives after the load (robustness: require_causal's),
+    exit 2, torch never imported, nothing written (as ablate and prune: tests/test_ablate_prune_cli.py)."""
+    import zoo
+
+    d = zoo.save_dir("bert", zoo.encoder_tokenizer(tmp_path_factory.mktemp("bert_tok")), tmp_path / "bert")
+    for model, name in (("all-MiniLM-L6-v2", "all-minilm-l6-v2"), (str(d), str(d))):
+        out = tmp_path / "x"
+        code, errors, torch_loaded = _refuse([*(a.format(model=model) for a in argv), "--out", str(out)], tmp_path)
+        assert (code, errors) == (2, [f"headprobe: error: {line.format(name=name)}"]), errors
+        assert not torch_loaded
+        assert not out.exists()

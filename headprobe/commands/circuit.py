@@ -172,9 +172,15 @@ class CircuitConfig(ModelSettings):
         and, where config.json gives the layout (:func:`headprobe.options.peek_config`), the
         receivers, ``--qk-head`` and the sequences' length against it.
 
+        An encoder is refused here where its config says so (:func:`headprobe.options.peek_encoder`; else after the load).
+
         Raises:
-            HeadprobeError: a head outside the model, or sequences longer than its context.
+            HeadprobeError: an encoder, a head outside the model, or sequences longer than its context.
         """
+        if isinstance(self.model, str) and options.peek_encoder(self.model):
+            from headprobe.analyses.vocabulary import CIRCUIT_NEEDS_DECODER
+
+            raise HeadprobeError(CIRCUIT_NEEDS_DECODER)
         cfg = options.peek_config(self.model)
         if cfg is None:
             return  # checked after loading (run)

@@ -77,6 +77,13 @@ def check_resample_sources(counts: dict[str, int]) -> None:
         )
 
 
+DEFAULT_SEQUENCES = 16
+"""diff's default ``--n-natural`` and ``--n-repeated`` (the shared settings' 8 elsewhere). Over SmolLM2-135M's
+270 heads at alpha 0.05 with BH a lone head's change needs p <= 0.05 / 270, which the sign-flip test
+reaches from 15 sequences (:func:`headprobe.analyses.robustness.detection_limit`, at seed 0; at 8 a
+change passes only with 43 heads changed as much); at 16 also for 33 of seeds 0-39, at 15 for 23."""
+
+
 @dataclass(frozen=True)
 class DiffConfig(ModelSettings, DataSettings):
     """Settings of ``headprobe diff`` (recorded in summary.json's ``config``). ``model`` is A, ``b`` is
@@ -104,6 +111,14 @@ class DiffConfig(ModelSettings, DataSettings):
         kw_only=True,
     )
     seq_len: int | None = context_fitted("seq_len")
+    n_natural: int = setting(
+        DEFAULT_SEQUENCES,
+        "natural-text sequences (default %(default)s: below 15 no lone head's change can pass on SmolLM2's 270 heads)",
+        type=positive_int,
+    )
+    n_repeated: int = setting(
+        DEFAULT_SEQUENCES, "repeated random sequences (default %(default)s, as --n-natural)", type=positive_int
+    )
     period: int | None = context_fitted("period")
     types: str | Sequence[str] | None = setting(None, "head types (default: all causal ones)", metavar="TYPE[,TYPE...]")
     k: int | None = setting(
@@ -147,20 +162,26 @@ class DiffConfig(ModelSettings, DataSettings):
             check_resample_sources({"natural": self.n_natural, "repeated": self.n_repeated})
 
     def preflight(self) -> None:
-        """The text file and the two layouts as config.json gives them, before loading.
+        """The text file, an encoder where its config says so (:func:`headprobe.options.peek_encoder`; else
+        after the load) and the two layouts as config.json gives them, before loading.
 
         Raises:
-            HeadprobeError: a bad text file, or layouts that differ.
+            HeadprobeError: a bad text file, an encoder, or layouts that differ.
         """
         from headprobe.probe.core.io import open_text_file
 
         if self.text:
             open_text_file(self.text)
         options.check_model(self.b)
+        if options.peek_encoder(self.model) or options.peek_encoder(self.b):
+            raise HeadprobeError(NEEDS_CAUSAL)
         a, b = layout_of(self.model), layout_of(self.b)
         if a and b and (why := layout_refusal(a, b, self.model, self.b)):
             raise HeadprobeError(why)
 
+
+NEEDS_CAUSAL = "diff needs two causal language models (its ablation effects are loss effects)"
+"""Why diff refuses an encoder as A or B, before the load where a config says so."""
 
 FLAGS = (
     Flags(only=("model", "b")),

@@ -34,7 +34,7 @@ from headprobe.analyses.data import (
 from headprobe.analyses.outputs import WritesOutputs
 from headprobe.analyses.scoring import score_tokens
 from headprobe.analyses.statistics import adjust_p_values
-from headprobe.commands.diff import HELP, DiffConfig, check_resample_sources, layout_refusal  # noqa: F401 - HELP re-exported
+from headprobe.commands.diff import HELP, NEEDS_CAUSAL, DiffConfig, check_resample_sources, layout_refusal  # noqa: F401 - HELP re-exported
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import parse_heads
@@ -482,7 +482,7 @@ def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bo
     if why := tokenizer_refusal(a.tokenizer, b.tokenizer, a.spec.name, b.spec.name):
         raise HeadprobeError(why)
     if not (a.spec.causal and b.spec.causal):
-        raise HeadprobeError("diff needs two causal language models (its ablation effects are loss effects)")
+        raise HeadprobeError(NEEDS_CAUSAL)
     for m in (a, b):
         m.self_check.require_decomposition("headprobe diff (single-head ablations)")
     spec = a.spec

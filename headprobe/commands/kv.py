@@ -228,12 +228,18 @@ class KVConfig(ModelSettings):
     def preflight(self) -> None:
         """Checks that need no model: the backend, ``seq_len`` within the context where the config
         tells it without loading (:func:`headprobe.options.peek_context`; else :func:`run` checks it
-        on the loaded model), budgets above the all-streaming floor, distances in range."""
+        on the loaded model), an encoder where its config says so (:func:`headprobe.options.peek_encoder`),
+        budgets above the all-streaming floor, distances in range."""
         if backend_lacks(self.backend, "kv_policies"):
             raise HeadprobeError(
                 "headprobe kv masks attention per KV group in headprobe's native model; use --backend "
                 f"native (or auto) with a family it supports (the {self.backend} backend lacks kv_policies)"
             )
+        if isinstance(self.model, str) and options.peek_encoder(self.model):
+            from headprobe.analyses.vocabulary import KV_NEEDS_DECODER
+            from headprobe.probe.backends.sources import canonical_name
+
+            raise HeadprobeError(f"{canonical_name(self.model)} is an encoder; {KV_NEEDS_DECODER}")
         n_ctx = options.peek_context(self.model) if isinstance(self.model, str) else None
         if n_ctx:
             check_context(self.seq_len, n_ctx)

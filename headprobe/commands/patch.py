@@ -162,10 +162,16 @@ class PatchConfig(ModelSettings):
         each prompt within the model's context where config.json and tokenizer.json can be read
         (:func:`headprobe.options.peek_config`, :func:`headprobe.options.peek_token_count`).
 
+        An encoder is refused here where its config says so (:func:`headprobe.options.peek_encoder`; else after the load).
+
         Raises:
-            HeadprobeError: as :meth:`read_pairs`, a head out of range, a prompt longer than the context.
+            HeadprobeError: as :meth:`read_pairs`, an encoder, a head out of range, a prompt longer than the context.
         """
         pairs = self._pair_fields()
+        if isinstance(self.model, str) and options.peek_encoder(self.model):
+            from headprobe.probe.backends.sources import canonical_name
+
+            raise HeadprobeError(encoder_refusal(canonical_name(self.model)))
         cfg = options.peek_config(self.model)
         if cfg and self.heads:
             read_heads(self.heads, cfg["n_layers"], cfg["n_heads"])
@@ -404,6 +410,11 @@ class PatchResult(CompactRepr, WritesOutputs):
         )
 
 
+def encoder_refusal(name: str) -> str:
+    """Patch's one line for an encoder ``name``, before the load (:meth:`PatchConfig.preflight`) and after."""
+    return f"{name} is an encoder: patching's logit difference needs a language-model head"
+
+
 def _pairs_and_units(model: LoadedModel, config: PatchConfig) -> tuple[list, list | None]:
     """The prompt pairs and units (None: :func:`~headprobe.analyses.patching.default_units`) of ``config``.
 
@@ -414,7 +425,7 @@ def _pairs_and_units(model: LoadedModel, config: PatchConfig) -> tuple[list, lis
 
     spec = model.spec
     if not spec.causal:
-        raise HeadprobeError(f"{spec.name} is an encoder: patching's logit difference needs a language-model head")
+        raise HeadprobeError(encoder_refusal(spec.name))
     units = list(dict.fromkeys(read_heads(config.heads, spec.n_layers, spec.n_heads))) if config.heads else None
     if config.site == "resid" and config.positions is not None:
         units = [

@@ -126,21 +126,26 @@ class RobustnessConfig(ModelSettings, DataSettings):
             raise HeadprobeError(f"--other-period must be at least 2, got {self.other_period}")
 
     def preflight(self) -> None:
-        """The text file and ``k`` against the head count config.json gives, before loading.
+        """The text file, an encoder where its config says so (:func:`headprobe.options.refuse_encoder`;
+        else after the load) and ``k`` against the head count config.json gives, before loading.
 
         Raises:
-            HeadprobeError: a bad text file, or k at least the head count.
+            HeadprobeError: a bad text file, an encoder, or k at least the head count.
         """
         from headprobe.probe.core.io import open_text_file
 
         if self.text:
             open_text_file(self.text)
+        options.refuse_encoder(self.model, NEEDS_CAUSAL, hint=None)
         cfg = options.peek_config(self.model)
         if cfg and self.k is not None and self.k >= cfg["n_layers"] * cfg["n_heads"]:
             raise HeadprobeError(
                 f"--top-k {self.k} leaves no control heads: the model has {cfg['n_layers'] * cfg['n_heads']} heads"
             )
 
+
+NEEDS_CAUSAL = "robustness needs a causal language model (its verdicts are loss effects)"
+"""Why robustness refuses an encoder (:func:`headprobe.options.require_causal`), before the load where the config says so."""
 
 FLAGS = (
     Flags(group=ModelSettings),

@@ -29,7 +29,7 @@ from headprobe.analyses.data import (
 from headprobe.analyses.outputs import WritesOutputs
 from headprobe.analyses.scoring import score_tokens
 from headprobe.analyses.vocabulary import PRIMARY_KIND
-from headprobe.commands.robustness import DEFAULT_K, HELP, RobustnessConfig  # noqa: F401 - HELP re-exported
+from headprobe.commands.robustness import DEFAULT_K, HELP, NEEDS_CAUSAL, RobustnessConfig  # noqa: F401 - HELP re-exported
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core import ablation_kinds
 from headprobe.probe.core.errors import HeadprobeError
@@ -342,7 +342,7 @@ def run(model: LoadedModel, config: RobustnessConfig, progress: bool = True) -> 
             short for two halves.
     """
     spec = model.spec
-    options.require_causal(spec, "robustness needs a causal language model (its verdicts are loss effects)")
+    options.require_causal(spec, NEEDS_CAUSAL)
     model.self_check.require_decomposition("headprobe robustness (its verdicts are ablations)")
     n_heads = spec.n_layers * spec.n_heads
     k = config.k or max(1, min(DEFAULT_K, n_heads // 4))

@@ -338,6 +338,14 @@ class LoadedModel:
         return next(self.model.parameters()).dtype
 
     @property
+    def logit_entry_bytes(self) -> int:
+        """Bytes per (position, vocabulary entry) a forward's returned logits hold at their peak, as
+        memory plans of a forward without a loss count them: here float32 logits and one more copy
+        (8; this backend's own code makes them). The native backend counts its own
+        (:meth:`headprobe.probe.backends.native.NativeModel.logit_entry_bytes`)."""
+        return 8
+
+    @property
     def device(self) -> torch.device:
         """Where inputs go and logits come out: the device of the weights, or of the embedding
         when the model is split over devices (:meth:`dispatch`)."""

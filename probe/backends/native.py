@@ -354,6 +354,16 @@ class NativeModel(LoadedModel):
     # ---- head-level KV-cache policies (headprobe kv; the native backend only) ------------------
 
     @property
+    def logit_entry_bytes(self) -> int:
+        """See :meth:`headprobe.probe.backends.base.LoadedModel.logit_entry_bytes`: the compute dtype's
+        bytes times the ``[pos, d_vocab]`` tensors :meth:`~headprobe.probe.model.transformer.Transformer.logits`
+        holds at once: 1, 2 with ``logit_scale`` (``logits * scale``), 3 with ``final_softcap``
+        (``tanh(logits / c) * c`` beside the logits)."""
+        cfg = self.model.cfg
+        copies = 3 if cfg.final_softcap is not None else 2 if cfg.logit_scale is not None else 1
+        return torch.empty((), dtype=self.dtype).element_size() * copies
+
+    @property
     def n_kv_groups(self) -> int:
         """KV groups per layer, the units a KV policy addresses (``n_kv_heads``; 1 for MLA)."""
         return self.model.n_kv_groups

@@ -523,20 +523,23 @@ def forward_sequence_bytes(
     logit_positions: int | None = None,
     d_mlp: int | None = None,
     streams: int = 0,
+    logit_bytes: int = 8,
 ) -> int:
     """Peak bytes one sequence adds to a batched forward pass without autograd (inference mode),
     the per-item estimate that batch sizes are planned from (:mod:`headprobe.probe.core.memory`)::
 
         T * element_bytes * ((4 + streams) * D + (H + 2 * KV) * d_head + 3 * d_mlp)
-        + 4 * H * T * T + 2 * 4 * P * d_vocab
+        + 4 * H * T * T + logit_bytes * P * d_vocab
 
     one layer's live activations at a time (the residual stream, its normed input, the attention
     and MLP outputs; queries, keys and values; the MLP's gate, up and their product), plus
     ``streams`` more ``d_model``-wide copies the caller holds per sequence (an exact sweep's
     resumed residual, attention output and its change: 3), one layer's attention weights in
     float32 (the eager softmax; a fused kernel stores none, so this bounds it from above), and
-    float32 logits at the ``P = logit_positions`` (default ``T``) scored positions with their
-    log-softmax. ``d_mlp`` defaults to :data:`MLP_WIDTH_RATIO` ``* d_model``.
+    the logits at the ``P = logit_positions`` (default ``T``) scored positions, ``logit_bytes`` per
+    entry (default 8: float32 logits and their log-softmax; a forward that takes no loss passes
+    :meth:`~headprobe.probe.backends.base.LoadedModel.logit_entry_bytes`). ``d_mlp`` defaults to
+    :data:`MLP_WIDTH_RATIO` ``* d_model``.
 
     Returns:
         bytes.
@@ -547,7 +550,7 @@ def forward_sequence_bytes(
     T, (D, H, kv, d_head, mlp) = seq_len, _activation_widths(layout, seq_len, d_mlp)
     P = T if logit_positions is None else logit_positions
     per_token = (4 + streams) * D + (H + 2 * kv) * d_head + 3 * mlp
-    return T * element_bytes * per_token + 4 * H * T * T + 2 * 4 * P * d_vocab
+    return T * element_bytes * per_token + 4 * H * T * T + logit_bytes * P * d_vocab
 
 
 def _activation_widths(layout: AttentionLayout, seq_len: int, d_mlp: int | None) -> tuple[int, int, int, int, int]:
