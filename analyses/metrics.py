@@ -689,11 +689,10 @@ def metric_plans(
     the order it runs them, those the model does not run left out (an encoder: no ``retrieval``,
     ``dla``; a hybrid: the output gate's forward alone; ``value_share_token0`` on materialised
     patterns only). Each is :func:`headprobe.probe.core.memory.plan` of a per-sequence
-    :func:`~headprobe.probe.layout.cost.forward_sequence_bytes` (logits, no loss: as many bytes an
-    entry as :attr:`~headprobe.probe.backends.base.LoadedModel.logit_entry_bytes`, where the step
-    unembeds: every position for a pattern pass, ``patterns_by_layer``'s logits; the needles'
-    scored queries for ``retrieval``; none from ``final_residual`` on a backend that skips the
-    unembedding, every position on one that does not, ``residual_with_logits``) plus the step's own:
+    :func:`~headprobe.probe.layout.cost.forward_sequence_bytes` (logits, no loss, of
+    :attr:`~headprobe.probe.backends.base.LoadedModel.logit_entry_bytes` an entry where the step
+    unembeds: every position of a pattern pass, the needles' queries of ``retrieval``, every or no
+    position of ``final_residual`` by ``residual_with_logits``) plus the step's own:
 
     * the pattern metrics (``sink_rate``, ``entropy``, ``local_<W>``, ``distant_mass``,
       ``learned_sink_mass``): two float32 ``[head, T, T]`` temporaries of a layer's pattern (its
@@ -707,8 +706,7 @@ def metric_plans(
     * ``value_share_token0``: the pattern's two temporaries, the layer's kept values and their
       float32 per-head copy ``[T, head, d_head]``;
     * ``gate_closure`` (a hybrid; elsewhere the pattern pass holds more): the forward alone;
-    * ``copying`` (no forward; on a CPU only, where its host copies are the device's memory):
-      :func:`copying_bytes`, one item;
+    * ``copying`` (no forward; on a CPU only, its copies' memory): :func:`copying_bytes`, one item;
     * the composition scores, last (no forward): :func:`~headprobe.analyses.composition.composition_plan`,
       items being later heads per pass.
 
@@ -743,8 +741,7 @@ def metric_plans(
         if str(model.device) == "cpu" and not spec.layout.is_mla:  # its copies are host memory, not a GPU's
             steps.append(("copying score", copying_bytes(spec), "weights"))
         stream = use_online_stats(model, T, streaming)
-        # streamed (final_residual=False: no logits): a layer's [head, T] statistics and four
-        # float32 [head, block, block] temporaries of a block's scores
+        # streamed, no logits: a layer's [head, T] statistics, four float32 [head, block, block] temporaries
         block = min(T, DEFAULT_BLOCK)
         stats = 4 * H * T * (8 + len(LOCAL_WINDOWS)) + 4 * 4 * H * block * block
         steps.append(("pattern metrics", forward(0) + stats if stream else forward(T) + pattern_temps, "one forward"))

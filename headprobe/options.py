@@ -955,9 +955,11 @@ def flag_note(command: str, message: str) -> str | None:
     does not have, flags of another command named beside them (``give the --out folder of headprobe
     train``, ``headprobe budget --seq-len``), and flags whose keyword the message spells already
     (``--overwrite (overwrite=True in Python)``). None where none is left, or ``command`` is not
-    registered."""
-    from headprobe.commands import COMMANDS
-
+    registered (or ``headprobe.commands`` not imported: a command's function imports it first)."""
+    commands = sys.modules.get("headprobe.commands")  # above this layer: read, never imported from here
+    if commands is None:
+        return None
+    COMMANDS = commands.COMMANDS
     entry = COMMANDS.get(command) if command in COMMANDS else None  # None: a function of no registered command
     function = entry.function() if entry is not None else None
     if entry is None or function is None:
