@@ -649,3 +649,22 @@ def test_every_benchmark_and_script_parser_refuses_abbreviated_flags():
         timeout=120,
     )
     assert p.returncode == 2 and "unrecognized arguments: --che" in p.stderr, (p.returncode, p.stderr[-300:])
+
+
+def test_scan_n_random_help_says_the_default_is_raised():
+    """``scan --n-random``'s help said only "default 50", while a scan raises it to the draws one
+    verdict needs unless ``--keep-n-random`` (the plan line said so, --help did not). The help must
+    name --keep-n-random and its example must be :func:`~headprobe.analyses.verification.plan_draws`'s."""
+    import re
+    from dataclasses import replace
+
+    from headprobe.analyses.verification import VerificationSettings, plan_draws
+
+    parser = dict(_subcommand_parsers())["scan"]
+    text = " ".join(next(a for a in parser._actions if "--n-random" in a.option_strings).help.split())
+    assert "--keep-n-random" in text, text
+    example = re.search(r"e\.g\. (\d+) for five at ([0-9.]+)", text)
+    assert example is not None, text
+    settings = VerificationSettings(k=10, n_random=parser.get_default("n_random"), alpha=float(example.group(2)))
+    assert int(example.group(1)) == plan_draws(5, settings) > settings.n_random
+    assert plan_draws(5, replace(settings, keep_n_random=True)) == settings.n_random
