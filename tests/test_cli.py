@@ -668,3 +668,25 @@ def test_scan_n_random_help_says_the_default_is_raised():
     settings = VerificationSettings(k=10, n_random=parser.get_default("n_random"), alpha=float(example.group(2)))
     assert int(example.group(1)) == plan_draws(5, settings) > settings.n_random
     assert plan_draws(5, replace(settings, keep_n_random=True)) == settings.n_random
+
+
+def test_model_help_names_the_weights_cache_where_cache_root_puts_it(monkeypatch, tmp_path):
+    """--model's help names $HEADPROBE_CACHE and its defaults (the README never mentioned the cache,
+    ~540 MB for SmolLM2-135M); each default it states must be where
+    :func:`~headprobe.probe.backends.weights_cache.cache_root` puts the cache, and ``off`` must turn it off."""
+    import re
+    from pathlib import Path
+
+    from headprobe.probe.backends.weights_cache import ENV_VAR, cache_root
+    from headprobe.settings import MODEL_HELP
+
+    said = re.search(rf"\${ENV_VAR} \(default (\S+), or \$XDG_CACHE_HOME(/\S+?);.*; off: no cache\)", MODEL_HELP)
+    assert said is not None, MODEL_HELP
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert cache_root() == Path(said.group(1)).expanduser()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root() == Path(str(tmp_path / "xdg") + said.group(2))
+    monkeypatch.setenv(ENV_VAR, "off")
+    assert cache_root() is None
