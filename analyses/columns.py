@@ -213,7 +213,8 @@ def select_head_types(types: str | Sequence[str] | None = None) -> tuple[str, ..
             sequence of names; ``-`` and ``_`` are interchangeable, case is ignored.
 
     Raises:
-        HeadprobeError: an unknown name or an empty selection (one line listing the known names).
+        HeadprobeError: an unknown name (echoed as given, the known names and the closest one
+            with underscores, as ``--help`` spells them) or an empty selection.
     """
     import difflib
 
@@ -221,13 +222,17 @@ def select_head_types(types: str | Sequence[str] | None = None) -> tuple[str, ..
     if types is None:
         return names
     items = types.split(",") if isinstance(types, str) else list(types)
-    wanted = {str(t).strip().lower().replace("-", "_") for t in items} - {""}
-    known = ", ".join(n.replace("_", "-") for n in names)
+    typed: dict[str, str] = {}  # registry spelling -> the name as given, which the refusal echoes
+    for item in items:
+        if str(item).strip():
+            typed.setdefault(str(item).strip().lower().replace("-", "_"), str(item).strip())
+    wanted = set(typed)
+    known = ", ".join(names)  # the spelling of README, --help and the Python keywords
     unknown = sorted(wanted - set(names))
     if unknown:
         close = [m for u in unknown for m in difflib.get_close_matches(u, names, n=1, cutoff=0.7)]
-        hint = f" (did you mean {', '.join(c.replace('_', '-') for c in close)}?)" if close else ""
-        raise HeadprobeError(f"unknown head type {', '.join(unknown).replace('_', '-')}{hint}; known types: {known}")
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise HeadprobeError(f"unknown head type {', '.join(typed[u] for u in unknown)}{hint}; known types: {known}")
     if not wanted:
         raise HeadprobeError(f"no head type given; known types: {known}")
     return tuple(n for n in names if n in wanted)

@@ -9,7 +9,8 @@ The public API (each name is imported on first use, so ``import headprobe`` stay
     model = headprobe.wrap(hf_model, tokenizer)            # a transformers model in memory (left untouched)
 
 Every command of the ``headprobe`` CLI is a function here with the same settings as keyword
-arguments (``scan``, ``ablate``, ``prune``, ``budget``, ``train``, ``study``); each returns a
+arguments (``scan``, ``ablate``, ``prune``, ``budget``, ``train``, ``study``, ...; ``import``, a Python
+keyword, as ``from headprobe.commands.import_heads import import_heads``); each returns a
 result object whose ``save(out_dir)`` writes what the command writes. ``view(dir)`` writes the
 offline viewer page ``dir/index.html`` (as ``headprobe view``); scan and ablate results show it
 in Jupyter.

@@ -521,7 +521,9 @@ def add_layout(parser: argparse.ArgumentParser, config, layout: Sequence[Flags] 
 
 MODEL_HELP = (
     f"{DEFAULT_MODEL} (default, embedded 4-bit weights), gpt2 or another Hugging Face name, "
-    "a local Hugging Face directory, a .gguf file or a headprobe checkpoint directory"
+    "a local Hugging Face directory, a .gguf file or a headprobe checkpoint directory; a .gguf file "
+    f"({DEFAULT_MODEL}'s too) is dequantized once into $HEADPROBE_CACHE (default ~/.cache/headprobe, "
+    "or $XDG_CACHE_HOME/headprobe; about 540 MB for SmolLM2-135M; off: no cache)"
 )
 
 

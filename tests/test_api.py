@@ -158,8 +158,13 @@ def no_loading(monkeypatch):
     [
         (
             ["scan", "--types", "inducton"],
-            "unknown head type inducton (did you mean induction?); known types: previous-token, duplicate-token",
+            "unknown head type inducton (did you mean induction?); known types: previous_token, duplicate_token",
         ),
+        (  # the name echoed as typed; the suggestion and the list spelled as README and --help spell them
+            ["scan", "--types", "induction,prev_token"],
+            "unknown head type prev_token (did you mean previous_token?); known types: previous_token,",
+        ),
+        (["scan", "--types", "Prev-Token"], "unknown head type Prev-Token (did you mean previous_token?)"),
         (["scan", "--types", ","], "no head type given"),
         (["scan", "--text", "{dir}"], "cannot read text file"),
         (["scan", "--text", "{dir}/missing.txt"], "cannot read text file"),

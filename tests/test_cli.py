@@ -649,3 +649,44 @@ def test_every_benchmark_and_script_parser_refuses_abbreviated_flags():
         timeout=120,
     )
     assert p.returncode == 2 and "unrecognized arguments: --che" in p.stderr, (p.returncode, p.stderr[-300:])
+
+
+def test_scan_n_random_help_says_the_default_is_raised():
+    """``scan --n-random``'s help said only "default 50", while a scan raises it to the draws one
+    verdict needs unless ``--keep-n-random`` (the plan line said so, --help did not). The help must
+    name --keep-n-random and its example must be :func:`~headprobe.analyses.verification.plan_draws`'s."""
+    import re
+    from dataclasses import replace
+
+    from headprobe.analyses.verification import VerificationSettings, plan_draws
+
+    parser = dict(_subcommand_parsers())["scan"]
+    text = " ".join(next(a for a in parser._actions if "--n-random" in a.option_strings).help.split())
+    assert "--keep-n-random" in text, text
+    example = re.search(r"e\.g\. (\d+) for five at ([0-9.]+)", text)
+    assert example is not None, text
+    settings = VerificationSettings(k=10, n_random=parser.get_default("n_random"), alpha=float(example.group(2)))
+    assert int(example.group(1)) == plan_draws(5, settings) > settings.n_random
+    assert plan_draws(5, replace(settings, keep_n_random=True)) == settings.n_random
+
+
+def test_model_help_names_the_weights_cache_where_cache_root_puts_it(monkeypatch, tmp_path):
+    """--model's help names $HEADPROBE_CACHE and its defaults (the README never mentioned the cache,
+    ~540 MB for SmolLM2-135M); each default it states must be where
+    :func:`~headprobe.probe.backends.weights_cache.cache_root` puts the cache, and ``off`` must turn it off."""
+    import re
+    from pathlib import Path
+
+    from headprobe.probe.backends.weights_cache import ENV_VAR, cache_root
+    from headprobe.settings import MODEL_HELP
+
+    said = re.search(rf"\${ENV_VAR} \(default (\S+), or \$XDG_CACHE_HOME(/\S+?);.*; off: no cache\)", MODEL_HELP)
+    assert said is not None, MODEL_HELP
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert cache_root() == Path(said.group(1)).expanduser()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root() == Path(str(tmp_path / "xdg") + said.group(2))
+    monkeypatch.setenv(ENV_VAR, "off")
+    assert cache_root() is None

@@ -85,7 +85,7 @@ def test_a_head_type_is_a_cli_choice(registered, capsys):
     assert main(["scan", "--help"]) == 0
     assert "prev_copy" in " ".join(capsys.readouterr().out.split())  # --types' help lists every type
     assert select_head_types("prev-copy") == ("prev_copy",)
-    with pytest.raises(HeadprobeError, match=r"did you mean prev-copy\?"):
+    with pytest.raises(HeadprobeError, match=r"did you mean prev_copy\?"):
         select_head_types("prev-cpy")
 
 

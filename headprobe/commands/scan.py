@@ -94,6 +94,7 @@ class ScanConfig(ModelSettings, DataSettings):
         k: heads ablated per type and per random draw (>= 1, below the head count); None: 10, or a quarter of the heads if fewer.
         n_random: the most random control sets of k heads a verdict's test ablates (>= 1); a test stops
             earlier once its outcome at ``alpha`` is settled (:mod:`headprobe.analyses.verification`).
+            Raised to what one verdict needs (see ``keep_n_random``) unless ``keep_n_random``.
         alpha: significance level of the verdicts (after ``correction`` over the run's tested
             verdicts), in (0, 1). Fewer than ``1 / alpha - 1`` draws can confirm nothing.
         control: how control sets are drawn: ``layer-matched`` (as many heads per layer as the
@@ -130,7 +131,8 @@ class ScanConfig(ModelSettings, DataSettings):
     n_random: int = setting(
         50,
         "the most random control sets of k heads a verdict's test ablates; it stops earlier once "
-        "its outcome at --alpha is settled (default %(default)s)",
+        "its outcome at --alpha is settled (default %(default)s, raised to the draws one verdict needs, "
+        "m/alpha - 1 for m tested types, e.g. 99 for five at 0.05, unless --keep-n-random)",
         type=positive_int,
         needs=VERIFIED,
     )
