@@ -161,8 +161,8 @@ def _wrap_to_room(texts, renderer, width: float) -> bool:
 
 def _wrap_keeping_parentheses(text: str, width: int, break_words: bool = True) -> list[str]:
     """``text`` broken at spaces into lines of at most ``width`` characters (``textwrap.wrap``; a
-    word longer than a line, or one with hyphens, broken only with ``break_words``), a parenthesis that fits a line kept whole: "(sink 4,\nwindow 64)" read as
-    two thoughts."""
+    word longer than a line broken only with ``break_words``; never at a hyphen: "first-token" is one term), a
+    parenthesis that fits a line kept whole: "(sink 4,\nwindow 64)" read as two thoughts."""
     import re
     import textwrap
 
@@ -171,7 +171,7 @@ def _wrap_keeping_parentheses(text: str, width: int, break_words: bool = True) -
     )
     return [
         part.replace("\0", " ")
-        for part in textwrap.wrap(kept, width, break_long_words=break_words, break_on_hyphens=break_words)
+        for part in textwrap.wrap(kept, width, break_long_words=break_words, break_on_hyphens=False)
     ]
 
 
@@ -778,7 +778,7 @@ def rule_legend(rule: VerdictRule) -> str:
     """The ablation figure's legend entry of the verdict rule: its :meth:`~VerdictRule.condition`, wrapped."""
     import textwrap
 
-    return textwrap.fill(f"CONFIRMED: {rule.condition()}", 60)
+    return textwrap.fill(f"CONFIRMED: {rule.condition()}", 60, break_on_hyphens=False)
 
 
 @_styled

@@ -810,3 +810,16 @@ def test_the_training_curves_legend_covers_no_data(previous_token):
                 xy = line.get_transform().transform(np.column_stack(line.get_data()))
                 inside = (xy[:, 0] >= box.x0) & (xy[:, 0] <= box.x1) & (xy[:, 1] >= box.y0) & (xy[:, 1] <= box.y1)
                 assert not inside.any(), (line.get_label(), xy[inside][:3], box)
+
+
+@pytest.mark.parametrize("pad", range(0, 24, 2))
+def test_a_wrapped_title_never_breaks_a_hyphenated_term(pad):
+    """ablation.png and pattern_induction.png of the README's quick scan broke "first-token" as
+    "first-\\ntoken" (textwrap breaks at hyphens by default). Whatever text precedes it, a title wrapped
+    to a column-wide figure breaks only at spaces: every hyphenated term stays on one line."""
+    title = "Ablation check\n" + "x" * pad + " NO VERDICT for previous-token, duplicate-token, first-token, positional"
+    fig = figs.head_heatmap(np.random.default_rng(0).random((4, 6)), title)
+    wrapped = fig.axes[0].title.get_text()
+    assert "\n" in wrapped  # it did wrap
+    for term in ("previous-token", "duplicate-token", "first-token"):
+        assert any(term in line for line in wrapped.split("\n")), (term, wrapped)
