@@ -48,7 +48,7 @@ _RC = {
     "ytick.labelsize": 6,
     "text.parse_math": False,
 }
-"""``text.parse_math`` off: no figure here uses mathtext, and every label may carry data (tokens, prompts,
+"""``text.parse_math`` off: no figure here uses mathtext but a fixed formula (:func:`_mathtext`), and every label may carry data (tokens, prompts,
 model names), where two ``$`` would be parsed as mathtext (:func:`literal_text`)."""
 
 
@@ -78,16 +78,29 @@ mathtext in the tick labels made while saving (:func:`literal_text`)."""
 def literal_text(fig: Figure) -> Figure:
     """Draw every text of ``fig`` as written: matplotlib parses a text with two ``$`` as mathtext
     (``$$x^2$$`` raises a ParseException, ``$x$`` becomes an italic x), and tokens, prompts and model
-    names reach titles, tick labels, annotations and legends. No figure here uses mathtext, so it is
-    switched off for the whole figure (``Text.set_parse_math(False)``) rather than escaped label by
-    label: a text added by a caller after the figure function is covered too. Called on every
-    figure function's result (:func:`_styled`) and again before saving (:func:`save_figure`), whose
-    ``rc_context`` covers the tick labels matplotlib makes while drawing."""
+    names reach titles, tick labels, annotations and legends. Mathtext is switched off for the whole
+    figure (``Text.set_parse_math(False)``) rather than escaped label by label: a text added by a
+    caller after the figure function is covered too. The one exception is a fixed formula written
+    here and marked by :func:`_mathtext`, never data. Called on every figure function's result
+    (:func:`_styled`) and again before saving (:func:`save_figure`), whose ``rc_context`` covers the
+    tick labels matplotlib makes while drawing."""
     from matplotlib.text import Text
 
     for text in fig.findobj(Text):
-        text.set_parse_math(False)
+        text.set_parse_math(bool(getattr(text, _MATHTEXT, False)))
     return fig
+
+
+_MATHTEXT = "_headprobe_mathtext"
+
+
+def _mathtext(text):
+    """``text`` (a matplotlib ``Text`` whose string is a fixed formula of this module, no data) typeset
+    as mathtext (``$...$``, matplotlib's own TeX subset: no LaTeX install), which :func:`literal_text`
+    leaves parsed."""
+    setattr(text, _MATHTEXT, True)
+    text.set_parse_math(True)
+    return text
 
 
 FORMATS = FIGURE_FORMATS
@@ -1138,7 +1151,13 @@ def composition_plot(
         if chosen.size
         else "no pair",
     )
-    right.set_xlabel("K-composition  ‖W_OV^i W_QK^jᵀ‖ / (‖W_OV^i‖ ‖W_QK^j‖)")
+    # Elhage et al. (2021)'s K-composition of head i into head j, Frobenius norms (composition.py)
+    _mathtext(
+        right.set_xlabel(
+            r"K-composition  $\Vert W_\mathrm{OV}^{i}\,W_\mathrm{QK}^{j\top} \Vert_\mathrm{F} \,/\, "
+            r"(\Vert W_\mathrm{OV}^{i} \Vert_\mathrm{F} \, \Vert W_\mathrm{QK}^{j} \Vert_\mathrm{F})$"
+        )
+    )
     right.set_ylabel("pairs")
     # below both panels: anywhere inside the axes it can cover bars (the histogram's mode moves with the model)
     fig.legend(*right.get_legend_handles_labels(), fontsize=6, frameon=False, loc="outside lower center", ncols=2)
