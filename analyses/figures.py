@@ -336,6 +336,7 @@ def head_heatmap(
     mask_label: str = "masked",
     mask_hatch: str | None = None,
     removed: np.ndarray | None = None,
+    cbar_full_height: bool = False,
 ) -> Figure:
     """A layer x head heatmap of ``scores`` (``[layer, head]``); white lines separate GQA groups.
 
@@ -356,6 +357,8 @@ def head_heatmap(
             (:func:`removed_cells`): drawn as :func:`scores_overview` draws them, whatever their
             value (NaN, or the 0 of a head with zero weights), :data:`REMOVED_LABEL` in the legend,
             never "not measured" (:func:`_draw_removed`).
+        cbar_full_height: the colour bar as tall as the heatmap; False: matplotlib's, 0.9 of the axes' slot
+            and at most 20 times its width (shorter than a tall, narrow heatmap).
 
     Raises:
         ValueError: ``discrete`` with more than :data:`CATEGORY_COLORS` integers in ``[vmin, vmax]``.
@@ -383,12 +386,20 @@ def head_heatmap(
     if len(title) > 56 and ", " in title and "\n" not in title:  # "<what>, <model>" on two lines when long
         title = ",\n".join(title.split(", ", 1))
     ax.set_title(title)  # anything still too wide is broken by _wrap_titles
+    where = (
+        # the bar's length:width is fixed (``aspect``, 20 by default): 20 left a tall heatmap's bar 3/4 of its height;
+        # one past the heatmap's (the figure's height less ~1.3 in of titles and ticks, at a bar ~0.1 in wide) lets the
+        # full length (shrink 1) decide
+        {"ax": ax, "shrink": 1.0, "pad": 0.02, "aspect": max(8.0, (fig.get_figheight() - 1.3) / 0.08)}
+        if cbar_full_height
+        else {"ax": ax, "shrink": 0.9, "pad": 0.02}
+    )
     if levels is not None:
-        cb = fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02, ticks=levels)
+        cb = fig.colorbar(im, **where, ticks=levels)
         cb.set_ticklabels([_category_label(v, i == 0, i == len(levels) - 1, extend) for i, v in enumerate(levels)])
         cb.ax.tick_params(length=0)  # a label per colour block, no scale between them
     else:
-        cb = fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02, extend=extend)
+        cb = fig.colorbar(im, **where, extend=extend)
     cb.set_label(cbar_label)
     if missing or masked.any() or gone.any():
         _heat_legend(ax, bool(masked.any()), bool(missing), mask_label, n_layers, mask_hatch, bool(gone.any()))
@@ -1206,8 +1217,12 @@ def ablation_effect_panels(
             group_size=group_size,
             ax=ax,
             removed=gone,
+            cbar_full_height=True,
         )
+    fig.get_layout_engine().set(wspace=0.12)  # a bar's label clear of the next panel's "layer"
     fig.suptitle(suptitle)
+    # a label no taller than its bar (a 2-layer model's bar is ~0.4 in): the layout then settles with the title
+    _fit_ylabels(_wrap_titles(fig), [im.colorbar.ax for ax in axes for im in ax.images[:1] if im.colorbar])
     return fig
 
 

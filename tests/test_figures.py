@@ -823,3 +823,24 @@ def test_a_wrapped_title_never_breaks_a_hyphenated_term(pad):
     assert "\n" in wrapped  # it did wrap
     for term in ("previous-token", "duplicate-token", "first-token"):
         assert any(term in line for line in wrapped.split("\n")), (term, wrapped)
+
+
+def test_ablation_estimate_colour_bars_are_as_tall_as_their_heatmaps():
+    """ablation_estimate.png: the colour bars were about 3/4 of the heatmaps' height (matplotlib's
+    shrink and 20:1 aspect on a tall, narrow slot) and the left bar's label ran into the right panel's
+    "layer". Each bar now spans its heatmap exactly, and the left bar's label ends before the right
+    panel's y label begins."""
+    rng = np.random.default_rng(0)
+    panels = [("natural text", rng.normal(size=(30, 9))), ("repeated tokens", rng.normal(size=(30, 9)))]
+    fig = figs.ablation_effect_panels(panels, 3, "ESTIMATE\nmodel", cbar_label="estimated Δ loss (nats/token)")
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    heat = [ax for ax in fig.axes if ax.get_ylabel() == "layer"]
+    bars = [ax.images[0].colorbar.ax for ax in heat]
+    assert len(heat) == 2
+    for h, b in zip(heat, bars):
+        hb, bb = h.get_window_extent(renderer), b.get_window_extent(renderer)
+        assert (bb.y0, bb.y1) == pytest.approx((hb.y0, hb.y1), abs=1.0), (hb, bb)  # display pixels
+    left_label = bars[0].yaxis.label.get_window_extent(renderer)
+    right_layer = heat[1].yaxis.label.get_window_extent(renderer)
+    assert left_label.x1 + 5 < right_layer.x0, (left_label, right_layer)
