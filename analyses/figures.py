@@ -1233,12 +1233,14 @@ def training_curves(
     max_previous_token: np.ndarray,
     in_context_loss: np.ndarray,
     train_loss: np.ndarray,
-    phase_step: int | None,
+    phase_between: tuple[int, int] | None,
     title: str,
 ) -> Figure:
     """The induction-head phase change (Olsson et al. 2022, Fig. 1 style): top induction and
     previous-token scores (upper panel) and the in-context loss and training loss (lower panel,
-    nats) against training step; a dashed line marks ``phase_step``."""
+    nats) against training step; a grey band marks ``phase_between``, the two evaluation steps
+    between which it happened (:func:`headprobe.analyses.train.phase_change_interval`): evaluations
+    locate it no finer, so no line claims one step."""
     fig = _figure(COLUMN_WIDTH, 3.6)
     ax1, ax2 = fig.subplots(2, 1, sharex=True)
     ax1.plot(steps, max_induction, color="#0072B2", lw=1.2, label="max induction score")
@@ -1265,14 +1267,15 @@ def training_curves(
         frameon=False,
         fontsize=6,
     )
-    if phase_step is not None:
+    if phase_between is not None:
+        before, after = phase_between
         for ax in (ax1, ax2):
-            ax.axvline(phase_step, color="grey", lw=0.8, ls="--")
-        # label on the left of the line, above the low scores before the phase change, unless too close to the left edge
-        early = phase_step < 0.25 * float(np.max(steps))
+            ax.axvspan(before, after, color="grey", alpha=0.18, lw=0, zorder=0)
+        # label on the left of the band, above the low scores before the phase change, unless too close to the left edge
+        early = before < 0.25 * float(np.max(steps))
         ax1.annotate(
-            f"phase change\n(step {phase_step})",
-            (phase_step, 0.95),
+            f"phase change\n(steps {before}–{after})",
+            (after if early else before, 0.95),
             xytext=(3 if early else -3, 0),
             textcoords="offset points",
             fontsize=6,

@@ -796,7 +796,7 @@ def test_the_training_curves_legend_covers_no_data(previous_token):
     steps = np.arange(0, 401, 10)
     rise = 1 / (1 + np.exp(-(steps - 150) / 20))
     prev = 0.05 + 0.05 * rise if previous_token == "low" else 0.2 + 0.75 * rise
-    fig = figs.training_curves(steps, 0.9 * rise, prev, -1.5 * rise, 4 - 2 * rise, 150, "toy")
+    fig = figs.training_curves(steps, 0.9 * rise, prev, -1.5 * rise, 4 - 2 * rise, (140, 150), "toy")
     fig.draw_without_rendering()
     legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()] + list(fig.legends)
     labels = [t.get_text() for legend in legends for t in legend.get_texts()]
