@@ -357,8 +357,9 @@ def head_heatmap(
             (:func:`removed_cells`): drawn as :func:`scores_overview` draws them, whatever their
             value (NaN, or the 0 of a head with zero weights), :data:`REMOVED_LABEL` in the legend,
             never "not measured" (:func:`_draw_removed`).
-        cbar_full_height: the colour bar as tall as the heatmap; False: matplotlib's, 0.9 of the axes' slot
-            and at most 20 times its width (shorter than a tall, narrow heatmap).
+        cbar_full_height: the colour bar exactly as tall as the heatmap (an inset axes; its label must fit that
+            height, or the layout collapses); False: matplotlib's, 0.9 of the axes' slot and at most 20 times
+            its width (shorter than a tall, narrow heatmap).
 
     Raises:
         ValueError: ``discrete`` with more than :data:`CATEGORY_COLORS` integers in ``[vmin, vmax]``.
@@ -386,13 +387,9 @@ def head_heatmap(
     if len(title) > 56 and ", " in title and "\n" not in title:  # "<what>, <model>" on two lines when long
         title = ",\n".join(title.split(", ", 1))
     ax.set_title(title)  # anything still too wide is broken by _wrap_titles
+    # cbar_full_height: an inset axes spanning the heatmap, which the constrained layout keeps clear of its neighbours
     where = (
-        # the bar's length:width is fixed (``aspect``, 20 by default): 20 left a tall heatmap's bar 3/4 of its height;
-        # one past the heatmap's (the figure's height less ~1.3 in of titles and ticks, at a bar ~0.1 in wide) lets the
-        # full length (shrink 1) decide
-        {"ax": ax, "shrink": 1.0, "pad": 0.02, "aspect": max(8.0, (fig.get_figheight() - 1.3) / 0.08)}
-        if cbar_full_height
-        else {"ax": ax, "shrink": 0.9, "pad": 0.02}
+        {"cax": ax.inset_axes((1.04, 0.0, 0.06, 1.0))} if cbar_full_height else {"ax": ax, "shrink": 0.9, "pad": 0.02}
     )
     if levels is not None:
         cb = fig.colorbar(im, **where, ticks=levels)
@@ -1203,6 +1200,10 @@ def ablation_effect_panels(
     fig = _figure(COLUMN_WIDTH if len(panels) == 1 else PAGE_WIDTH * 0.62, min(1.4 + 0.13 * n_layers, 8.0))
     axes = np.atleast_1d(fig.subplots(1, len(panels)))
     gone = np.zeros(np.shape(panels[0][1]), dtype=bool) if removed is None else np.asarray(removed, dtype=bool)
+    tall = n_layers >= 16  # a tall, narrow heatmap's bar fell short of it (3/4 at 30 layers); a short one's did not
+    if tall:  # its label no taller than the heatmap (the figure's height less ~1.5 in; ~0.05 in a character at 7 pt)
+        room = int((fig.get_figheight() - 1.5) / 0.05)
+        cbar_label = "\n".join(_wrap_keeping_parentheses(cbar_label, room, break_words=False))
     for ax, (title, values) in zip(axes, panels):
         values = np.asarray(values, dtype=float)
         finite = np.abs(values[np.isfinite(values) & ~gone])
@@ -1217,12 +1218,15 @@ def ablation_effect_panels(
             group_size=group_size,
             ax=ax,
             removed=gone,
-            cbar_full_height=True,
+            cbar_full_height=tall,
         )
-    fig.get_layout_engine().set(wspace=0.12)  # a bar's label clear of the next panel's "layer"
     fig.suptitle(suptitle)
-    # a label no taller than its bar (a 2-layer model's bar is ~0.4 in): the layout then settles with the title
-    _fit_ylabels(_wrap_titles(fig), [im.colorbar.ax for ax in axes for im in ax.images[:1] if im.colorbar])
+    if tall:
+        from matplotlib.layout_engine import ConstrainedLayoutEngine
+
+        engine = fig.get_layout_engine()
+        assert isinstance(engine, ConstrainedLayoutEngine)  # _figure's layout="constrained"
+        engine.set(wspace=0.12)  # a bar's label clear of the next panel's "layer"
     return fig
 
 

@@ -844,3 +844,21 @@ def test_ablation_estimate_colour_bars_are_as_tall_as_their_heatmaps():
     left_label = bars[0].yaxis.label.get_window_extent(renderer)
     right_layer = heat[1].yaxis.label.get_window_extent(renderer)
     assert left_label.x1 + 5 < right_layer.x0, (left_label, right_layer)
+
+
+def test_the_k_composition_axis_is_typeset_and_data_stays_literal(tmp_path):
+    """composition_k.png's x label was plain text ("‖W_OV^i W_QK^jᵀ‖ / …"); it is now mathtext that
+    matplotlib's own parser accepts (no LaTeX), with the same quantity: Frobenius norms of W_OV^i
+    W_QK^j^T over the product of theirs. A title holding "$" (data: a token, a model name) stays literal."""
+    from matplotlib.mathtext import MathTextParser
+
+    k = np.random.default_rng(0).normal(0.05, 0.01, size=(3, 4, 3, 4))
+    fig = figs.composition_plot(k, [(0, 1), (1, 2)], [(2, 0), (1, 3)], "K-composition of $x$")
+    figs.save_figure(fig, tmp_path / "k", formats=("png", "pdf", "svg"))  # each writer typesets it
+    label = fig.axes[1].xaxis.label
+    assert label.get_parse_math() and label.get_text().count("$") == 2, label.get_text()
+    formula = label.get_text().split("$")[1]
+    for part in (r"W_\mathrm{OV}^{i}", r"W_\mathrm{QK}^{j\top}", r"\Vert_\mathrm{F}"):
+        assert part in formula, part
+    MathTextParser("path").parse(f"${formula}$", dpi=72)  # raises on anything mathtext cannot typeset
+    assert not fig._suptitle.get_parse_math() and fig._suptitle.get_text() == "K-composition of $x$"
