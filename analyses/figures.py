@@ -48,7 +48,7 @@ _RC = {
     "ytick.labelsize": 6,
     "text.parse_math": False,
 }
-"""``text.parse_math`` off: no figure here uses mathtext, and every label may carry data (tokens, prompts,
+"""``text.parse_math`` off: no figure here uses mathtext but a fixed formula (:func:`_mathtext`), and every label may carry data (tokens, prompts,
 model names), where two ``$`` would be parsed as mathtext (:func:`literal_text`)."""
 
 
@@ -78,16 +78,29 @@ mathtext in the tick labels made while saving (:func:`literal_text`)."""
 def literal_text(fig: Figure) -> Figure:
     """Draw every text of ``fig`` as written: matplotlib parses a text with two ``$`` as mathtext
     (``$$x^2$$`` raises a ParseException, ``$x$`` becomes an italic x), and tokens, prompts and model
-    names reach titles, tick labels, annotations and legends. No figure here uses mathtext, so it is
-    switched off for the whole figure (``Text.set_parse_math(False)``) rather than escaped label by
-    label: a text added by a caller after the figure function is covered too. Called on every
-    figure function's result (:func:`_styled`) and again before saving (:func:`save_figure`), whose
-    ``rc_context`` covers the tick labels matplotlib makes while drawing."""
+    names reach titles, tick labels, annotations and legends. Mathtext is switched off for the whole
+    figure (``Text.set_parse_math(False)``) rather than escaped label by label: a text added by a
+    caller after the figure function is covered too. The one exception is a fixed formula written
+    here and marked by :func:`_mathtext`, never data. Called on every figure function's result
+    (:func:`_styled`) and again before saving (:func:`save_figure`), whose ``rc_context`` covers the
+    tick labels matplotlib makes while drawing."""
     from matplotlib.text import Text
 
     for text in fig.findobj(Text):
-        text.set_parse_math(False)
+        text.set_parse_math(bool(getattr(text, _MATHTEXT, False)))
     return fig
+
+
+_MATHTEXT = "_headprobe_mathtext"
+
+
+def _mathtext(text):
+    """``text`` (a matplotlib ``Text`` whose string is a fixed formula of this module, no data) typeset
+    as mathtext (``$...$``, matplotlib's own TeX subset: no LaTeX install), which :func:`literal_text`
+    leaves parsed."""
+    setattr(text, _MATHTEXT, True)
+    text.set_parse_math(True)
+    return text
 
 
 FORMATS = FIGURE_FORMATS
@@ -161,8 +174,8 @@ def _wrap_to_room(texts, renderer, width: float) -> bool:
 
 def _wrap_keeping_parentheses(text: str, width: int, break_words: bool = True) -> list[str]:
     """``text`` broken at spaces into lines of at most ``width`` characters (``textwrap.wrap``; a
-    word longer than a line, or one with hyphens, broken only with ``break_words``), a parenthesis that fits a line kept whole: "(sink 4,\nwindow 64)" read as
-    two thoughts."""
+    word longer than a line broken only with ``break_words``; never at a hyphen: "first-token" is one term), a
+    parenthesis that fits a line kept whole: "(sink 4,\nwindow 64)" read as two thoughts."""
     import re
     import textwrap
 
@@ -171,7 +184,7 @@ def _wrap_keeping_parentheses(text: str, width: int, break_words: bool = True) -
     )
     return [
         part.replace("\0", " ")
-        for part in textwrap.wrap(kept, width, break_long_words=break_words, break_on_hyphens=break_words)
+        for part in textwrap.wrap(kept, width, break_long_words=break_words, break_on_hyphens=False)
     ]
 
 
@@ -323,6 +336,7 @@ def head_heatmap(
     mask_label: str = "masked",
     mask_hatch: str | None = None,
     removed: np.ndarray | None = None,
+    cbar_full_height: bool = False,
 ) -> Figure:
     """A layer x head heatmap of ``scores`` (``[layer, head]``); white lines separate GQA groups.
 
@@ -343,6 +357,9 @@ def head_heatmap(
             (:func:`removed_cells`): drawn as :func:`scores_overview` draws them, whatever their
             value (NaN, or the 0 of a head with zero weights), :data:`REMOVED_LABEL` in the legend,
             never "not measured" (:func:`_draw_removed`).
+        cbar_full_height: the colour bar exactly as tall as the heatmap (an inset axes; its label must fit that
+            height, or the layout collapses); False: matplotlib's, 0.9 of the axes' slot and at most 20 times
+            its width (shorter than a tall, narrow heatmap).
 
     Raises:
         ValueError: ``discrete`` with more than :data:`CATEGORY_COLORS` integers in ``[vmin, vmax]``.
@@ -370,12 +387,16 @@ def head_heatmap(
     if len(title) > 56 and ", " in title and "\n" not in title:  # "<what>, <model>" on two lines when long
         title = ",\n".join(title.split(", ", 1))
     ax.set_title(title)  # anything still too wide is broken by _wrap_titles
+    # cbar_full_height: an inset axes spanning the heatmap, which the constrained layout keeps clear of its neighbours
+    where = (
+        {"cax": ax.inset_axes((1.04, 0.0, 0.06, 1.0))} if cbar_full_height else {"ax": ax, "shrink": 0.9, "pad": 0.02}
+    )
     if levels is not None:
-        cb = fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02, ticks=levels)
+        cb = fig.colorbar(im, **where, ticks=levels)
         cb.set_ticklabels([_category_label(v, i == 0, i == len(levels) - 1, extend) for i, v in enumerate(levels)])
         cb.ax.tick_params(length=0)  # a label per colour block, no scale between them
     else:
-        cb = fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02, extend=extend)
+        cb = fig.colorbar(im, **where, extend=extend)
     cb.set_label(cbar_label)
     if missing or masked.any() or gone.any():
         _heat_legend(ax, bool(masked.any()), bool(missing), mask_label, n_layers, mask_hatch, bool(gone.any()))
@@ -778,7 +799,7 @@ def rule_legend(rule: VerdictRule) -> str:
     """The ablation figure's legend entry of the verdict rule: its :meth:`~VerdictRule.condition`, wrapped."""
     import textwrap
 
-    return textwrap.fill(f"CONFIRMED: {rule.condition()}", 60)
+    return textwrap.fill(f"CONFIRMED: {rule.condition()}", 60, break_on_hyphens=False)
 
 
 @_styled
@@ -1138,7 +1159,13 @@ def composition_plot(
         if chosen.size
         else "no pair",
     )
-    right.set_xlabel("K-composition  ‖W_OV^i W_QK^jᵀ‖ / (‖W_OV^i‖ ‖W_QK^j‖)")
+    # Elhage et al. (2021)'s K-composition of head i into head j, Frobenius norms (composition.py)
+    _mathtext(
+        right.set_xlabel(
+            r"K-composition  $\Vert W_\mathrm{OV}^{i}\,W_\mathrm{QK}^{j\top} \Vert_\mathrm{F} \,/\, "
+            r"(\Vert W_\mathrm{OV}^{i} \Vert_\mathrm{F} \, \Vert W_\mathrm{QK}^{j} \Vert_\mathrm{F})$"
+        )
+    )
     right.set_ylabel("pairs")
     # below both panels: anywhere inside the axes it can cover bars (the histogram's mode moves with the model)
     fig.legend(*right.get_legend_handles_labels(), fontsize=6, frameon=False, loc="outside lower center", ncols=2)
@@ -1173,6 +1200,10 @@ def ablation_effect_panels(
     fig = _figure(COLUMN_WIDTH if len(panels) == 1 else PAGE_WIDTH * 0.62, min(1.4 + 0.13 * n_layers, 8.0))
     axes = np.atleast_1d(fig.subplots(1, len(panels)))
     gone = np.zeros(np.shape(panels[0][1]), dtype=bool) if removed is None else np.asarray(removed, dtype=bool)
+    tall = n_layers >= 16  # a tall, narrow heatmap's bar fell short of it (3/4 at 30 layers); a short one's did not
+    if tall:  # its label no taller than the heatmap (the figure's height less ~1.5 in; ~0.05 in a character at 7 pt)
+        room = int((fig.get_figheight() - 1.5) / 0.05)
+        cbar_label = "\n".join(_wrap_keeping_parentheses(cbar_label, room, break_words=False))
     for ax, (title, values) in zip(axes, panels):
         values = np.asarray(values, dtype=float)
         finite = np.abs(values[np.isfinite(values) & ~gone])
@@ -1187,8 +1218,15 @@ def ablation_effect_panels(
             group_size=group_size,
             ax=ax,
             removed=gone,
+            cbar_full_height=tall,
         )
     fig.suptitle(suptitle)
+    if tall:
+        from matplotlib.layout_engine import ConstrainedLayoutEngine
+
+        engine = fig.get_layout_engine()
+        assert isinstance(engine, ConstrainedLayoutEngine)  # _figure's layout="constrained"
+        engine.set(wspace=0.12)  # a bar's label clear of the next panel's "layer"
     return fig
 
 
@@ -1199,12 +1237,14 @@ def training_curves(
     max_previous_token: np.ndarray,
     in_context_loss: np.ndarray,
     train_loss: np.ndarray,
-    phase_step: int | None,
+    phase_between: tuple[int, int] | None,
     title: str,
 ) -> Figure:
     """The induction-head phase change (Olsson et al. 2022, Fig. 1 style): top induction and
     previous-token scores (upper panel) and the in-context loss and training loss (lower panel,
-    nats) against training step; a dashed line marks ``phase_step``."""
+    nats) against training step; a grey band marks ``phase_between``, the two evaluation steps
+    between which it happened (:func:`headprobe.analyses.train.phase_change_interval`): evaluations
+    locate it no finer, so no line claims one step."""
     fig = _figure(COLUMN_WIDTH, 3.6)
     ax1, ax2 = fig.subplots(2, 1, sharex=True)
     ax1.plot(steps, max_induction, color="#0072B2", lw=1.2, label="max induction score")
@@ -1231,14 +1271,15 @@ def training_curves(
         frameon=False,
         fontsize=6,
     )
-    if phase_step is not None:
+    if phase_between is not None:
+        before, after = phase_between
         for ax in (ax1, ax2):
-            ax.axvline(phase_step, color="grey", lw=0.8, ls="--")
-        # label on the left of the line, above the low scores before the phase change, unless too close to the left edge
-        early = phase_step < 0.25 * float(np.max(steps))
+            ax.axvspan(before, after, color="grey", alpha=0.18, lw=0, zorder=0)
+        # label on the left of the band, above the low scores before the phase change, unless too close to the left edge
+        early = before < 0.25 * float(np.max(steps))
         ax1.annotate(
-            f"phase change\n(step {phase_step})",
-            (phase_step, 0.95),
+            f"phase change\n(steps {before}–{after})",
+            (after if early else before, 0.95),
             xytext=(3 if early else -3, 0),
             textcoords="offset points",
             fontsize=6,

@@ -12,7 +12,7 @@ The training data, the training loop and the evaluation behind ``headprobe train
   (:func:`in_context_loss`, after Olsson et al. 2022), the loss on the repeated half and the
   held-out loss;
 * :func:`train`: AdamW with linear warm-up, deterministic given the seed on one device, logging
-  one row per evaluation; :func:`phase_change_step` reads the phase change off the log.
+  one row per evaluation; :func:`phase_change_interval` reads the phase change off the log.
 
 Olsson et al. 2022 ("In-context Learning and Induction Heads") observe a phase change in models of
 2+ layers: induction heads form abruptly, and the in-context loss drops at the same step.
@@ -296,20 +296,34 @@ def evaluate(loaded: LoadedModel, held_out: Tensor, repeated, held_out_text: Ten
     return out
 
 
+def phase_change_interval(
+    steps: np.ndarray, icl: np.ndarray, induction: np.ndarray | None = None, threshold: float = INDUCTION_FORMED
+) -> tuple[int, int] | None:
+    """The two consecutive evaluation steps ``(before, after)`` between which the phase change happened:
+    where the 3-point running mean of the in-context loss ``icl`` (nats, one per step of ``steps``) falls
+    fastest per step, the steepest fall of the raw loss among the (at most 3) intervals that mean spans.
+    Evaluations every 100 steps locate it to 100 steps, no finer. None with fewer than 3 evaluations,
+    or when ``induction`` (the max induction score at each evaluation) never exceeds ``threshold``:
+    without induction heads there was no phase change, however the loss wandered."""
+    if len(steps) < 3 or (induction is not None and not (np.asarray(induction) > threshold).any()):
+        return None
+    steps, icl = np.asarray(steps), np.asarray(icl, dtype=float)
+    smooth = np.convolve(icl, np.ones(3) / 3, mode="same")
+    smooth[0], smooth[-1] = icl[0], icl[-1]
+    k = int(np.argmin(np.diff(smooth) / np.diff(steps))) + 1  # smooth[k] - smooth[k-1] spans raw intervals k-2..k
+    window = np.arange(max(k - 2, 0), min(k, len(steps) - 2) + 1)
+    j = int(window[np.argmin(np.diff(icl)[window] / np.diff(steps)[window])])
+    return int(steps[j]), int(steps[j + 1])
+
+
 def phase_change_step(
     steps: np.ndarray, icl: np.ndarray, induction: np.ndarray | None = None, threshold: float = INDUCTION_FORMED
 ) -> int | None:
-    """The evaluation step at which the in-context loss falls fastest (between consecutive
-    evaluations, after a 3-point running mean). None with fewer than 3 evaluations, or when
-    ``induction`` (the max induction score at each evaluation) never exceeds ``threshold``: without
-    induction heads there was no phase change, however the loss wandered."""
-    if len(steps) < 3 or (induction is not None and not (np.asarray(induction) > threshold).any()):
-        return None
-    smooth = np.convolve(icl, np.ones(3) / 3, mode="same")
-    smooth[0], smooth[-1] = icl[0], icl[-1]
-    drop = np.diff(smooth) / np.diff(steps)
-    i = int(np.argmin(drop))
-    return int(steps[i + 1])
+    """The first evaluation step at which the phase change is seen: the later end of
+    :func:`phase_change_interval` (None where that is): not the evaluation before the jump, where the
+    running mean already falls fastest and the induction score has not risen yet."""
+    between = phase_change_interval(steps, icl, induction, threshold)
+    return None if between is None else between[1]
 
 
 # --------------------------------------------------------------------------------------------

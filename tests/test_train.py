@@ -527,3 +527,50 @@ def test_every_train_flag_says_its_default_in_help(capsys):
     ]:
         entry = text.split(flag, 2)[2].split(" --", 1)[0]  # the option's own entry, after the usage line's mention
         assert f"default {getattr(defaults, field)}" in entry, (flag, entry)
+
+
+def test_the_phase_change_is_named_by_the_evaluations_around_it():
+    """``headprobe train`` (seed 0, 1000 steps, evaluated every 100) printed "phase change at step 400",
+    where the max induction score was 0.06, and marked step 400 in training.png: the 3-point running
+    mean already falls fastest into the last evaluation before the jump. The jump lies between the
+    evaluations at 400 and 500 (in-context loss -0.74 -> -4.12, induction 0.06 -> 0.82: that run's
+    log, by hand); the step named is now 500, the first that shows it, and the report, summary.json
+    and the figure's band give both ends and the evaluation interval."""
+    import dataclasses
+
+    import headprobe
+
+    steps = np.arange(0, 1001, 100)
+    icl = np.array([-0.018, -0.226, -0.444, -0.591, -0.737, -4.123, -4.128, -4.151, -4.134, -4.148, -4.145])
+    induction = np.array([0.03, 0.03, 0.02, 0.02, 0.06, 0.82, 0.83, 0.88, 0.89, 0.89, 0.90])
+    assert phase_change_step(steps, icl, induction) == 500
+
+    from headprobe.analyses.train import phase_change_interval
+
+    assert phase_change_interval(steps, icl, induction) == (400, 500)
+    # a fall spread over two intervals: the steeper one, wherever it lies in the running mean's window
+    gradual = np.array([0.0, 0.0, 0.0, 0.0, -1.0, -3.0, -3.2, -3.2, -3.2, -3.2, -3.2])
+    assert phase_change_interval(steps, gradual, induction) == (400, 500)
+    assert phase_change_interval(steps, gradual, np.full(len(steps), 0.05)) is None
+
+    result = headprobe.train(steps=2, eval_every=2, d_model=16, n_eval=4, device="cpu")
+    result.config = dataclasses.replace(result.config, eval_every=100)
+    result.log = pd.DataFrame(
+        {
+            "step": steps,
+            "train_loss": np.r_[np.nan, np.linspace(4.1, 2.2, 10)],
+            "eval_loss": np.linspace(4.1, 2.2, 11),
+            "in_context_loss": icl,
+            "repeated_loss": np.linspace(4.0, 1.0, 11),
+            "max_induction": induction,
+            "max_previous_token": induction,
+        }
+    )
+    s, text = result.summary(), result.report()
+    assert s["phase_change_step"] == 500 and s["phase_change_between"] == [400, 500] and s["eval_every"] == 100
+    assert s["first_step_induction_above_0.5"] == 500
+    assert "phase change between steps 400 and 500 (evaluated every 100)" in text and "at step 400" not in text
+    fig = result.figures()["training"]
+    bands = [p for p in fig.axes[0].patches if p.get_x() == 400]
+    assert bands and bands[0].get_width() == 100  # a band over 400-500, no line at one step
+    assert "steps 400–500" in " ".join(t.get_text() for t in fig.axes[0].texts)

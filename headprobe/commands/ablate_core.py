@@ -505,7 +505,10 @@ def estimate_title(method: str, tag: str) -> str:
     (:data:`ESTIMATE_SHORT`) on the first lines (at most 50 characters each), then ``tag`` (model, weights, ablation kind)."""
     import textwrap
 
-    return textwrap.fill(f"ESTIMATE ({ESTIMATE_SHORT[method]}), not an exact ablation", 50) + f"\n{tag}"
+    return (
+        textwrap.fill(f"ESTIMATE ({ESTIMATE_SHORT[method]}), not an exact ablation", 50, break_on_hyphens=False)
+        + f"\n{tag}"
+    )
 
 
 ESTIMATE_COLUMN = {

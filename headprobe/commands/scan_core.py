@@ -761,6 +761,28 @@ def data_label(result: ScanResult) -> str:
     )
 
 
+CAVEAT_CHARS = 52
+"""The longest no-verdict caveat that names its tasks and types: one line of the narrowest scan figure's
+title (a heatmap's, 3.25 in wide: about 55 characters); a longer one becomes :data:`NO_VERDICT_SHORT`."""
+
+NO_VERDICT_SHORT = "NO VERDICT: see summary.json warnings"
+
+
+def no_verdict_caveat(warnings: list[str]) -> str:
+    """The line a scan figure's title carries when some verdicts were withheld (a figure travels without
+    the terminal's WARNING lines, and one without verdicts must not look like one with them): "NO VERDICT
+    for induction: see summary.json" where that fits :data:`CAVEAT_CHARS`, else
+    :data:`NO_VERDICT_SHORT`; "" when ``warnings`` (``ScanResult.warnings``) withhold none."""
+    tasks = [w.split(" task:")[0] for w in warnings if " task:" in w]
+    types = [w.split(": no verdict:")[0] for w in warnings if ": no verdict:" in w and " task:" not in w]
+    if not tasks and not types:
+        return ""
+    what = [f"the {' and '.join(tasks)} task{'s' if len(tasks) > 1 else ''}"] if tasks else []
+    what += [", ".join(types)] if types else []
+    named = f"NO VERDICT for {' and '.join(what)}: see summary.json"
+    return named if len(named) <= CAVEAT_CHARS else NO_VERDICT_SHORT
+
+
 def figure_makers(result: ScanResult) -> dict[str, Callable[[], Figure]]:
     """File stem -> a function of no arguments that draws that figure (a matplotlib Figure): what
     :func:`scan_figures` draws, not drawn yet, so that :func:`write_outputs` can draw, write and
@@ -769,17 +791,13 @@ def figure_makers(result: ScanResult) -> dict[str, Callable[[], Figure]]:
     assert result.config.types is not None  # set by ScanConfig.__post_init__
     dets = [DETECTORS[name] for name in result.config.types]
     tag = f"{spec.name} ({figs.weights_label(spec.weights)})"
-    # the figures say it too: they travel without the terminal's WARNING lines (a task's text, or a type's draws)
-    tasks = [w.split(" task:")[0] for w in result.warnings if " task:" in w]
-    types = [w.split(": no verdict:")[0] for w in result.warnings if ": no verdict:" in w and " task:" not in w]
-    if tasks or types:
-        what = [f"the {' and '.join(tasks)} task{'s' if len(tasks) > 1 else ''}"] if tasks else []
-        what += [", ".join(types)] if types else []
-        tag += f"\nNO VERDICT for {' and '.join(what)} (summary.json: warnings)"
+    caveat = no_verdict_caveat(result.warnings)
+    tag += f"\n{caveat}" if caveat else ""
     out: dict[str, Callable[[], Figure]] = {}
     removed = figs.removed_cells(spec.n_layers, spec.n_heads, spec.removed_heads)  # as the overview draws them
     out.update(head_metrics.heatmap_makers(dets, result.scores, spec.group_size, tag, spec.causal, removed=removed))
-    out["overview"] = overview_maker(result, dets, f"Head scores of {tag}\n{data_label(result)}")
+    # the widest figure: the caveat on the model's line leaves the title 3 lines with the data's two
+    out["overview"] = overview_maker(result, dets, f"Head scores of {tag.replace(chr(10), '; ')}\n{data_label(result)}")
     for head_type, ex in result.examples.items():
         det = DETECTORS[head_type]
         score = result.scores[det.rank_by][ex["head"]]

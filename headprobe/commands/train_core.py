@@ -41,7 +41,7 @@ from headprobe.analyses.train import (
     TrainConfig,
     TrainRun,
     copying_floor,
-    phase_change_step,
+    phase_change_interval,
     training_tokenizer,
 )
 from headprobe.analyses.train import (
@@ -64,10 +64,12 @@ class TrainResult(CompactRepr, TrainRun, WritesOutputs):
 
     def summary(self) -> dict:
         """The content of summary.json: layout, parameter count, final losses (nats/token), top
-        heads, the phase-change step (:func:`headprobe.analyses.train.phase_change_step`), seed,
+        heads, the phase change (:func:`headprobe.analyses.train.phase_change_interval`: the steps between which
+        it happened, the later one, and the evaluation interval), seed,
         self-check, config, the training time (``timings_s.train_s``) and package versions."""
         log, cfg = self.log, self.config
         steps, icl = log["step"].to_numpy(), log["in_context_loss"].to_numpy()
+        between = phase_change_interval(steps, icl, log["max_induction"].to_numpy())
         formed = log.index[log["max_induction"] > INDUCTION_FORMED]
         top = np.unravel_index(np.argmax(self.final_scores["induction"]), self.final_scores["induction"].shape)
         top_prev = np.unravel_index(
@@ -90,9 +92,14 @@ class TrainResult(CompactRepr, TrainRun, WritesOutputs):
                 },
                 "chance_loss_nats": round(math.log(cfg.n_words), 4),
                 "first_step_induction_above_0.5": int(log.loc[formed[0], "step"]) if len(formed) else None,
-                "phase_change_step": phase_change_step(steps, icl, log["max_induction"].to_numpy()),
-                "phase_change_rule": "evaluation step where the 3-point running mean of the in-context loss falls fastest; "
-                "none unless some head's induction score exceeds 0.5",
+                "phase_change_step": between[1] if between else None,
+                "phase_change_between": list(between) if between else None,
+                "phase_change_rule": "the in-context loss's steepest fall between consecutive evaluations, among the "
+                "(at most 3) intervals where its 3-point running mean falls fastest: phase_change_between its two "
+                "evaluation steps, phase_change_step the later (the first evaluation that shows the change; "
+                "evaluated every eval_every steps, so located no finer); none unless some head's induction score "
+                "exceeds 0.5",
+                "eval_every": cfg.eval_every,
                 "induction_formed": bool(self.final_scores["induction"].max() > INDUCTION_FORMED),
                 "copies_in_context": bool(last["in_context_loss"] <= copying_floor(cfg.n_words)),
                 "copies_in_context_rule": f"final in-context loss at or below -{COPIES_IN_CONTEXT} ln(n_words) nats",
@@ -124,7 +131,7 @@ class TrainResult(CompactRepr, TrainRun, WritesOutputs):
             log["max_previous_token"].to_numpy(),
             icl,
             log["train_loss"].to_numpy(),
-            phase_change_step(steps, icl, log["max_induction"].to_numpy()),
+            phase_change_interval(steps, icl, log["max_induction"].to_numpy()),
             title,
         )
         return {"training": fig}
@@ -166,7 +173,11 @@ class TrainResult(CompactRepr, TrainRun, WritesOutputs):
         """The lines ``headprobe train`` prints at the end: parameters, time, losses, top head, phase change."""
         s = self.summary()
         if s["phase_change_step"] is not None:
-            formed = f"induction > 0.5 first at step {s['first_step_induction_above_0.5']}; phase change at step {s['phase_change_step']}"
+            before, after = s["phase_change_between"]
+            formed = (
+                f"induction > 0.5 first at step {s['first_step_induction_above_0.5']}; phase change between steps "
+                f"{before} and {after} (evaluated every {s['eval_every']})"
+            )
         elif s["copies_in_context"]:  # copying learned by a circuit without the induction score's stripe
             formed = (
                 f"no head's induction score exceeded 0.5, yet the in-context loss says the model copies (at or below "
