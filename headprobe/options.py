@@ -810,8 +810,7 @@ def _command_doc(config_cls, fields: list[str], run: Callable, name: str, summar
 
     Raises:
         HeadprobeError: bad settings (before anything loads), the model cannot be loaded, or as
-            :func:`{run.__module__}.run`; a message naming flags has a note giving their keywords
-            (``in Python: --top-k is k=``).
+            :func:`{run.__module__}.run`; a message naming flags has a note giving their Python spelling (``e.__notes__``).
         TypeError: a keyword that is not a setting of :class:`{config_cls.__name__}`.
     """
 

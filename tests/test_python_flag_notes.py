@@ -313,3 +313,20 @@ def test_save_flag_note(message, note):
     from headprobe.probe.core.io import save_flag_note
 
     assert save_flag_note(message) == note
+
+
+def test_every_public_function_and_save_says_its_refusals_carry_the_note():
+    """The Raises section of every command's function (generated or written by hand) and of each
+    kind of result's ``save`` says, in one sentence, that a refusal naming flags carries the note."""
+    import inspect
+
+    from headprobe.analyses.outputs import WritesOutputs
+    from headprobe.commands.export_core import ExportResult
+    from headprobe.commands.scan_core import ScanResult
+
+    sentence = "a message naming flags has a note giving their Python spelling (``e.__notes__``)"
+    functions = [getattr(headprobe, c) for c in COMMANDS.names()] + [headprobe.import_heads]
+    for f in [*functions, WritesOutputs.save, ScanResult.save, ExportResult.save]:
+        doc = " ".join(inspect.getdoc(f).split())
+        raises = doc[doc.index("Raises:") :]
+        assert sentence in raises, f.__qualname__
