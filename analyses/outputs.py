@@ -129,7 +129,8 @@ class WritesOutputs(ReadsInputs):
 
         Raises:
             HeadprobeError: ``out_dir`` is a file, not writable, or not empty without ``overwrite``
-                (a directory holding only a run checkpoint counts as empty for ``ablate`` and ``prune``).
+                (a directory holding only a run checkpoint counts as empty for ``ablate`` and ``prune``);
+                a message naming flags has a note giving their Python spelling (``e.__notes__``).
             InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest),
                 before anything is written.
         """

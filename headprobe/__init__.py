@@ -10,7 +10,7 @@ The public API (each name is imported on first use, so ``import headprobe`` stay
 
 Every command of the ``headprobe`` CLI is a function here with the same settings as keyword
 arguments (``scan``, ``ablate``, ``prune``, ``budget``, ``train``, ``study``, ...; ``import``, a Python
-keyword, as ``from headprobe.commands.import_heads import import_heads``); each returns a
+keyword, as ``headprobe.import_heads``); each returns a
 result object whose ``save(out_dir)`` writes what the command writes. ``view(dir)`` writes the
 offline viewer page ``dir/index.html`` (as ``headprobe view``); scan and ablate results show it
 in Jupyter.
@@ -58,6 +58,8 @@ _EXPORTS = {
     "patterns_by_layer": ("headprobe.probe.hooks.capture", "patterns_by_layer"),
     "SelfCheck": ("headprobe.probe.hooks.selfcheck", "SelfCheck"),
     "HeadprobeError": ("headprobe.probe.core.errors", "HeadprobeError"),
+    # ``import`` is a Python keyword (``headprobe.import(...)`` is a syntax error): its function by its own name
+    "import_heads": ("headprobe.commands.import_heads_core", "import_heads"),
 }
 
 # ``__all__`` is computed on use (:func:`__getattr__`): these names and every registered command.

@@ -447,12 +447,16 @@ def main(argv: list[str] | None = None) -> int:
     previous = {s: signal.signal(s, stop) for s in signals} if in_main else {}
     try:
         from headprobe.options import input_values, own_run
+        from headprobe.probe.core.errors import PYTHON_NOTES
         from headprobe.probe.core.io import run_inputs
 
-        # own_run: --threads and --memory-budget hold for this run, not for a Python caller's next
-        with own_run(), _figure_formats(getattr(args, "formats", None)), run_inputs(input_values(vars(args))):
-            figure_formats()  # a bad $HEADPROBE_FIGURE_FORMATS is refused before any work, not at the first figure
-            return int(args._run(args) or 0)
+        notes = PYTHON_NOTES.set(False)  # the line printed is the message alone: no note for Python
+        try:  # own_run: --threads and --memory-budget hold for this run, not for a Python caller's next
+            with own_run(), _figure_formats(getattr(args, "formats", None)), run_inputs(input_values(vars(args))):
+                figure_formats()  # a bad $HEADPROBE_FIGURE_FORMATS is refused before any work, not at the first figure
+                return int(args._run(args) or 0)
+        finally:
+            PYTHON_NOTES.reset(notes)
     except HeadprobeError as e:
         if _first_rank():  # under torchrun every rank fails alike: one line, from rank 0
             print(f"headprobe: error: {e}", file=sys.stderr)

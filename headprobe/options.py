@@ -15,7 +15,6 @@ import contextlib
 import re
 import sys
 from collections.abc import Callable, Mapping
-from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -811,8 +810,7 @@ def _command_doc(config_cls, fields: list[str], run: Callable, name: str, summar
 
     Raises:
         HeadprobeError: bad settings (before anything loads), the model cannot be loaded, or as
-            :func:`{run.__module__}.run`; a message naming flags has a note giving their keywords
-            (``in Python: --top-k is k=``).
+            :func:`{run.__module__}.run`; a message naming flags has a note giving their Python spelling (``e.__notes__``).
         TypeError: a keyword that is not a setting of :class:`{config_cls.__name__}`.
     """
 
@@ -942,9 +940,6 @@ _FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*|-[a-zA-Z])(?![\w-])")
 _OTHER_COMMAND = re.compile(r"\bheadprobe ([a-z]+)\b")
 """``headprobe ablate``: a command named in a message; its flags follow it, or precede ``of`` it."""
 
-_IN_COMMAND_FUNCTION: ContextVar[bool] = ContextVar("headprobe_in_command_function", default=False)
-"""Whether a command's Python function is running: the outermost one notes a refusal's flags."""
-
 
 def flag_note(command: str, message: str) -> str | None:
     """``in Python: --n-random is n_random=, --no-bos is prepend_bos=False, --out is
@@ -996,17 +991,18 @@ def notes_flags(command: str) -> Callable[[_Function], _Function]:
     leaves with a note giving their Python spelling (:func:`flag_note`, ``BaseException.add_note``),
     the same exception object, its message untouched: the command line prints the message alone
     (``str(error)``), a traceback shows the note below it. Only the outermost command function
-    called notes (one run inside another: the flags of the function the caller called)."""
+    called notes (one run inside another: the flags of the function the caller called), and none
+    in the command line's run (:data:`~headprobe.probe.core.errors.PYTHON_NOTES`)."""
     import functools
 
-    from headprobe.probe.core.errors import HeadprobeError
+    from headprobe.probe.core.errors import PYTHON_NOTES, HeadprobeError
 
     def decorate(function: _Function) -> _Function:
         @functools.wraps(function)
         def noting(*args: Any, **kwargs: Any) -> Any:
-            if _IN_COMMAND_FUNCTION.get():
+            if not PYTHON_NOTES.get():  # inside another command's function or the command line's run
                 return function(*args, **kwargs)
-            token = _IN_COMMAND_FUNCTION.set(True)
+            token = PYTHON_NOTES.set(False)
             try:
                 return function(*args, **kwargs)
             except HeadprobeError as error:
@@ -1015,7 +1011,7 @@ def notes_flags(command: str) -> Callable[[_Function], _Function]:
                     error.add_note(note)
                 raise
             finally:
-                _IN_COMMAND_FUNCTION.reset(token)
+                PYTHON_NOTES.reset(token)
 
         return noting  # type: ignore[return-value]
 

@@ -568,3 +568,16 @@ def test_an_output_flag_given_to_a_function_says_where_it_goes(call, keyword, sa
     assert {"overwrite", "html", "formats"} <= set(inspect.signature(ScanResult.save).parameters)
     assert {"overwrite", "formats"} <= set(inspect.signature(StudyResult.save).parameters)
     assert all("formats" in inspect.signature(f).parameters for f in (headprobe.atlas, headprobe.show))
+
+
+def test_import_heads_is_the_import_commands_function():
+    """``import`` is a Python keyword: its function is public as ``headprobe.import_heads``, the same
+    object as ``getattr(headprobe, "import")`` (one function, one signature and docstring), listed in
+    ``headprobe.__all__``; the README, docs/api.md and the package docstring name it so."""
+    from pathlib import Path
+
+    assert headprobe.import_heads is getattr(headprobe, "import") is COMMANDS.get("import").function()
+    assert "import_heads" in headprobe.__all__ and "import_heads" in dir(headprobe)
+    root = Path(__file__).resolve().parents[1]
+    for text in ((root / "README.md").read_text(), (root / "docs/api.md").read_text(), headprobe.__doc__):
+        assert "headprobe.import_heads" in text and 'getattr(headprobe, "import")' not in text

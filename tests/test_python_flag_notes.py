@@ -212,3 +212,121 @@ def test_only_the_function_called_notes():
     with pytest.raises(HeadprobeError) as e:
         headprobe.scan(k=0)
     assert e.value.__notes__ == ["in Python: --top-k is k="]
+
+
+# A refusal of a result's save(): the output flags it names, as save's caller spells them
+SAVE_NOTE = "in Python: --overwrite is overwrite=True, --out is the path given to save()"
+FUNCTION_NOTE = "in Python: --overwrite is overwrite=True, --out is out="  # a function that writes as it goes
+
+
+def _holds_a_model(d):
+    """``d``: a folder an earlier run wrote a model into (``sub/``), which an overwrite would remove."""
+    import json
+
+    from headprobe.probe.core.io import OUTPUTS_NAME
+
+    (d / "sub").mkdir(parents=True)
+    (d / "sub" / "config.json").write_text("{}")
+    (d / "sub" / "model.safetensors").write_bytes(b"weights")
+    files = ["sub/config.json", "sub/model.safetensors", "summary.json"]
+    (d / OUTPUTS_NAME).write_text(json.dumps({"files": files}))
+    return d
+
+
+@pytest.fixture(scope="module")
+def saved_runs(tmp_path_factory, text_file):
+    """A tiny trained model m, its scan s and the results of train, scan and export (each kind of
+    ``save``: :class:`~headprobe.analyses.outputs.WritesOutputs`, ScanResult, ExportResult)."""
+    t = tmp_path_factory.mktemp("saves")
+    trained = headprobe.train(steps=4, warmup=1)
+    trained.save(t / "m", formats="none")
+    small = dict(n_natural=2, seq_len=12, n_repeated=2, period=5, device="cpu")
+    scanned = headprobe.scan(str(t / "m"), text=str(text_file), types="induction", verify=False, metrics=False, **small)
+    scanned.save(t / "s", formats="none")
+    exported = headprobe.export(str(t / "s"), format="duo")
+    return t, {"train": trained, "scan": scanned, "export": exported}
+
+
+def _command_line(kind, t, text_file, out):
+    return {
+        "train": ["train", "--steps", "4", "--warmup", "1", "--formats", "none"],
+        "scan": ["scan", "--model", f"{t}/m", "--text", str(text_file), "--types", "induction", "--no-verify"]
+        + ["--no-metrics", "--n-natural", "2", "--seq-len", "12", "--n-repeated", "2", "--period", "5"],
+        "export": ["export", "--from", f"{t}/s", "--format", "duo"],
+        "show": ["show", "--model", f"{t}/m", "--head", "0.0", "--prompt", "a b a b"],
+        "atlas": ["atlas"],
+    }[kind] + ["--out", str(out), "--overwrite"]
+
+
+@pytest.mark.parametrize("kind", ["train", "scan", "export", "show", "atlas"])
+def test_a_save_refusal_from_python_notes_the_output_flags(kind, saved_runs, text_file, tmp_path, capsys):
+    """``result.save(d, overwrite=True)`` over a folder holding another run's model refuses with the
+    command line's message (``--overwrite would remove it: write to another --out``) and a note of
+    save's spelling; a function that writes as it goes (``show``, ``atlas``: ``out=``) notes its
+    keywords, once. The command line prints the same message, one line, no note; d stays as it was."""
+    t, results = saved_runs
+    out = _holds_a_model(tmp_path / "d")
+    before = sorted(p.name for p in out.rglob("*"))
+    with pytest.raises(HeadprobeError) as e:
+        if kind in results:
+            results[kind].save(out, overwrite=True)
+        elif kind == "show":
+            headprobe.show(f"{t}/m", head="0.0", prompt="a b a b", out=out, overwrite=True)
+        else:
+            headprobe.atlas(out=out, overwrite=True)
+    message = str(e.value)
+    assert message.endswith("--overwrite would remove it: write to another --out") and "\n" not in message
+    assert e.value.__notes__ == [SAVE_NOTE if kind in results else FUNCTION_NOTE]
+    capsys.readouterr()
+    assert cli.main(_command_line(kind, t, text_file, out)) == 2
+    said = capsys.readouterr()
+    assert said.err == f"headprobe: error: {message}\n"
+    assert "in Python" not in said.err + said.out
+    assert sorted(p.name for p in out.rglob("*")) == before
+
+
+def test_a_save_inside_a_command_function_notes_once(saved_runs, tmp_path):
+    """``export(source, out=d, overwrite=True)`` saves inside the function: the one note is the
+    function's (``out=``), not save's as well."""
+    t, _ = saved_runs
+    out = _holds_a_model(tmp_path / "d")
+    with pytest.raises(HeadprobeError, match="write to another --out") as e:
+        headprobe.export(str(t / "s"), out=str(out), format="duo", overwrite=True)
+    assert e.value.__notes__ == [FUNCTION_NOTE]
+
+
+@pytest.mark.parametrize(
+    ("message", "note"),
+    [
+        (
+            "the output directory name is empty; give --out a directory name",
+            "in Python: --out is the path given to save()",
+        ),
+        ("--overwrite of x would remove x/a, a file of this run's input p: write to another --out", SAVE_NOTE),
+        ("--formats 'x': choose from png", "in Python: --formats is formats="),
+        ("output directory x is not empty; pass --overwrite (overwrite=True in Python) to replace its files", None),
+        ("--threads x; --outer", None),
+    ],
+)
+def test_save_flag_note(message, note):
+    """:func:`headprobe.probe.core.io.save_flag_note`: only the output flags, only those not spelled for Python."""
+    from headprobe.probe.core.io import save_flag_note
+
+    assert save_flag_note(message) == note
+
+
+def test_every_public_function_and_save_says_its_refusals_carry_the_note():
+    """The Raises section of every command's function (generated or written by hand) and of each
+    kind of result's ``save`` says, in one sentence, that a refusal naming flags carries the note."""
+    import inspect
+
+    from headprobe.analyses.outputs import WritesOutputs
+    from headprobe.commands.export_core import ExportResult
+    from headprobe.commands.scan_core import ScanResult
+
+    sentence = "a message naming flags has a note giving their Python spelling (``e.__notes__``)"
+    functions = [getattr(headprobe, c) for c in COMMANDS.names()] + [headprobe.import_heads]
+    for f in [*functions, WritesOutputs.save, ScanResult.save, ExportResult.save]:
+        doc = " ".join(inspect.getdoc(f).split())
+        raises = doc[doc.index("Raises:") :]
+        assert sentence in raises, f.__qualname__

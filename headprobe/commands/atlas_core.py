@@ -392,7 +392,7 @@ def atlas(
             one row per model and head), ``models`` (label -> status, scan seconds), ``seconds`` (the run's).
 
     Raises:
-        HeadprobeError: as :func:`run`; ``toy_steps`` where no toy model is trained.
+        HeadprobeError: as :func:`run`; ``toy_steps`` where no toy model is trained; a message naming flags has a note giving their Python spelling (``e.__notes__``).
         InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest).
         TypeError: an unknown field (naming the setting meant, :func:`headprobe.options.check_fields`).
     """

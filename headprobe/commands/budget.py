@@ -1541,7 +1541,7 @@ def budget(**fields_: Any) -> BudgetResult:
 
     Raises:
         TypeError: an unknown keyword (naming the nearest one).
-        HeadprobeError: as :func:`run`.
+        HeadprobeError: as :func:`run`; a message naming flags has a note giving their Python spelling (``e.__notes__``).
     """
     from headprobe.options import check_fields
 

@@ -563,7 +563,8 @@ def diff(
             roles; ``save(out)`` writes what ``headprobe diff`` writes.
 
     Raises:
-        HeadprobeError: bad settings, layouts that differ (one line), or as :func:`compare_models`.
+        HeadprobeError: bad settings, layouts that differ (one line), or as :func:`compare_models`;
+            a message naming flags has a note giving their Python spelling (``e.__notes__``).
     """
     name = lambda m: m if isinstance(m, str) else m.spec.name
     options.check_fields(DiffConfig, fields, "diff", positional=("model", "b"), accepts=diff)

@@ -79,7 +79,7 @@ class ExportResult(CompactRepr, ReadsInputs):
 
         Raises:
             HeadprobeError: ``out`` is a file, not writable, not empty without ``overwrite``, or is,
-                holds or lies inside the source folder (:func:`check_apart`)."""
+                holds or lies inside the source folder (:func:`check_apart`); a message naming flags has a note giving their Python spelling (``e.__notes__``)."""
         from headprobe.analyses.outputs import write_outputs
         from headprobe.probe.core.io import atomic_path
 
@@ -538,7 +538,7 @@ def export(source: str, out: str | None = None, **fields) -> ExportResult:
 
     Raises:
         HeadprobeError: as :func:`run`, a bad ``out``, or ``sink``, ``recent`` or ``score`` with a
-            ``format`` that has no room for them.
+            ``format`` that has no room for them; a message naming flags has a note giving their Python spelling (``e.__notes__``).
         TypeError: an unknown field (naming the setting meant, :func:`headprobe.options.check_fields`)."""
     from headprobe.options import check_fields, config_inputs
     from headprobe.settings import given_in_python, refuse_inert

@@ -172,7 +172,8 @@ class ScanResult(CompactRepr, ReadsInputs):
                 ``"none"`` writes no figure (the tables, patterns.npz and summary.json only).
 
         Raises:
-            HeadprobeError: ``out_dir`` is a file, not writable, or not empty and ``overwrite`` is False.
+            HeadprobeError: ``out_dir`` is a file, not writable, or not empty and ``overwrite`` is False;
+                a message naming flags has a note giving their Python spelling (``e.__notes__``).
             InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest),
                 before anything is written.
         """

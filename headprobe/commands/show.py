@@ -313,7 +313,7 @@ def show(
             weights, rows summing to 1), the tokens' ``labels`` and the ``paths`` written into ``out``.
 
     Raises:
-        HeadprobeError: as :func:`run`.
+        HeadprobeError: as :func:`run`; a message naming flags has a note giving their Python spelling (``e.__notes__``).
         InputValueError: ``formats`` not of png, pdf, svg or none (one line naming the closest), before loading.
         TypeError: an unknown setting.
     """

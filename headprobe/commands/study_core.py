@@ -272,7 +272,7 @@ def study(which: str, *, progress: bool = False, **config_fields) -> StudyResult
 
     Raises:
         TypeError: an unknown field (naming the setting meant, :func:`headprobe.options.check_fields`).
-        HeadprobeError: as :func:`run`.
+        HeadprobeError: as :func:`run`; a message naming flags has a note giving their Python spelling (``e.__notes__``).
     """
     check_fields(StudyConfig, config_fields, "study", positional=("which",), accepts=study)
     config = StudyConfig(which, **config_fields)

@@ -242,7 +242,7 @@ def train(*, progress: bool = False, **config_fields) -> TrainResult:
 
     Raises:
         TypeError: an unknown field (naming the setting meant, :func:`headprobe.options.check_fields`).
-        HeadprobeError: as :func:`run`.
+        HeadprobeError: as :func:`run`; a message naming flags has a note giving their Python spelling (``e.__notes__``).
     """
     from headprobe.options import check_fields, config_inputs
 

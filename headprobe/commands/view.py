@@ -283,7 +283,8 @@ def view(
         Path: the page written, ``dir``/index.html (self-contained, offline).
 
     Raises:
-        HeadprobeError: as :func:`run`; a loading setting or ``pattern_len`` given without ``model``.
+        HeadprobeError: as :func:`run`; a loading setting or ``pattern_len`` given without ``model``;
+            a message naming flags has a note giving their Python spelling (``e.__notes__``).
         TypeError: an unknown keyword (naming the setting meant, :func:`headprobe.options.check_fields`).
     """
     options.check_fields(ViewConfig, load, "view", positional=("dir", "ablation", "model", "circuit"), accepts=view)

@@ -1,5 +1,16 @@
 """The one exception type the CLI turns into a single line on stderr and exit code 2."""
 
+from __future__ import annotations
+
+from contextvars import ContextVar
+
+PYTHON_NOTES: ContextVar[bool] = ContextVar("headprobe_python_notes", default=True)
+"""Whether a refusal raised now may take a note for a Python caller (the Python spelling of the
+command-line flags its message names, ``BaseException.add_note``): True at the top of a Python
+caller's call; False inside a command's Python function or a result's ``save`` (the outermost one
+notes: :func:`headprobe.options.notes_flags`, :func:`headprobe.probe.core.io.keeps_inputs`) and
+in the command line's run (:func:`headprobe.cli.main` prints the message alone)."""
+
 
 class HeadprobeError(Exception):
     """A problem with the user's input or environment (not a bug in headprobe).

@@ -9,6 +9,7 @@ import functools
 import json
 import math
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.errors import PYTHON_NOTES, HeadprobeError
 
 
 def _new_file_mode() -> int:
@@ -212,14 +213,45 @@ class ReadsInputs:
 _Save = TypeVar("_Save", bound=Callable[..., Any])
 
 
+_SAVE_FLAGS = {"--out": "the path given to save()", "--overwrite": "overwrite=True", "--formats": "formats="}
+"""The output flags a refusal of a result's ``save`` names, as a Python caller of ``save`` spells them."""
+
+
+def save_flag_note(message: str) -> str | None:
+    """``in Python: --overwrite is overwrite=True, --out is the path given to save()``: the Python
+    spelling of each output flag (:data:`_SAVE_FLAGS`) that a refusal of ``result.save`` names, in
+    the order named; flags whose keyword the message spells already (``overwrite=True in Python``)
+    are left out. None where none is left."""
+    said = dict.fromkeys(
+        flag
+        for flag in re.findall(r"(?<![\w-])--[a-z][a-z-]*(?![\w-])", message)
+        if flag in _SAVE_FLAGS and not (flag != "--out" and f"{flag[2:]}=" in message)
+    )
+    return "in Python: " + ", ".join(f"{flag} is {_SAVE_FLAGS[flag]}" for flag in said) if said else None
+
+
 def keeps_inputs(save: _Save) -> _Save:
     """``save`` of a :class:`ReadsInputs` result, run with the result's ``inputs`` as the run's
-    (:func:`run_inputs`): an overwrite that would remove one raises :class:`HeadprobeError`."""
+    (:func:`run_inputs`): an overwrite that would remove one raises :class:`HeadprobeError`. A
+    refusal raised to a Python caller (not the command line's run, nor a command's function that
+    saves: :data:`~headprobe.probe.core.errors.PYTHON_NOTES`) that names output flags carries a note
+    of their Python spelling (:func:`save_flag_note`)."""
 
     @functools.wraps(save)
     def wrapped(self: ReadsInputs, *args: Any, **kwargs: Any) -> Any:
-        with run_inputs(self.inputs):
-            return save(self, *args, **kwargs)
+        if not PYTHON_NOTES.get():
+            with run_inputs(self.inputs):
+                return save(self, *args, **kwargs)
+        token = PYTHON_NOTES.set(False)
+        try:
+            with run_inputs(self.inputs):
+                return save(self, *args, **kwargs)
+        except HeadprobeError as error:
+            if (note := save_flag_note(str(error))) is not None:
+                error.add_note(note)
+            raise
+        finally:
+            PYTHON_NOTES.reset(token)
 
     return cast(_Save, wrapped)
 
