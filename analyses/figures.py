@@ -111,7 +111,8 @@ FORMATS = FIGURE_FORMATS
 def _styled(draw):
     """Run a figure function with this module's style (:data:`_RC`) in a ``matplotlib.rc_context``,
     so that importing or calling it never changes the caller's global matplotlib settings; then
-    let every axes title and the suptitle of the returned figure wrap (:func:`_wrap_titles`)."""
+    let every axes title and the suptitle of the returned figure wrap (:func:`_wrap_titles`) and every colour
+    bar's label fit its heatmap's height (:func:`_fit_colorbar_labels`)."""
 
     @functools.wraps(draw)
     def styled(*args, **kwargs):
@@ -137,17 +138,49 @@ def _wrap_titles(fig: Figure) -> Figure:
     ``Text.set_wrap`` wraps only at draw time, after the layout, and pushed the first line of a
     three-line title off the top). The figure is laid out once to measure (``draw_without_rendering``:
     the layout and text positions of a draw, no pixels): a title's room is twice the distance from
-    its centre to the nearer figure edge."""
+    its centre to the nearer figure edge. The same layout measures the colour bars' labels
+    (:func:`_fit_colorbar_labels`): a figure where everything fits is laid out no more often than before
+    (each layout pass moves things by a fraction of a pixel)."""
     canvas = _agg_canvas(fig)
     texts = [t for ax in fig.axes for t in (ax.title, ax._left_title, ax._right_title) if t.get_text()]  # type: ignore[attr-defined]  # private, not in matplotlib's stubs
     texts += [fig._suptitle] if fig._suptitle is not None and fig._suptitle.get_text() else []  # type: ignore[attr-defined]  # private, as above
-    if not texts:
+    every = list(fig.axes) + [inset for ax in fig.axes for inset in ax.child_axes]  # a full-height bar is an inset
+    bars = [ax for ax in every if getattr(ax, "_colorbar", None) is not None and ax.get_ylabel()]
+    if not texts and not bars:
         return fig
     for _ in range(3):  # again after wrapping: the new layout can move a title that fitted
         fig.draw_without_rendering()  # the constrained layout places axes and titles; nothing is rasterised
-        if not _wrap_to_room(texts, canvas.get_renderer(), fig.bbox.width):
-            break  # every title fits this layout: no further pass (most figures need only the one)
+        renderer = canvas.get_renderer()
+        wrapped = _wrap_to_room(texts, renderer, fig.bbox.width)
+        if not (_fit_colorbar_labels(fig, bars, renderer) or wrapped):
+            break  # every title and label fits this layout: no further pass (most figures need only the one)
     return fig
+
+
+def _fit_colorbar_labels(fig: Figure, bars, renderer) -> bool:
+    """A safety net (:func:`_wrap_titles` calls it on each layout): a vertical colour bar's label (``bars``: colour
+    bar axes) taller than its heatmap (the axes of its image; a short figure of a model of 1 to 4 layers) breaks at
+    spaces, each line of it apart, a parenthesised unit kept whole where it fits a line, at the widest lines that make
+    it no taller than that and inside the figure: a label run off the figure's edge, or over the titles above the bar,
+    no more. Labels that fit are left as they are. True when one was broken (the layout then changes)."""
+    changed = False
+    for ax in bars:
+        label = ax.yaxis.label
+        box = label.get_window_extent(renderer)
+        heatmap = getattr(ax._colorbar.mappable, "axes", None) or ax  # private
+        room = min(
+            max(heatmap.get_window_extent(renderer).height, ax.get_window_extent(renderer).height),
+            fig.bbox.height * 0.95,
+        )
+        if box.height <= room and box.y0 >= 0 and box.y1 <= fig.bbox.height:
+            continue
+        lines = label.get_text().split("\n")
+        for chars in range(max(len(line) for line in lines) - 1, 7, -1):  # the widest lines that fit, measured
+            label.set_text("\n".join(p for line in lines for p in _wrap_keeping_parentheses(line, chars, False)))
+            if label.get_window_extent(renderer).height <= room:
+                break
+        changed = label.get_text() != "\n".join(lines) or changed
+    return changed
 
 
 def _wrap_to_room(texts, renderer, width: float) -> bool:
@@ -1197,7 +1230,9 @@ def ablation_effect_panels(
     grey (:data:`MASKED_COLOR`), cross-hatched, named in the legend, whatever their value (NaN, or the 0 of a
     head with zero weights), never as a measured effect."""
     n_layers = np.asarray(panels[0][1]).shape[0]
-    fig = _figure(COLUMN_WIDTH if len(panels) == 1 else PAGE_WIDTH * 0.62, min(1.4 + 0.13 * n_layers, 8.0))
+    # at least 2.2 in: a model of few layers (1 to 6) leaves its heatmaps room for a colour bar tall enough for its
+    # label in two or three lines (_fit_colorbar_labels) beneath a suptitle of up to three
+    fig = _figure(COLUMN_WIDTH if len(panels) == 1 else PAGE_WIDTH * 0.62, min(max(1.4 + 0.13 * n_layers, 2.2), 8.0))
     axes = np.atleast_1d(fig.subplots(1, len(panels)))
     gone = np.zeros(np.shape(panels[0][1]), dtype=bool) if removed is None else np.asarray(removed, dtype=bool)
     tall = n_layers >= 16  # a tall, narrow heatmap's bar fell short of it (3/4 at 30 layers); a short one's did not
@@ -1220,6 +1255,7 @@ def ablation_effect_panels(
             removed=gone,
             cbar_full_height=tall,
         )
+    _merge_legends(fig, axes)
     fig.suptitle(suptitle)
     if tall:
         from matplotlib.layout_engine import ConstrainedLayoutEngine
@@ -1228,6 +1264,30 @@ def ablation_effect_panels(
         assert isinstance(engine, ConstrainedLayoutEngine)  # _figure's layout="constrained"
         engine.set(wspace=0.12)  # a bar's label clear of the next panel's "layer"
     return fig
+
+
+def _merge_legends(fig: Figure, axes) -> None:
+    """The legends :func:`head_heatmap` put below each of ``axes`` (what removed and unmeasured cells mean) as one
+    legend below the figure, each key once: a legend at a fraction of a short heatmap's height (a model of 2 layers)
+    lay over its "head" label, and one wider than its heatmap squeezed the heatmap in the constrained layout."""
+    keys: dict[str, Any] = {}
+    for ax in axes:
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        for handle, text in zip(legend.legend_handles, legend.get_texts()):
+            keys.setdefault(text.get_text(), handle)
+        legend.remove()
+    if keys:
+        fig.legend(
+            list(keys.values()),
+            list(keys),
+            loc="outside lower center",
+            frameon=False,
+            fontsize=6,
+            handlelength=1.2,
+            ncols=len(keys),
+        )
 
 
 @_styled

@@ -101,7 +101,8 @@ def test_ablate_of_a_pruned_checkpoint_shows_removed_heads_as_removed(pruned_dir
         for h in REMOVED:
             assert np.isnan(r.effect[h]) and np.isnan(r.importance[h]) and np.isnan(r.attribution[h]), (task, h)
     fig = result.figures()["ablation_effect"]
-    labels = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()] + list(fig.legends)  # one below both panels
+    labels = [t.get_text() for legend in legends for t in legend.get_texts()]
     assert any("removed" in label for label in labels), labels
     for ax in fig.axes[:2]:  # the two heatmaps: the removed cells in the masked colour, on top of the values
         grey = [im for im in ax.get_images() if len(im.cmap.colors if hasattr(im.cmap, "colors") else []) == 1]

@@ -674,7 +674,7 @@ def test_overview_colour_bar_explains_positional_only_where_it_is_drawn(tiny_lla
         cfg = ScanConfig(model="tiny", n_natural=2, seq_len=24, n_repeated=2, period=8, k=2, verify=False,
                          text=str(word_text), pattern_len=0, types=types)  # fmt: skip
         fig = figure_makers(run(tiny_llama_gqa_native, cfg, progress=False))["overview"]()
-        label = fig.axes[-1].get_ylabel()
+        label = " ".join(fig.axes[-1].get_ylabel().split())  # broken at spaces where taller than a small model's panels
         assert label.startswith(figs.OVERVIEW_SCORE_LABEL) and ("positional" in label) == has, (types, label)
 
 
@@ -723,5 +723,6 @@ def test_overview_colour_bar_note_follows_the_type_not_its_column_name(tiny_llam
         dets = make()
         fig = overview_maker(result, dets, "t")()
         want = figs.OVERVIEW_SCORE_LABEL + "".join(f"\n({t}: {u})" for t, u in units)  # by hand
-        assert fig.axes[-1].get_ylabel() == want, [d.name for d in dets]
+        # the words by hand; the line breaks are the layout's (a label taller than a small model's panels is broken)
+        assert " ".join(fig.axes[-1].get_ylabel().split()) == " ".join(want.split()), [d.name for d in dets]
         assert figs.overview_score_label(units) == want
