@@ -934,9 +934,6 @@ def _output_place(command, name: str) -> tuple[str, str] | None:
     return None
 
 
-_FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*|-[a-zA-Z])(?![\w-])")
-"""A flag named in a message: ``--n-random``, ``-k`` (not the ``-negative`` of ``non-negative``)."""
-
 _OTHER_COMMAND = re.compile(r"\bheadprobe ([a-z]+)\b")
 """``headprobe ablate``: a command named in a message; its flags follow it, or precede ``of`` it."""
 
@@ -944,13 +941,15 @@ _OTHER_COMMAND = re.compile(r"\bheadprobe ([a-z]+)\b")
 def flag_note(command: str, message: str) -> str | None:
     """``in Python: --n-random is n_random=, --no-bos is prepend_bos=False, --out is
     result.save(path)``: the Python spelling of each flag of ``headprobe <command>`` that the
-    refusal ``message`` names (:data:`_FLAG`), for a caller of the command's function. A flag that
+    refusal ``message`` names (:data:`~headprobe.probe.core.errors.FLAG_IN_MESSAGE`), for a caller of the command's function. A flag that
     is a keyword of the function is that keyword (a switch: its value); an output flag the function
     does not take is where it goes in Python (:func:`_output_place`). Left out: flags the command
     does not have, flags of another command named beside them (``give the --out folder of headprobe
     train``, ``headprobe budget --seq-len``), and flags whose keyword the message spells already
     (``--overwrite (overwrite=True in Python)``). None where none is left, or ``command`` is not
     registered (or ``headprobe.commands`` not imported: a command's function imports it first)."""
+    from headprobe.probe.core.errors import FLAG_IN_MESSAGE
+
     commands = sys.modules.get("headprobe.commands")  # above this layer: read, never imported from here
     if commands is None:
         return None
@@ -967,7 +966,7 @@ def flag_note(command: str, message: str) -> str | None:
     said: dict[str, str] = {}
     for clause in re.split(r"[;()]", message):
         before_other = [m.start() for m in _OTHER_COMMAND.finditer(clause) if m.group(1) in others]
-        for match in _FLAG.finditer(clause):
+        for match in FLAG_IN_MESSAGE.finditer(clause):
             flag, action = match.group(1), actions.get(match.group(1))
             after = re.match(r" (?:\S+ )?of headprobe ([a-z]+)\b", clause[match.end() :])
             if action is None or flag in said or any(start < match.start() for start in before_other):
@@ -992,26 +991,16 @@ def notes_flags(command: str) -> Callable[[_Function], _Function]:
     the same exception object, its message untouched: the command line prints the message alone
     (``str(error)``), a traceback shows the note below it. Only the outermost command function
     called notes (one run inside another: the flags of the function the caller called), and none
-    in the command line's run (:data:`~headprobe.probe.core.errors.PYTHON_NOTES`)."""
+    in the command line's run (:func:`~headprobe.probe.core.errors.python_note`)."""
     import functools
 
-    from headprobe.probe.core.errors import PYTHON_NOTES, HeadprobeError
+    from headprobe.probe.core.errors import python_note
 
     def decorate(function: _Function) -> _Function:
         @functools.wraps(function)
         def noting(*args: Any, **kwargs: Any) -> Any:
-            if not PYTHON_NOTES.get():  # inside another command's function or the command line's run
+            with python_note(lambda message: flag_note(command, message)):
                 return function(*args, **kwargs)
-            token = PYTHON_NOTES.set(False)
-            try:
-                return function(*args, **kwargs)
-            except HeadprobeError as error:
-                note = flag_note(command, str(error))
-                if note is not None:
-                    error.add_note(note)
-                raise
-            finally:
-                PYTHON_NOTES.reset(token)
 
         return noting  # type: ignore[return-value]
 

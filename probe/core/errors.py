@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import re
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 
 PYTHON_NOTES: ContextVar[bool] = ContextVar("headprobe_python_notes", default=True)
@@ -10,6 +13,9 @@ command-line flags its message names, ``BaseException.add_note``): True at the t
 caller's call; False inside a command's Python function or a result's ``save`` (the outermost one
 notes: :func:`headprobe.options.notes_flags`, :func:`headprobe.probe.core.io.keeps_inputs`) and
 in the command line's run (:func:`headprobe.cli.main` prints the message alone)."""
+
+FLAG_IN_MESSAGE = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*|-[a-zA-Z])(?![\w-])")
+"""A command-line flag named in a message: ``--n-random``, ``-k`` (not the ``-negative`` of ``non-negative``)."""
 
 
 class HeadprobeError(Exception):
@@ -33,3 +39,23 @@ def one_line_repr(value: object, width: int = 60) -> str:
     keeps the message one line."""
     text = " ".join(repr(value).split())
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+@contextlib.contextmanager
+def python_note(note: Callable[[str], str | None]) -> Iterator[None]:
+    """Add ``note(message)`` (where not None) to a :class:`HeadprobeError` leaving the block, the same
+    exception object, its message untouched, when the block is the outermost of its kind in a Python
+    caller's call (:data:`PYTHON_NOTES`; the blocks inside it and the command line's run add none).
+    :func:`headprobe.options.notes_flags` and :func:`headprobe.probe.core.io.keeps_inputs` run in it."""
+    if not PYTHON_NOTES.get():
+        yield
+        return
+    token = PYTHON_NOTES.set(False)
+    try:
+        yield
+    except HeadprobeError as error:
+        if (text := note(str(error))) is not None:
+            error.add_note(text)
+        raise
+    finally:
+        PYTHON_NOTES.reset(token)

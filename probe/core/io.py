@@ -9,7 +9,6 @@ import functools
 import json
 import math
 import os
-import re
 import shutil
 import stat
 import tempfile
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from headprobe.probe.core.errors import PYTHON_NOTES, HeadprobeError
+from headprobe.probe.core.errors import FLAG_IN_MESSAGE, HeadprobeError, python_note
 
 
 def _new_file_mode() -> int:
@@ -224,7 +223,7 @@ def save_flag_note(message: str) -> str | None:
     are left out. None where none is left."""
     said = dict.fromkeys(
         flag
-        for flag in re.findall(r"(?<![\w-])--[a-z][a-z-]*(?![\w-])", message)
+        for flag in FLAG_IN_MESSAGE.findall(message)
         if flag in _SAVE_FLAGS and not (flag != "--out" and f"{flag[2:]}=" in message)
     )
     return "in Python: " + ", ".join(f"{flag} is {_SAVE_FLAGS[flag]}" for flag in said) if said else None
@@ -234,24 +233,13 @@ def keeps_inputs(save: _Save) -> _Save:
     """``save`` of a :class:`ReadsInputs` result, run with the result's ``inputs`` as the run's
     (:func:`run_inputs`): an overwrite that would remove one raises :class:`HeadprobeError`. A
     refusal raised to a Python caller (not the command line's run, nor a command's function that
-    saves: :data:`~headprobe.probe.core.errors.PYTHON_NOTES`) that names output flags carries a note
+    saves: :func:`~headprobe.probe.core.errors.python_note`) that names output flags carries a note
     of their Python spelling (:func:`save_flag_note`)."""
 
     @functools.wraps(save)
     def wrapped(self: ReadsInputs, *args: Any, **kwargs: Any) -> Any:
-        if not PYTHON_NOTES.get():
-            with run_inputs(self.inputs):
-                return save(self, *args, **kwargs)
-        token = PYTHON_NOTES.set(False)
-        try:
-            with run_inputs(self.inputs):
-                return save(self, *args, **kwargs)
-        except HeadprobeError as error:
-            if (note := save_flag_note(str(error))) is not None:
-                error.add_note(note)
-            raise
-        finally:
-            PYTHON_NOTES.reset(token)
+        with python_note(save_flag_note), run_inputs(self.inputs):
+            return save(self, *args, **kwargs)
 
     return cast(_Save, wrapped)
 
