@@ -255,10 +255,9 @@ def refuse_encoder(model: str, needs: str, hint: str | None = ENCODER_HINT) -> N
     Raises:
         HeadprobeError: the model is an encoder, in the words of :func:`require_causal`."""
     from headprobe.probe.backends.sources import canonical_name
-    from headprobe.probe.core.errors import HeadprobeError
 
     if peek_encoder(model):
-        raise HeadprobeError(f"{needs}; {canonical_name(model)} is an encoder" + (f": {hint}" if hint else ""))
+        raise _encoder_refusal(canonical_name(model), needs, hint)
 
 
 def check_model(model: str) -> None:
@@ -429,10 +428,16 @@ def require_causal(spec, needs: str, hint: str | None = None) -> None:
     Raises:
         HeadprobeError: the model is an encoder.
     """
+    if not spec.causal:
+        raise _encoder_refusal(spec.name, needs, hint)
+
+
+def _encoder_refusal(name: str, needs: str, hint: str | None):
+    """The HeadprobeError of :func:`require_causal` (after the load) and :func:`refuse_encoder` (before it):
+    ``"<needs>; <name> is an encoder"``, then ``": <hint>"`` where given."""
     from headprobe.probe.core.errors import HeadprobeError
 
-    if not spec.causal:
-        raise HeadprobeError(f"{needs}; {spec.name} is an encoder" + (f": {hint}" if hint else ""))
+    return HeadprobeError(f"{needs}; {name} is an encoder" + (f": {hint}" if hint else ""))
 
 
 IDLE_SAMPLE_S = 0.25
