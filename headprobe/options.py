@@ -587,12 +587,12 @@ def config_and_model(
     config_cls, model: str | LoadedModel, config_fields: dict, name: str | None = None, accepts: Callable | None = None
 ):
     """What a command's Python function (``headprobe.scan(model, **fields)``, ...) starts with:
-    ``(config, LoadedModel, load seconds)``.
+    ``(config, LoadedModel, load seconds or None)``.
 
     ``model`` is a name or path -- the config is built and its ``preflight()`` run (every check
     the settings alone decide) before the model loads as the config asks -- or a
-    :class:`~headprobe.probe.backends.loading.LoadedModel`, used as given (0 s), where it is
-    (:func:`loaded_fields`).
+    :class:`~headprobe.probe.backends.loading.LoadedModel`, used as given where it is
+    (:func:`loaded_fields`; load seconds None: the caller loaded it, not 0 s).
 
     Raises:
         HeadprobeError: ``model`` of another type, bad settings, a setting given where it does
@@ -622,7 +622,7 @@ def config_and_model(
     from headprobe.probe.core import memory
 
     memory.set_budget(getattr(config, "memory_budget", None))
-    return config, model, 0.0
+    return config, model, None
 
 
 def check_model_argument(model: str | os.PathLike[str] | LoadedModel, function: str) -> None:
@@ -725,7 +725,8 @@ def command_function(
     ``config_fields`` and the model (:func:`config_and_model`: the config's checks and
     ``preflight`` before a model named by a string loads), checks the memory plan of ``run``'s module
     where it has one (its ``batch_line``, as the command does; printed with ``progress``), calls ``run(loaded, config,
-    progress=progress)`` and records the load's seconds in the result's ``load_s`` where it has one.
+    progress=progress)`` and records the load's seconds in the result's ``load_s`` where it has one
+    (None for a model given loaded: :func:`~headprobe.probe.core.reprs.load_seconds`).
 
     The function gets ``__name__`` ``name`` (``command``: the command's own name where it is not a
     Python name, ``import``), ``__module__`` that of ``run``, a ``__signature__``

@@ -224,8 +224,11 @@ def _scan_model(
         path = str(_train_toy(config, out / TOY_DIR, progress)) if name == TOY else name
         if progress:
             print(f"{counter} scanning {label} ...", flush=True)
+        loaded_at = time.perf_counter()
         loaded = options.load_for(config.scan_config(path))
+        load_s = time.perf_counter() - loaded_at
         scanned = run_scan(loaded, config.scan_config(path), progress=progress)
+        scanned.load_s = load_s  # the model's summary.json records the load atlas made
         shown = formats if config.model_figures else ()  # --no-model-figures: no scan figure in any format
         scanned.save(d, overwrite=True, html=bool(config.pattern_len), formats=shown)
         del loaded, scanned
