@@ -453,7 +453,9 @@ class RunCheckpoint:
 
         Raises:
             HeadprobeError: a checkpoint of a run with other settings is there and ``overwrite``
-                is False (with ``overwrite`` it is discarded).
+                is False (with ``overwrite`` it is discarded); its line spells ``--overwrite`` for the
+                command line and Python alike, as :func:`prepare_output_dir`'s, since Python reaches it
+                outside a command's function too (``atlas_core.run``, a ``RunCheckpoint`` of one's own).
         """
         if not self.path.is_file():
             return {}
@@ -466,7 +468,7 @@ class RunCheckpoint:
                 return {}
             raise HeadprobeError(
                 f"{self.path} belongs to a run with other settings ({self._settings_differ(saved.get('key'))}); "
-                f"pass --overwrite to start over"
+                f"pass --overwrite (overwrite=True in Python) to start over"
             )
         self.recorded_inputs = saved.get("inputs") or {}
         return saved.get("state", {})
