@@ -253,6 +253,32 @@ def _scan_model(
         print(f"  {label} failed: {rec['error']}", flush=True)
 
 
+def _model_record(
+    config: AtlasConfig, out: Path, model: tuple, counter: str, progress: bool, formats: tuple[str, ...]
+) -> dict[str, Any]:
+    """The record of one model of the atlas (``model``: its ``(label, name, step)``): ``status``
+    ``resumed`` where its directory holds a finished scan of the same key (the model, its scan
+    settings, a toy's training settings, a local model's files' stamp), else scanned now
+    (:func:`_scan_model`: ``scanned`` or ``failed``); ``counter`` prefixes the progress line."""
+    label, name, step = model
+    d = out / MODELS_DIR / slug(label)
+    rec: dict[str, Any] = {"model": name, "family": family_of(name), "step": step, "dir": str(d.relative_to(out))}
+    key = {"model": name, "scan": json.loads(json.dumps(asdict(config.scan_config(name)), default=str))}
+    if name == TOY:  # the toy is retrained (and rescanned) when its training settings change
+        key["train"] = asdict(toy_train_config(config))
+    elif (stamp := files_stamp(name)) is not None:  # a local model rewritten since: rescanned
+        key["files"] = stamp
+    saved = _read_json(d / SCAN_KEY) or {}
+    if saved.get("key") == key and (d / "summary.json").is_file():
+        rec.update(
+            status="resumed",
+            timings_s={"scan_s": saved.get("timings_s", {}).get("scan_s", saved.get("seconds", 0.0))},
+        )
+    else:
+        _scan_model(config, out, (label, name, d, key), counter, rec, progress, formats)
+    return rec
+
+
 def run(
     config: AtlasConfig,
     out: str | Path,
@@ -286,24 +312,9 @@ def run(
     records: dict[str, dict] = {}
     parts, rules = [], []
     for label, name, step in models:
-        d = out / MODELS_DIR / slug(label)
-        rec: dict[str, Any] = {"model": name, "family": family_of(name), "step": step, "dir": str(d.relative_to(out))}
-        key = {"model": name, "scan": json.loads(json.dumps(asdict(config.scan_config(name)), default=str))}
-        if name == TOY:  # the toy is retrained (and rescanned) when its training settings change
-            key["train"] = asdict(toy_train_config(config))
-        elif (stamp := files_stamp(name)) is not None:  # a local model rewritten since: rescanned
-            key["files"] = stamp
-        saved = _read_json(d / SCAN_KEY) or {}
-        if saved.get("key") == key and (d / "summary.json").is_file():
-            rec.update(
-                status="resumed",
-                timings_s={"scan_s": saved.get("timings_s", {}).get("scan_s", saved.get("seconds", 0.0))},
-            )
-        else:
-            _scan_model(
-                config, out, (label, name, d, key), f"[{len(records) + 1}/{len(models)}]", rec, progress, formats
-            )
-        records[label] = rec
+        counter = f"[{len(records) + 1}/{len(models)}]"
+        rec = records[label] = _model_record(config, out, (label, name, step), counter, progress, formats)
+        d = out / rec["dir"]
         if rec["status"] != "failed":
             summary = json.loads((d / "summary.json").read_text(encoding="utf-8"))
             rec.update(_window_record(summary.get("tokens", {})))
