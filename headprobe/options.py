@@ -402,9 +402,14 @@ FLOAT16_BRIDGE = (
 """Why float16 is refused on the TransformerLens bridge (its attention code is not ours to patch)."""
 
 
-def describe_model(model: LoadedModel) -> str:
-    """One line on a loaded model's device, precision, layout and weights, for a command's output."""
+def describe_model(model: LoadedModel, note: str = "") -> str:
+    """A loaded model's device, precision, layout and weights, for a command's output: one line
+    (``note`` at its end), and for a pruned checkpoint a second, the weights it was pruned from
+    (:func:`~headprobe.probe.layout.spec.precision_lines`)."""
+    from headprobe.probe.layout.spec import precision_lines
+
     spec = model.spec
+    weights, *source = precision_lines(spec.precision)
     dtype = str(model.dtype).removeprefix("torch.")
     split = getattr(model, "device_map", None)
     where = model.device.type
@@ -414,8 +419,10 @@ def describe_model(model: LoadedModel) -> str:
     threads = getattr(model, "threads_note", None)
     return (
         f"model {spec.name} on {where} ({dtype}): {spec.n_layers} layers x {spec.n_heads} heads ({spec.kind}, "
-        f"{spec.n_kv_heads} KV head{'' if spec.n_kv_heads == 1 else 's'}); weights: {spec.precision}"
+        f"{spec.n_kv_heads} KV head{'' if spec.n_kv_heads == 1 else 's'}); weights: {weights}"
         + (f"; {threads}" if threads else "")
+        + note
+        + "".join(f"\n{line}" for line in source)
     )
 
 
@@ -1394,9 +1401,7 @@ def _run_checked(args: argparse.Namespace, config, how: Run, sharded: bool, main
     load_s = time.perf_counter() - t0
     if main_rank:
         what = f"{how.sharded} sharded" if how.sharded else "sharded"
-        print(
-            describe_model(model) + (f"; {what} over {distributed.world_size()} ranks" if sharded else ""), flush=True
-        )
+        print(describe_model(model, f"; {what} over {distributed.world_size()} ranks" if sharded else ""), flush=True)
     if resumable:  # what the checkpoint was computed from, and what it is saved with
         inputs = {**inputs, **model_inputs(model)}  # the text's, read before loading, and the model's
         saved = _same_inputs(saved, found, recorded, inputs, args.out, args.overwrite, main_rank)

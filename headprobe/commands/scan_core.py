@@ -54,7 +54,7 @@ from headprobe.probe.core.progress import progress_bar
 from headprobe.probe.core.reprs import CompactRepr, load_seconds
 from headprobe.probe.hooks.ablation import format_head
 from headprobe.probe.hooks.capture import kv_head_of
-from headprobe.probe.layout.spec import ModelSpec
+from headprobe.probe.layout.spec import ModelSpec, precision_lines
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -933,7 +933,8 @@ def write_outputs(
 def format_report(result: ScanResult) -> str:
     """The short terminal table: top heads per type and the ablation verdicts."""
     spec = result.spec
-    lines = [f"{spec.name}: weights {spec.precision}", ""]
+    weights, *source = precision_lines(spec.precision)  # a pruned checkpoint's source on a line of its own
+    lines = [f"{spec.name}: weights {weights}", *source, ""]
     lines += [f"NOTE: {n}" for n in short_text_notes(result)]
     lines += [f"WARNING: {w}" for w in result.warnings] + ([""] if result.warnings else [])
     # what ran decides the header: with --no-verify nothing was ablated, and the report must not say it was
