@@ -16,7 +16,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from headprobe.analyses.vocabulary import DEFAULT_PERIOD, DEFAULT_SEQ_LEN, MIN_PERIOD, MIN_WINDOW_TOKENS
+from headprobe.analyses.vocabulary import DEFAULT_PERIOD, MIN_PERIOD, MIN_WINDOW_TOKENS, fitted_seq_len
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import WHOLE_TEXT_BYTES, TextFile, open_text_file, read_text_file  # noqa: F401 - re-exported
@@ -323,7 +323,7 @@ def fit_lengths(
 ) -> tuple[int, int]:
     """``(seq_len, period)`` for a model of context ``n_ctx``: each as given, or where None its
     default fitted to the context: :data:`~headprobe.analyses.vocabulary.DEFAULT_SEQ_LEN` or
-    ``n_ctx`` if shorter; :data:`~headprobe.analyses.vocabulary.DEFAULT_PERIOD` or the longest
+    ``n_ctx`` if shorter (:func:`~headprobe.analyses.vocabulary.fitted_seq_len`); :data:`~headprobe.analyses.vocabulary.DEFAULT_PERIOD` or the longest
     block that fits ``[BOS]`` and twice, ``(n_ctx - 1) // 2``. ``trained_periods``: ``(min, max,
     eval)`` periods of a model ``headprobe train`` made (``LoadedModel.trained_periods``); where the
     fitted period falls outside ``[min, max]`` the model never saw repeats that long, and its eval
@@ -339,7 +339,7 @@ def fit_lengths(
             low, high, eval_period = trained_periods
             if not low <= period <= high and 2 * eval_period + 1 <= n_ctx:
                 period = eval_period
-    return seq_len or min(DEFAULT_SEQ_LEN, n_ctx), period
+    return fitted_seq_len(n_ctx, seq_len), period
 
 
 def task_tokens(

@@ -61,6 +61,16 @@ DEFAULT_SEQ_LEN = 128
 DEFAULT_PERIOD = 50
 """The repeated block's length (``--period``) unless ``[BOS]`` and two blocks do not fit the
 model's context (:func:`headprobe.analyses.data.fit_lengths`)."""
+
+
+def fitted_seq_len(n_ctx: int, seq_len: int | None) -> int:
+    """Natural-text tokens per sequence for a model of context ``n_ctx`` tokens: ``seq_len`` where
+    given, else :data:`DEFAULT_SEQ_LEN` or ``n_ctx`` if shorter. The one rule, torch-free:
+    :func:`headprobe.analyses.data.fit_lengths` after the load, ``import``'s check before it
+    (``n_ctx`` from config.json). Checks nothing (:func:`~headprobe.analyses.data.check_lengths` does)."""
+    return seq_len or min(DEFAULT_SEQ_LEN, n_ctx)
+
+
 DEFAULT_PATTERN_LEN = 128
 """Tokens of every head's pattern kept for the viewer (``--pattern-len``)."""
 PATCH_SITES: tuple[str, ...] = ("z", "q", "k", "v", "resid")

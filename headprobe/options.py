@@ -402,9 +402,14 @@ FLOAT16_BRIDGE = (
 """Why float16 is refused on the TransformerLens bridge (its attention code is not ours to patch)."""
 
 
-def describe_model(model: LoadedModel) -> str:
-    """One line on a loaded model's device, precision, layout and weights, for a command's output."""
+def describe_model(model: LoadedModel, note: str = "") -> str:
+    """A loaded model's device, precision, layout and weights, for a command's output: one line
+    (``note`` at its end), and for a pruned checkpoint a second, the weights it was pruned from
+    (:func:`~headprobe.probe.layout.spec.precision_lines`)."""
+    from headprobe.probe.layout.spec import precision_lines
+
     spec = model.spec
+    weights, *source = precision_lines(spec.precision)
     dtype = str(model.dtype).removeprefix("torch.")
     split = getattr(model, "device_map", None)
     where = model.device.type
@@ -414,8 +419,10 @@ def describe_model(model: LoadedModel) -> str:
     threads = getattr(model, "threads_note", None)
     return (
         f"model {spec.name} on {where} ({dtype}): {spec.n_layers} layers x {spec.n_heads} heads ({spec.kind}, "
-        f"{spec.n_kv_heads} KV head{'' if spec.n_kv_heads == 1 else 's'}); weights: {spec.precision}"
+        f"{spec.n_kv_heads} KV head{'' if spec.n_kv_heads == 1 else 's'}); weights: {weights}"
         + (f"; {threads}" if threads else "")
+        + note
+        + "".join(f"\n{line}" for line in source)
     )
 
 
@@ -587,12 +594,12 @@ def config_and_model(
     config_cls, model: str | LoadedModel, config_fields: dict, name: str | None = None, accepts: Callable | None = None
 ):
     """What a command's Python function (``headprobe.scan(model, **fields)``, ...) starts with:
-    ``(config, LoadedModel, load seconds)``.
+    ``(config, LoadedModel, load seconds or None)``.
 
     ``model`` is a name or path -- the config is built and its ``preflight()`` run (every check
     the settings alone decide) before the model loads as the config asks -- or a
-    :class:`~headprobe.probe.backends.loading.LoadedModel`, used as given (0 s), where it is
-    (:func:`loaded_fields`).
+    :class:`~headprobe.probe.backends.loading.LoadedModel`, used as given where it is
+    (:func:`loaded_fields`; load seconds None: the caller loaded it, not 0 s).
 
     Raises:
         HeadprobeError: ``model`` of another type, bad settings, a setting given where it does
@@ -622,7 +629,7 @@ def config_and_model(
     from headprobe.probe.core import memory
 
     memory.set_budget(getattr(config, "memory_budget", None))
-    return config, model, 0.0
+    return config, model, None
 
 
 def check_model_argument(model: str | os.PathLike[str] | LoadedModel, function: str) -> None:
@@ -725,7 +732,8 @@ def command_function(
     ``config_fields`` and the model (:func:`config_and_model`: the config's checks and
     ``preflight`` before a model named by a string loads), checks the memory plan of ``run``'s module
     where it has one (its ``batch_line``, as the command does; printed with ``progress``), calls ``run(loaded, config,
-    progress=progress)`` and records the load's seconds in the result's ``load_s`` where it has one.
+    progress=progress)`` and records the load's seconds in the result's ``load_s`` where it has one
+    (None for a model given loaded: :func:`~headprobe.probe.core.reprs.load_seconds`).
 
     The function gets ``__name__`` ``name`` (``command``: the command's own name where it is not a
     Python name, ``import``), ``__module__`` that of ``run``, a ``__signature__``
@@ -1393,9 +1401,7 @@ def _run_checked(args: argparse.Namespace, config, how: Run, sharded: bool, main
     load_s = time.perf_counter() - t0
     if main_rank:
         what = f"{how.sharded} sharded" if how.sharded else "sharded"
-        print(
-            describe_model(model) + (f"; {what} over {distributed.world_size()} ranks" if sharded else ""), flush=True
-        )
+        print(describe_model(model, f"; {what} over {distributed.world_size()} ranks" if sharded else ""), flush=True)
     if resumable:  # what the checkpoint was computed from, and what it is saved with
         inputs = {**inputs, **model_inputs(model)}  # the text's, read before loading, and the model's
         saved = _same_inputs(saved, found, recorded, inputs, args.out, args.overwrite, main_rank)

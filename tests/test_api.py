@@ -287,7 +287,7 @@ def test_api_ablate_and_prune_equal_their_cli(tiny_dir, text_file, tmp_path):
 
 def test_api_functions_record_the_load_time(tiny_dir, text_file, monkeypatch):
     """A function given a model name records the seconds it spent loading (summary.json's timings),
-    as the CLI does; given a loaded model, 0. The load is slowed by a known 0.2 s to see it counted."""
+    as the CLI does; given a loaded model, None. The load is slowed by a known 0.2 s to see it counted."""
     import time
 
     from headprobe import options
@@ -303,12 +303,31 @@ def test_api_functions_record_the_load_time(tiny_dir, text_file, monkeypatch):
     timings = d.summary()["timings_s"]
     assert d.load_s >= 0.2 and timings["load_s"] == round(d.load_s, 2) and timings["load_b_s"] >= 0.2
     model = load_for(a.config)
-    assert headprobe.ablate(model, heads="1.3", **small).load_s == 0.0
+    assert headprobe.ablate(model, heads="1.3", **small).load_s is None  # not a load of 0 s
+
+
+def test_a_model_the_caller_loaded_claims_no_load_time(tiny_dir, text_file, tmp_path):
+    """Given a loaded model, a result says the caller loaded it -- ``load_s`` None, ``repr`` in
+    words, summary.json's ``timings_s`` without ``load_s`` (with diff's B: without ``load_b_s``) --
+    never a 0 s load; the same model named by its path records its load's seconds (> 0)."""
+    small = dict(text=str(text_file), n_natural=2, seq_len=12, n_repeated=2, period=5, device="cpu")
+    model = headprobe.load_model(str(tiny_dir), device="cpu")
+    s = headprobe.scan(model, types="induction", verify=False, metrics=False, **small)
+    assert s.load_s is None and "load_s: model loaded by the caller" in repr(s)
+    assert "load_s" not in s.summary()["timings_s"]
+    s.save(tmp_path / "scan")
+    assert "load_s" not in json.loads((tmp_path / "scan" / "summary.json").read_text())["timings_s"]
+    d = headprobe.diff(model, model, types="induction", n_perm=99, **small)
+    assert d.load_s is None and not {"load_s", "load_b_s"} & set(d.summary()["timings_s"])
+    named = headprobe.scan(str(tiny_dir), types="induction", verify=False, metrics=False, **small)
+    assert named.load_s > 0 and named.summary()["timings_s"]["load_s"] == round(named.load_s, 2)
+    assert "load_s=" in repr(named) and "loaded by the caller" not in repr(named)
 
 
 def test_every_result_keeps_its_load_time_in_one_field():
-    """``load_s`` is a plain dataclass field (default 0) on every command's result that has one,
-    never a property over another attribute, so the runner and the Python functions set it alike."""
+    """``load_s`` is a plain dataclass field (default None: a model the caller loaded) on every
+    command's result that has one, never a property over another attribute, so the runner and the
+    Python functions set it alike."""
     import importlib
     import inspect
 
@@ -324,7 +343,7 @@ def test_every_result_keeps_its_load_time_in_one_field():
             for cls in vars(module).values():
                 if inspect.isclass(cls) and cls.__module__ == module.__name__ and hasattr(cls, "load_s"):
                     fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
-                    found[cls.__name__] = "load_s" in fields and fields["load_s"].default == 0.0
+                    found[cls.__name__] = "load_s" in fields and fields["load_s"].default is None
     assert {"ScanResult", "RobustnessResult", "DiffResult", "AblateResult", "KVResult"} <= set(found)
     assert [name for name, ok in found.items() if not ok] == []
 

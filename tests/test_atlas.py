@@ -179,6 +179,8 @@ def test_atlas_records_a_failing_model_and_goes_on(atlas_run):
     for m in (models[0], models[2]):
         scan = json.loads((out / "models" / summary["models"][m]["dir"].split("/", 1)[1] / "summary.json").read_text())
         verdicts = atlas_lib.type_verdicts(scan)
+        # atlas loaded the model: the scan records that load's seconds, not none (nor a 0 s one)
+        assert scan["timings_s"]["load_s"] > 0  # a tiny model's weights and tokenizer: tens of ms
         sub = table[table["model"] == m]
         for t, (top, verdict) in verdicts.items():
             marked = sub[sub[f"{t}_top"].astype(str) == "True"]

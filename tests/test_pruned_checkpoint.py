@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import zoo
 from matplotlib.colors import to_rgba
 
 from headprobe.cli import main
@@ -406,3 +407,31 @@ def test_a_pruned_checkpoint_keeps_its_sources_4_bit_note(tiny_dir, text_file, t
     assert (
         figs.weights_label(headprobe.load_model(str(old), device="cpu", quiet=True).spec.weights) == "float32 weights"
     )
+
+
+def test_a_pruned_checkpoints_header_gives_its_source_a_line_of_its_own(tiny_dir, text_file, tmp_path, capsys):
+    """The line a command prints for the model it loaded (and scan's report) ran past 200 characters
+    for a pruned 4-bit SmolLM2: its own weights, the source's and the backend in one. Now the source
+    is a second line, ``  pruned from <its weights>``; summary.json's ``weights_precision`` stays
+    the one string (``; pruned from `` splits it, :func:`~headprobe.probe.model.checkpoint.source_weights`)."""
+    import headprobe
+    from headprobe.probe.backends.sources import SMOLLM2_PRECISION
+    from headprobe.probe.model.pruned import keep_mask_from, remove_heads, save_pruned_dir
+
+    base = headprobe.load_model(str(tiny_dir), device="cpu", backend="native", quiet=True)
+    d = tmp_path / "pruned_model"
+    net = remove_heads(base.model, keep_mask_from(REMOVED, 2, 8))
+    save_pruned_dir(net, d, base.tokenizer, source=str(tiny_dir), source_weights=SMOLLM2_PRECISION)
+    own = f"float32 (pruned headprobe checkpoint, {len(REMOVED)} heads removed, zero weights); native backend"
+    capsys.readouterr()
+    out = tmp_path / "scan"
+    argv = ["scan", "--model", str(d), "--text", str(text_file), "--out", str(out), "--no-verify", "--no-metrics"]
+    assert main([*argv, "--formats", "none", *zoo.TINY_SCORE_FLAGS]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith(f"model {d} on cpu"))
+    assert f"; weights: {own}" in lines[header] and "pruned from" not in lines[header], lines[header]
+    assert lines[header + 1] == f"  pruned from {SMOLLM2_PRECISION}"
+    report = lines.index(f"{d}: weights {own}")  # scan's report
+    assert lines[report + 1] == f"  pruned from {SMOLLM2_PRECISION}"
+    precision = json.loads((out / "summary.json").read_text())["weights_precision"]
+    assert precision == own.replace("; native", f"; pruned from {SMOLLM2_PRECISION}; native")

@@ -6,6 +6,7 @@ by the settings alone: no model loads and nothing is written."""
 
 from __future__ import annotations
 
+import re
 import traceback
 
 import pytest
@@ -330,3 +331,27 @@ def test_every_public_function_and_save_says_its_refusals_carry_the_note():
         doc = " ".join(inspect.getdoc(f).split())
         raises = doc[doc.index("Raises:") :]
         assert sentence in raises, f.__qualname__
+
+
+def test_a_checkpoint_of_other_settings_spells_overwrite_for_python_too(tmp_path, capsys):
+    """A run folder holding the checkpoint of a run with other settings is refused with a line that
+    spells ``overwrite=True`` itself (as ``prepare_output_dir``'s refusal): from ``RunCheckpoint``
+    and ``atlas_core.run`` (no command function to note it) and from ``headprobe.atlas`` (no note
+    repeating it); the command line prints the same line."""
+    from headprobe.commands.atlas import AtlasConfig
+    from headprobe.commands.atlas_core import run as atlas_run
+    from headprobe.probe.core.io import RunCheckpoint
+
+    said = "pass --overwrite (overwrite=True in Python) to start over"
+    RunCheckpoint(tmp_path, {"models": "other"}).save({})
+    with pytest.raises(HeadprobeError, match=rf"other settings \(models: 'other' there.*; {re.escape(said)}$"):
+        RunCheckpoint(tmp_path, {"models": "toy"}).load()
+    with pytest.raises(HeadprobeError, match=re.escape(said)):
+        atlas_run(AtlasConfig(models="toy"), tmp_path, progress=False)
+    with pytest.raises(HeadprobeError, match=re.escape(said)) as e:
+        headprobe.atlas(out=tmp_path, models="toy")
+    assert not getattr(e.value, "__notes__", None)
+    capsys.readouterr()
+    assert cli.main(["atlas", "--models", "toy", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"headprobe: error: {e.value}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".headprobe-checkpoint.json"]

@@ -93,7 +93,7 @@ def test_command_function_builds_the_config_and_runs_on_a_given_model():
     fn = options.command_function(_Config, _run, "hello", "Say hello", "``width=4``")
     model = types.SimpleNamespace(spec=types.SimpleNamespace(name="tiny"))
     result = fn(model, width=5, progress=True)
-    assert result.config == _Config(model="tiny", width=5) and result.progress is True and result.load_s == 0.0
+    assert result.config == _Config(model="tiny", width=5) and result.progress is True and result.load_s is None
     with pytest.raises(TypeError, match=r"hello\(\) got an unknown setting 'widht'; did you mean width\?"):
         fn(model, widht=5)
     with pytest.raises(HeadprobeError, match="--backend 'bogus' is not one of"):  # the config's own checks run too

@@ -40,7 +40,7 @@ from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import format_head
 from headprobe.probe.core.io import summary_envelope
 from headprobe.probe.core.memory import BatchPlan
-from headprobe.probe.core.reprs import CompactRepr
+from headprobe.probe.core.reprs import CompactRepr, load_seconds
 from headprobe.probe.hooks.capture import kv_head_of
 from headprobe.probe.layout.spec import ModelSpec
 
@@ -214,7 +214,7 @@ class AblateResult(CompactRepr, WritesOutputs):
         device: where the model ran.
         self_check: the model's load-time self-check.
         run_s: seconds of :func:`run`.
-        load_s: seconds loading the model (set by the caller that loaded it).
+        load_s: seconds loading the model where ablate loaded it; None where the caller passed a model it loaded (:func:`~headprobe.probe.core.reprs.load_seconds`).
         swept: head ablations this run computed (both tasks, all ranks; the rest came from a checkpoint).
         ranks: processes the sweep was sharded over (1 without torchrun).
     """
@@ -229,7 +229,7 @@ class AblateResult(CompactRepr, WritesOutputs):
     device: str
     self_check: dict
     run_s: float
-    load_s: float = 0.0
+    load_s: float | None = load_seconds()
     swept: int = 0
     ranks: int = 1
 
@@ -281,7 +281,7 @@ class AblateResult(CompactRepr, WritesOutputs):
             device=self.device,
             self_check=self.self_check,
             config=self.config,
-            timings_s={"load_s": self.load_s, **timings, "total": self.run_s + self.load_s},
+            timings_s={"load_s": self.load_s, **timings, "total": self.run_s + (self.load_s or 0.0)},
         )
 
     def _run_fields(self) -> dict:

@@ -224,8 +224,11 @@ def _scan_model(
         path = str(_train_toy(config, out / TOY_DIR, progress)) if name == TOY else name
         if progress:
             print(f"{counter} scanning {label} ...", flush=True)
+        loaded_at = time.perf_counter()
         loaded = options.load_for(config.scan_config(path))
+        load_s = time.perf_counter() - loaded_at
         scanned = run_scan(loaded, config.scan_config(path), progress=progress)
+        scanned.load_s = load_s  # the model's summary.json records the load atlas made
         shown = formats if config.model_figures else ()  # --no-model-figures: no scan figure in any format
         scanned.save(d, overwrite=True, html=bool(config.pattern_len), formats=shown)
         del loaded, scanned
@@ -248,6 +251,32 @@ def _scan_model(
         gc.collect()
     if rec["status"] == "failed" and progress:
         print(f"  {label} failed: {rec['error']}", flush=True)
+
+
+def _model_record(
+    config: AtlasConfig, out: Path, model: tuple, counter: str, progress: bool, formats: tuple[str, ...]
+) -> dict[str, Any]:
+    """The record of one model of the atlas (``model``: its ``(label, name, step)``): ``status``
+    ``resumed`` where its directory holds a finished scan of the same key (the model, its scan
+    settings, a toy's training settings, a local model's files' stamp), else scanned now
+    (:func:`_scan_model`: ``scanned`` or ``failed``); ``counter`` prefixes the progress line."""
+    label, name, step = model
+    d = out / MODELS_DIR / slug(label)
+    rec: dict[str, Any] = {"model": name, "family": family_of(name), "step": step, "dir": str(d.relative_to(out))}
+    key = {"model": name, "scan": json.loads(json.dumps(asdict(config.scan_config(name)), default=str))}
+    if name == TOY:  # the toy is retrained (and rescanned) when its training settings change
+        key["train"] = asdict(toy_train_config(config))
+    elif (stamp := files_stamp(name)) is not None:  # a local model rewritten since: rescanned
+        key["files"] = stamp
+    saved = _read_json(d / SCAN_KEY) or {}
+    if saved.get("key") == key and (d / "summary.json").is_file():
+        rec.update(
+            status="resumed",
+            timings_s={"scan_s": saved.get("timings_s", {}).get("scan_s", saved.get("seconds", 0.0))},
+        )
+    else:
+        _scan_model(config, out, (label, name, d, key), counter, rec, progress, formats)
+    return rec
 
 
 def run(
@@ -283,24 +312,9 @@ def run(
     records: dict[str, dict] = {}
     parts, rules = [], []
     for label, name, step in models:
-        d = out / MODELS_DIR / slug(label)
-        rec: dict[str, Any] = {"model": name, "family": family_of(name), "step": step, "dir": str(d.relative_to(out))}
-        key = {"model": name, "scan": json.loads(json.dumps(asdict(config.scan_config(name)), default=str))}
-        if name == TOY:  # the toy is retrained (and rescanned) when its training settings change
-            key["train"] = asdict(toy_train_config(config))
-        elif (stamp := files_stamp(name)) is not None:  # a local model rewritten since: rescanned
-            key["files"] = stamp
-        saved = _read_json(d / SCAN_KEY) or {}
-        if saved.get("key") == key and (d / "summary.json").is_file():
-            rec.update(
-                status="resumed",
-                timings_s={"scan_s": saved.get("timings_s", {}).get("scan_s", saved.get("seconds", 0.0))},
-            )
-        else:
-            _scan_model(
-                config, out, (label, name, d, key), f"[{len(records) + 1}/{len(models)}]", rec, progress, formats
-            )
-        records[label] = rec
+        counter = f"[{len(records) + 1}/{len(models)}]"
+        rec = records[label] = _model_record(config, out, (label, name, step), counter, progress, formats)
+        d = out / rec["dir"]
         if rec["status"] != "failed":
             summary = json.loads((d / "summary.json").read_text(encoding="utf-8"))
             rec.update(_window_record(summary.get("tokens", {})))

@@ -12,7 +12,7 @@ from headprobe.analyses.outputs import WritesOutputs
 from headprobe.commands.circuit import HELP, CircuitConfig, parse_qk_head, parse_receivers  # noqa: F401 - the light module's names, re-exported
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import summary_envelope
-from headprobe.probe.core.reprs import CompactRepr
+from headprobe.probe.core.reprs import CompactRepr, load_seconds
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -28,7 +28,7 @@ class CircuitResult(CompactRepr, WritesOutputs):
     ``agreement`` (EAP(-IG) against exact path patching on the verified edges, or None),
     ``paths`` (path_patching.csv or None), ``qk`` (:class:`~headprobe.analyses.qk_attribution.QKAttribution`
     or None), ``clean_loss`` (nats/token), ``baseline_error``, ``seconds`` (the run's) and ``load_s``
-    (the model's load, set by the caller that loaded it), ``parallel_attn_mlp`` (the model's
+    (seconds loading the model where circuit loaded it; None where the caller passed a model it loaded (:func:`~headprobe.probe.core.reprs.load_seconds`)), ``parallel_attn_mlp`` (the model's
     :attr:`~headprobe.probe.backends.base.LoadedModel.parallel_attn_mlp`, None where unknown)."""
 
     config: CircuitConfig
@@ -41,7 +41,7 @@ class CircuitResult(CompactRepr, WritesOutputs):
     baseline_error: float
     seconds: float = 0.0
     model_info: dict = field(default_factory=dict)
-    load_s: float = 0.0
+    load_s: float | None = load_seconds()
     parallel_attn_mlp: bool | None = None
 
     def qk_table(self):

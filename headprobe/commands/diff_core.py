@@ -39,7 +39,7 @@ from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import parse_heads
 from headprobe.probe.core.io import open_text_file, summary_envelope
-from headprobe.probe.core.reprs import CompactRepr
+from headprobe.probe.core.reprs import CompactRepr, load_seconds
 from headprobe.probe.hooks.ablation import format_head
 from headprobe.probe.layout.spec import ModelSpec
 
@@ -121,8 +121,9 @@ def compare(
 class DiffResult(CompactRepr, WritesOutputs):
     """What ``headprobe diff`` found: per quantity the two models' values and the tests, the top-k
     sets of each type in each model, the flipped heads, the table (diff.csv) and the settings.
-    ``load_s``: seconds loading model A (set by the caller that loaded it); ``timings``: seconds
-    loading model B (``load_b_s``; 0 for a model given loaded) and measuring both (``measure_s``)."""
+    ``load_s``: seconds loading model A where diff loaded it, None where the caller passed A loaded
+    (:func:`~headprobe.probe.core.reprs.load_seconds`); ``timings``: seconds loading model B (``load_b_s``, left
+    out where the caller passed B loaded) and measuring both (``measure_s``)."""
 
     config: DiffConfig
     spec_a: ModelSpec
@@ -137,7 +138,7 @@ class DiffResult(CompactRepr, WritesOutputs):
     requantized: int = 0
     device: str = "cpu"
     self_check: dict | None = None
-    load_s: float = 0.0
+    load_s: float | None = load_seconds()
     detection: dict = field(default_factory=dict)
     """What the paired test could detect per task (:func:`~headprobe.analyses.robustness.detection_limit`
     over the heads tested), ``{"natural": ..., "repeated": ...}``; summary.json's ``detection``."""
@@ -591,7 +592,7 @@ def _diff(
     ma = options.load_for(cfg) if isinstance(a, str) else a
     t1 = time.perf_counter()
     mb = options.load_for(replace(cfg, model=cfg.b)) if isinstance(b, str) else b
-    load_b = time.perf_counter() - t1 + _load_b
+    load_b = time.perf_counter() - t1 + _load_b if isinstance(b, str) or _b_loaded_here else None
     n = 0
     if cfg.requantize_b and (isinstance(b, str) or _b_loaded_here):  # B is diff's own: rounded in place
         n = requantize(mb, cfg.requantize_b)
@@ -599,8 +600,8 @@ def _diff(
         mb, n = requantized(mb, cfg.requantize_b)
     result = compare_models(ma, mb, cfg, progress)
     result.requantized = n
-    result.load_s = t1 - t0
-    result.timings = {"load_b_s": load_b, **result.timings}
+    result.load_s = t1 - t0 if isinstance(a, str) else None  # the runner sets A's where it loaded A
+    result.timings = {**({} if load_b is None else {"load_b_s": load_b}), **result.timings}
     return result
 
 

@@ -28,7 +28,6 @@ from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.registry import did_you_mean
 from headprobe.settings import (
     DEFAULT_BLOCK_LEN,
-    DEFAULT_SEQ_LEN,
     DataSettings,
     Flags,
     ModelSettings,
@@ -131,7 +130,8 @@ class ImportConfig(ScanConfig):
         hf = read_head_file(self.heads_file, layout, self.k or DEFAULT_K, self.score)
         refuse_unused(self, hf)
         if self.measure_kv and hf.policy is not None:
-            seq_len = self.seq_len or (min(DEFAULT_SEQ_LEN, cfg["n_ctx"]) if cfg and cfg["n_ctx"] else None)
+            n_ctx = cfg["n_ctx"] if cfg else None
+            seq_len = vocab.fitted_seq_len(n_ctx, self.seq_len) if n_ctx else self.seq_len or None
             if seq_len is not None:  # else the fitted default is known, and checked, once the model loads
                 check_policy_span(hf.policy, seq_len)
 

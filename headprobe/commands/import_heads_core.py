@@ -18,7 +18,7 @@ from headprobe.commands.import_heads import HELP, ImportConfig, check_policy_spa
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import Head, check_head_layers
-from headprobe.probe.core.reprs import CompactRepr
+from headprobe.probe.core.reprs import CompactRepr, load_seconds
 
 SET_NAME = "imported"
 """The head set's name in the verification (its test and its control streams' seed)."""
@@ -28,7 +28,9 @@ SET_NAME = "imported"
 class ImportResult(CompactRepr):
     """The file (:class:`~headprobe.analyses.exchange.HeadFile`), the heads checked, the
     verifications (tested kind first) and their design, and the KV measurement (``kv``: rows
-    ``policy, kv_fraction, natural_loss_increase, long_range_loss, copy_accuracy``, or None)."""
+    ``policy, kv_fraction, natural_loss_increase, long_range_loss, copy_accuracy``, or None);
+    ``seconds`` the run's, ``load_s`` the model's load where import loaded it, None where the caller
+    passed a model it loaded (:func:`~headprobe.probe.core.reprs.load_seconds`)."""
 
     config: ImportConfig
     file: ex.HeadFile
@@ -37,7 +39,7 @@ class ImportResult(CompactRepr):
     design: dict
     kv: list[dict] | None = None
     seconds: float = 0.0
-    load_s: float = 0.0
+    load_s: float | None = load_seconds()
     notes: list[str] = field(default_factory=list)
     """What the flags did not do with this file, and the verification's notes (a layer whose
     heads are all under test, so its layer-matched controls come from the nearest layers)."""

@@ -14,7 +14,7 @@ from headprobe.analyses.outputs import WritesOutputs
 from headprobe.commands.kv import HELP, KVConfig, check_context  # noqa: F401 - the light module's names, re-exported
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import summary_envelope, write_json
-from headprobe.probe.core.reprs import CompactRepr
+from headprobe.probe.core.reprs import CompactRepr, load_seconds
 
 if TYPE_CHECKING:
     from headprobe.analyses.kvpolicy import GroupCosts, Quality
@@ -54,7 +54,7 @@ class KVResult(CompactRepr, WritesOutputs):
         seconds: the run's.
         device: where the model ran.
         self_check: the model's load-time self-check.
-        load_s: the model's load (set by the caller that loaded it).
+        load_s: seconds loading the model where kv loaded it; None where the caller passed a model it loaded (:func:`~headprobe.probe.core.reprs.load_seconds`).
     """
 
     config: KVConfig
@@ -74,7 +74,7 @@ class KVResult(CompactRepr, WritesOutputs):
     seconds: float = 0.0
     device: str | None = None
     self_check: dict | None = None
-    load_s: float = 0.0
+    load_s: float | None = load_seconds()
     candidates: list | None = None
 
     def _excluded(self) -> list[tuple[int, int]]:

@@ -43,7 +43,7 @@ from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import heads_text, read_heads
 from headprobe.probe.core.io import read_text_file, summary_envelope
 from headprobe.probe.core.registry import did_you_mean
-from headprobe.probe.core.reprs import CompactRepr
+from headprobe.probe.core.reprs import CompactRepr, load_seconds
 from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, setting, shared
 
 if TYPE_CHECKING:  # torch-free module: the flags are checked before torch loads
@@ -239,8 +239,8 @@ SITE_TEXT = {
 class PatchResult(CompactRepr, WritesOutputs):
     """A finished patching run: ``config``, the model's ``spec``, ``patching``
     (:class:`headprobe.analyses.patching.PatchingResult`), ``table`` (head_patching.csv, or
-    resid_patching.csv for ``--site resid``), ``seconds`` (the run's) and ``load_s`` (the model's load,
-    set by the caller that loaded it)."""
+    resid_patching.csv for ``--site resid``), ``seconds`` (the run's) and ``load_s`` (seconds loading the
+    model where patch loaded it; None where the caller passed a model it loaded (:func:`~headprobe.probe.core.reprs.load_seconds`))."""
 
     config: PatchConfig
     spec: ModelSpec
@@ -248,7 +248,7 @@ class PatchResult(CompactRepr, WritesOutputs):
     table: pd.DataFrame
     seconds: float = 0.0
     model_info: dict = field(default_factory=dict)
-    load_s: float = 0.0
+    load_s: float | None = load_seconds()
     notes: list[str] = field(default_factory=list)
 
     @property

@@ -35,7 +35,7 @@ from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import format_head
 from headprobe.probe.core.io import summary_envelope
 from headprobe.probe.core.memory import BatchPlan
-from headprobe.probe.core.reprs import CompactRepr
+from headprobe.probe.core.reprs import CompactRepr, load_seconds
 from headprobe.probe.layout.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ class PruneResult(CompactRepr, WritesOutputs):
         pruned_info: its checks and timings (see :func:`headprobe.analyses.pruning.build_pruned`) or None.
         tokenizer: the model's tokenizer (saved with the pruned model).
         run_s: seconds of :func:`run`.
-        load_s: seconds loading the model (set by the caller that loaded it).
+        load_s: seconds loading the model where prune loaded it; None where the caller passed a model it loaded (:func:`~headprobe.probe.core.reprs.load_seconds`).
         method_s: seconds each method took (this process; 0 for curves resumed from a checkpoint).
         natural_text: the natural-text draw (summary.json records its windows, the report says when
             some were left out), or None.
@@ -124,7 +124,7 @@ class PruneResult(CompactRepr, WritesOutputs):
     pruned_info: dict | None = None
     tokenizer: object = None
     run_s: float = 0.0
-    load_s: float = 0.0
+    load_s: float | None = load_seconds()
     method_s: dict | None = None
     natural_text: TokenSet | None = None
 
@@ -220,7 +220,7 @@ class PruneResult(CompactRepr, WritesOutputs):
             device=self.device,
             self_check=self.self_check,
             config=cfg,
-            timings_s={"load_s": self.load_s, "total": self.run_s + self.load_s, **(self.method_s or {})},
+            timings_s={"load_s": self.load_s, "total": self.run_s + (self.load_s or 0.0), **(self.method_s or {})},
         )
 
     def figures(self) -> dict[str, Figure]:

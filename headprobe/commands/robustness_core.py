@@ -35,7 +35,7 @@ from headprobe.probe.core import ablation_kinds
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import open_text_file, summary_envelope
 from headprobe.probe.core.progress import progress_bar
-from headprobe.probe.core.reprs import CompactRepr
+from headprobe.probe.core.reprs import CompactRepr, load_seconds
 from headprobe.probe.hooks.ablation import format_head
 from headprobe.probe.layout.spec import ModelSpec
 
@@ -161,7 +161,7 @@ class RobustnessResult(CompactRepr, WritesOutputs):
         types: type -> ``{"conditions", "mean_jaccard", "verdict_holds_everywhere", ...}``.
         notes: conditions left out and why, and windows of the text left out as mostly one token.
         timings: seconds of the run (``run_s``).
-        load_s: seconds spent loading the model (set by the caller that loaded it).
+        load_s: seconds spent loading the model where robustness loaded it; None where the caller passed a model it loaded (:func:`~headprobe.probe.core.reprs.load_seconds`).
     """
 
     config: RobustnessConfig
@@ -173,7 +173,7 @@ class RobustnessResult(CompactRepr, WritesOutputs):
     timings: dict[str, float]
     device: str = "cpu"
     self_check: dict | None = None
-    load_s: float = 0.0
+    load_s: float | None = load_seconds()
 
     def summary(self) -> dict:
         """summary.json's content (the house envelope, :func:`~headprobe.probe.core.io.summary_envelope`)."""

@@ -51,10 +51,10 @@ from headprobe.probe.core.heads import parse_heads
 from headprobe.probe.core.io import ReadsInputs, keeps_inputs, prepare_output_dir, summary_envelope, write_text
 from headprobe.probe.core.memory import BatchPlan
 from headprobe.probe.core.progress import progress_bar
-from headprobe.probe.core.reprs import CompactRepr
+from headprobe.probe.core.reprs import CompactRepr, load_seconds
 from headprobe.probe.hooks.ablation import format_head
 from headprobe.probe.hooks.capture import kv_head_of
-from headprobe.probe.layout.spec import ModelSpec
+from headprobe.probe.layout.spec import ModelSpec, precision_lines
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -92,7 +92,7 @@ class ScanResult(CompactRepr, ReadsInputs):
         verification: the verification's design (:func:`headprobe.analyses.verification.verify_heads`):
             alpha, correction, family size, control design, sets ablated, notes; {} without verification.
         removed_heads: ``(layer, head)`` of a pruned model's removed heads (their scores are NaN).
-        load_s: seconds spent loading the model (set by the caller that loaded it; 0 for a model given loaded).
+        load_s: seconds spent loading the model where scan loaded it; None where the caller passed a model it loaded (:func:`~headprobe.probe.core.reprs.load_seconds`).
         needles: the retrieval score's needle set, its haystack windows drawn apart from ``natural``
             (None: no metrics, or sequences too short for two needles).
     """
@@ -117,7 +117,7 @@ class ScanResult(CompactRepr, ReadsInputs):
     composition: dict | None = None
     verification: dict = field(default_factory=dict)
     removed_heads: list = field(default_factory=list)
-    load_s: float = 0.0
+    load_s: float | None = load_seconds()
     needles: NeedleSet | None = None
 
     @property
@@ -610,7 +610,7 @@ def run_scan(cfg: ScanConfig, model: LoadedModel | None = None, progress: bool =
         loaded = options.load_for(cfg) if model is None else model
         load_s = time.perf_counter() - t0
         result = run(loaded, cfg, progress=progress)
-    result.load_s = load_s if model is None else 0.0
+    result.load_s = load_s if model is None else None
     return result
 
 
@@ -933,7 +933,8 @@ def write_outputs(
 def format_report(result: ScanResult) -> str:
     """The short terminal table: top heads per type and the ablation verdicts."""
     spec = result.spec
-    lines = [f"{spec.name}: weights {spec.precision}", ""]
+    weights, *source = precision_lines(spec.precision)  # a pruned checkpoint's source on a line of its own
+    lines = [f"{spec.name}: weights {weights}", *source, ""]
     lines += [f"NOTE: {n}" for n in short_text_notes(result)]
     lines += [f"WARNING: {w}" for w in result.warnings] + ([""] if result.warnings else [])
     # what ran decides the header: with --no-verify nothing was ablated, and the report must not say it was

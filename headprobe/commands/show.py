@@ -117,7 +117,6 @@ def run(
     from headprobe.analyses.viewer import build_page, head_patterns
     from headprobe.probe.core.heads import format_head
     from headprobe.probe.core.io import prepare_output_dir, write_text
-    from headprobe.probe.hooks.capture import capture_heads
 
     out = prepare_output_dir(cfg.out, overwrite, create=False)
     if model is None:
@@ -136,13 +135,7 @@ def run(
     )
     scores, _, _ = score_tokens(model, ts, "natural", first=0)
     labels = [drawable(label) for label in token_labels(model, tokens[0].cpu())]  # the viewer's are for a browser
-    # the head's own float32 pattern (the page stores every head's in float16), a long prompt's window of it
-    rows, cols = long_window(n, LONG_WINDOW) if n > MAX_TOKENS else (None, None)
-    cap = capture_heads(model, tokens, layers=[layer], heads=[head], rows=rows)
-    pattern = cap["pattern"][layer][0, 0].float().cpu().numpy()
-    positions = None if rows is None else (rows, cols)
-    if cols is not None:
-        pattern = pattern[:, cols]
+    pattern, positions = _head_pattern(model, tokens, layer, head)
 
     name = format_head((layer, head))
     title = f"head {name}, {spec.name} ({figs.weights_label(spec.weights)})\nyour prompt ({n} tokens)"
@@ -171,6 +164,22 @@ def run(
 
     paths = write_outputs(out, overwrite, summary=None, figures=figure, extra=write_page, formats=formats)
     return ShowResult((layer, head), pattern, labels, paths)
+
+
+def _head_pattern(model: LoadedModel, tokens, layer: int, head: int) -> tuple:
+    """``(pattern, positions)``: head ``(layer, head)``'s own float32 ``[q_pos, k_pos]`` attention
+    weights on the prompt's ``[1, pos]`` ``tokens`` (the page stores every head's in float16), and
+    ``positions`` None; for a prompt longer than :data:`MAX_TOKENS`, the window :func:`long_window`
+    picks, with ``positions`` its ``(rows, cols)`` (absolute positions)."""
+    from headprobe.probe.hooks.capture import capture_heads
+
+    n = tokens.shape[1]
+    rows, cols = long_window(n, LONG_WINDOW) if n > MAX_TOKENS else (None, None)
+    cap = capture_heads(model, tokens, layers=[layer], heads=[head], rows=rows)
+    pattern = cap["pattern"][layer][0, 0].float().cpu().numpy()
+    if cols is None:
+        return pattern, None
+    return pattern[:, cols], (rows, cols)
 
 
 def _selected_head(cfg: ShowConfig, spec) -> tuple[int, int]:

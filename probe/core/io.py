@@ -453,7 +453,9 @@ class RunCheckpoint:
 
         Raises:
             HeadprobeError: a checkpoint of a run with other settings is there and ``overwrite``
-                is False (with ``overwrite`` it is discarded).
+                is False (with ``overwrite`` it is discarded); its line spells ``--overwrite`` for the
+                command line and Python alike, as :func:`prepare_output_dir`'s, since Python reaches it
+                outside a command's function too (``atlas_core.run``, a ``RunCheckpoint`` of one's own).
         """
         if not self.path.is_file():
             return {}
@@ -466,7 +468,7 @@ class RunCheckpoint:
                 return {}
             raise HeadprobeError(
                 f"{self.path} belongs to a run with other settings ({self._settings_differ(saved.get('key'))}); "
-                f"pass --overwrite to start over"
+                f"pass --overwrite (overwrite=True in Python) to start over"
             )
         self.recorded_inputs = saved.get("inputs") or {}
         return saved.get("state", {})
@@ -534,14 +536,15 @@ def summary_envelope(
     device: str | None,
     self_check: dict | None,
     config: Any,
-    timings_s: dict[str, float],
+    timings_s: dict[str, float | None],
     backend: str | None = None,
 ) -> dict:
     """A command's summary.json: ``body`` (the command's own keys) inside the envelope every command
     shares (:data:`ENVELOPE_KEYS`): ``model`` and ``weights_precision`` first, then ``body``, then
     ``device`` (e.g. ``cuda:0``, ``cpu``), ``device_name`` (the hardware, :func:`device_name`), ``tf32``
     (:func:`tf32`), ``self_check``, ``config`` (a dataclass, as a dict), ``timings_s`` (seconds per
-    stage, rounded to 0.01 s; ``load_s`` wherever a model was loaded) and ``versions``
+    stage, rounded to 0.01 s; a stage of None left out: ``load_s`` is there wherever the command
+    loaded its model, absent for a model the caller loaded, :func:`~headprobe.probe.core.reprs.load_seconds`) and ``versions``
     (:func:`package_versions`). ``model`` and the others are None where a command has none of its
     own (an atlas of many models, a study of many trained ones). ``backend``: the one the model ran
     on (``ModelSpec.backend``), recorded as ``config``'s ``backend`` where it has one (``auto``
@@ -571,7 +574,7 @@ def summary_envelope(
         "tf32": tf32(device),
         "self_check": self_check,
         "config": settings,
-        "timings_s": {k: round(float(v), 2) for k, v in timings_s.items()},
+        "timings_s": {k: round(float(v), 2) for k, v in timings_s.items() if v is not None},
         "versions": package_versions(),
     }
 

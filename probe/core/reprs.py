@@ -20,6 +20,19 @@ LINE_WIDTH = 160
 """The most characters of one field's line (cut with ``...``)."""
 _ITEMS = 4
 """Items of a mapping or sequence shown before ``... N more``."""
+NONE_TEXT = "repr_none"
+"""A dataclass field's metadata key: the words :meth:`CompactRepr.__repr__` shows for its None."""
+LOADED_BY_CALLER = "model loaded by the caller"
+"""What ``load_s`` None means (:func:`load_seconds`)."""
+
+
+def load_seconds():
+    """A result's ``load_s`` field: the seconds the command spent loading its model, set by the
+    code that loaded it (the CLI's runner, a Python function given a name); None -- the default --
+    where the caller passed a model it had loaded, shown as :data:`LOADED_BY_CALLER` by ``repr``
+    and left out of summary.json's ``timings_s`` (:func:`~headprobe.probe.core.io.summary_envelope`),
+    never a load of 0 s."""
+    return dataclasses.field(default=None, metadata={NONE_TEXT: LOADED_BY_CALLER})
 
 
 def shape_text(value) -> str | None:
@@ -132,7 +145,7 @@ def _sequence_text(value, depth: int) -> str:
 class CompactRepr:
     """A mixin for result dataclasses (declared ``@dataclass(repr=False)``, else the dataclass's
     own repr replaces this one): ``repr(result)`` is the class name and one line per field
-    (:func:`value_text`), at most :data:`REPR_LIMIT` characters, after any lines of
+    (:func:`value_text`; a None field with :data:`NONE_TEXT` metadata: ``name: <its words>``), at most :data:`REPR_LIMIT` characters, after any lines of
     :meth:`_repr_notes` (a verdict count, ...)."""
 
     def _repr_notes(self) -> dict[str, str]:
@@ -145,7 +158,9 @@ class CompactRepr:
         if dataclasses.is_dataclass(self):
             for f in dataclasses.fields(self):
                 if f.repr and not f.name.startswith("_"):
-                    lines.append(f"{f.name}={value_text(getattr(self, f.name, None))}")
+                    v = getattr(self, f.name, None)
+                    none = f.metadata.get(NONE_TEXT) if v is None else None
+                    lines.append(f"{f.name}: {none}" if none else f"{f.name}={value_text(v)}")
         head = f"{type(self).__name__}("
         room = REPR_LIMIT - len(head) - 2 - sum(len(x) + 6 for x in notes) - 6 * len(lines)
         width = _fitting_width([len(x) for x in lines], room)

@@ -13,6 +13,22 @@ from headprobe.probe.layout.attention import AttentionLayout
 #: Backend name (``ModelSpec.backend``, ``--backend``) -> how ``precision`` names it.
 BACKEND_LABELS = {"native": "native", "transformer-lens": "TransformerLens"}
 
+PRUNED_FROM = "; pruned from "
+"""Between a pruned checkpoint's own ``weights`` (:func:`headprobe.probe.model.checkpoint.pruned_weights`)
+and those of the model it was pruned from."""
+
+
+def precision_lines(precision: str) -> list[str]:
+    """:attr:`ModelSpec.precision` as a terminal shows it: the one line, or for a pruned checkpoint
+    two -- its own weights and backend, then ``  pruned from <the source model's weights>`` -- where
+    the one string (summary.json's ``weights_precision``, kept whole: :data:`PRUNED_FROM` splits
+    it) runs past 200 characters for a pruned 4-bit SmolLM2."""
+    own, pruned, rest = precision.partition(PRUNED_FROM)
+    if not pruned:
+        return [precision]
+    source, _, backend = rest.rpartition("; ")  # precision ends "; <name> backend"
+    return [f"{own}; {backend}", f"  pruned from {source}"]
+
 
 @dataclass(frozen=True)
 class ModelSpec:

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from headprobe.probe.layout.spec import PRUNED_FROM
+
 NATIVE_WEIGHTS = "headprobe_model.pt"
 NATIVE_FORMAT = "headprobe-native-1"
 
@@ -18,11 +20,6 @@ NATIVE_FORMAT = "headprobe-native-1"
 PRUNED_WEIGHTS = "headprobe_model.safetensors"
 """The weights of a pruned model directory (:func:`headprobe.probe.model.pruned.save_pruned_dir`; its
 config.json has the same format, plus ``pruned``)."""
-
-
-PRUNED_FROM = "; pruned from "
-"""Between a pruned checkpoint's own ``weights`` (:func:`pruned_weights`) and those of the model it was
-pruned from."""
 
 
 def pruned_weights(dtype: str, n_removed: Any, source_weights: str | None) -> str:
