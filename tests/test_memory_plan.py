@@ -713,6 +713,40 @@ def test_scan_metric_plans_bound_their_peaks_at_smollm2_width(streaming, smollm2
     assert all(ratios[name] < 2 for name in unembedding), ratios
 
 
+@pytest.mark.parametrize(
+    ("cap", "dtype", "copies"), [(None, torch.float32, 1), (30.0, torch.float32, 3), (30.0, torch.bfloat16, 3)]
+)
+def test_pattern_pass_plan_counts_the_softcapped_logits_it_holds(cap, dtype, copies, tiny_tokenizer, tmp_path):
+    """logit_entry_bytes on a Gemma-2 with a final logit soft-cap (``tanh(logits / c) * c``: the
+    logits, their quotient and its tanh alive at once) against the profiler's peak of scan's
+    materialised pattern pass, on a 32,768-token vocabulary (2 x 32 tokens) where the logits are
+    nearly all of it: the plan within 10% above the peak (measured 2026-12-06: 1.043x without the
+    cap, 1.014x with it, 1.018x in bfloat16; the peak 1.004 and 3.004 logit copies; a factor of 2
+    for the cap gives 0.68x, 4 gives 1.35x; docs/memory.md has the RSS at larger sizes)."""
+    import zoo
+    from conftest import _native
+
+    from headprobe.analyses import metrics as M
+    from headprobe.analyses.data import natural_text_tokens, open_text_file
+
+    ckpt = zoo.make_checkpoint("gemma2", tiny_tokenizer, vocab_size=32768, final_logit_softcapping=cap)
+    ckpt.hf_model.to(dtype)
+    model = _native(ckpt)
+    assert model.model.cfg.final_softcap == cap and model.dtype == dtype
+    assert model.logit_entry_bytes == dtype.itemsize * copies
+    memory.set_budget("64GiB")
+    natural = natural_text_tokens(model, 2, 32, 0, open_text_file(_text(tmp_path)))
+    (plan,) = [p for p in M.metric_plans(model, 2, 32, 1, "off") if "pattern metrics" in p.what]
+
+    def step():
+        M._pattern_metrics(model, natural, False, M.LOCAL_WINDOWS, {})
+
+    step()
+    peak = _peak_tensor_bytes(step)
+    assert peak > 0.9 * copies * dtype.itemsize * 2 * 32 * 32768, peak  # the logits dominate
+    assert peak <= plan.total < 1.1 * peak, (peak, plan.total, plan.total / peak)
+
+
 @pytest.mark.parametrize("weights", [True, False])
 def test_scan_refuses_a_budget_its_metrics_exceed(weights, tiny_dir, tmp_path, capsys, monkeypatch):
     """A budget above both scoring forwards but below a head-metric step: scan ran on (the metrics

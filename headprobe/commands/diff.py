@@ -200,8 +200,8 @@ def main(args: argparse.Namespace, config: DiffConfig) -> int:
 
 EPILOG = """\
 cost: every head's single-head ablation in both models on both tasks (the exact sweep, twice):
-  32-40 minutes for SmolLM2-135M at 16 x 64 text tokens and 16 repeated sequences on one thread
-  of a shared 2-core CPU (docs/results.md); fewer or shorter sequences
+  85 minutes for SmolLM2-135M at the defaults (16 x 128 text tokens, 16 repeated sequences), 32-40
+  at 16 x 64 text tokens, on one thread of a shared 2-core CPU (docs/robustness.md); fewer or shorter sequences
   (--n-natural, --seq-len, --n-repeated) are faster, --types is not.
 """
 
