@@ -525,3 +525,55 @@ def test_the_default_sequence_counts_let_a_lone_heads_change_pass_on_smollm2():
         for n in (15, 16, 20)
     }
     assert alone == {15: 23, 16: 33, 20: 40}
+
+
+def test_the_batch_is_planned_in_the_header_and_what_cannot_fit_is_refused_before_the_run(
+    tiny_tokenizer, tmp_path, capsys
+):
+    """diff prints its plan (the exact sweep's sequences per pass, :func:`sweep_plan` of its larger
+    task, checked here by hand) after A loads, and a budget below one forward is refused in one line
+    with no --out folder, as ablate's; the Python function refuses it too."""
+    import zoo
+
+    from headprobe.analyses.ablation import sweep_plan
+    from headprobe.cli import main
+    from headprobe.commands.diff_core import diff
+    from headprobe.probe.backends.loading import load_model
+    from headprobe.probe.core.errors import HeadprobeError
+
+    zoo.save_dir("llama", tiny_tokenizer, tmp_path / "a")
+    a = str(tmp_path / "a")
+    args = [
+        "diff",
+        a,
+        a,
+        "--device",
+        "cpu",
+        "--seq-len",
+        "16",
+        "--period",
+        "6",
+        "--n-natural",
+        "4",
+        "--n-repeated",
+        "4",
+    ]
+    capsys.readouterr()
+    assert main([*args, "--out", str(tmp_path / "o"), "--memory-budget", "64MiB"]) == 0
+    out = capsys.readouterr().out
+    model = load_model(a, device="cpu", backend="native")
+    from headprobe.probe.core import memory
+
+    memory.set_budget("64MiB")
+    try:  # the natural task (4 x 16 tokens) is the longer one: its plan is the header's
+        want = sweep_plan(model, 4, 16, model.spec.n_layers).line()
+    finally:
+        memory.set_budget(None)
+    assert want in out.splitlines(), out
+    code = main([*args, "--out", str(tmp_path / "p"), "--memory-budget", "1KiB"])
+    err = capsys.readouterr().err
+    errors = [x for x in err.splitlines() if x.startswith("headprobe: error:")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err and not (tmp_path / "p").exists()
+    assert "working memory" in errors[0] and "--memory-budget" in errors[0], errors[0]
+    with pytest.raises(HeadprobeError, match="working memory"):
+        diff(model, model, seq_len=16, period=6, n_natural=4, n_repeated=4, memory_budget="1KiB")

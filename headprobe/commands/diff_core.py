@@ -20,7 +20,7 @@ import torch
 
 from headprobe import options
 from headprobe.analyses import robustness as rb
-from headprobe.analyses.ablation import exact_sweep, first_scored, top_heads, untrusted_task_reason
+from headprobe.analyses.ablation import exact_sweep, first_scored, sweep_plan, top_heads, untrusted_task_reason
 from headprobe.analyses.columns import DETECTORS
 from headprobe.analyses.data import (
     TokenSet,
@@ -32,10 +32,11 @@ from headprobe.analyses.data import (
     window_counts,
 )
 from headprobe.analyses.outputs import WritesOutputs
-from headprobe.analyses.scoring import score_tokens
+from headprobe.analyses.scoring import score_plan, score_tokens
 from headprobe.analyses.statistics import adjust_p_values
 from headprobe.commands.diff import HELP, NEEDS_CAUSAL, DiffConfig, check_resample_sources, layout_refusal  # noqa: F401 - HELP re-exported
 from headprobe.probe.backends.base import LoadedModel
+from headprobe.probe.core import memory
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import parse_heads
 from headprobe.probe.core.io import open_text_file, summary_envelope
@@ -429,6 +430,39 @@ def _detection(spec: ModelSpec, counts: dict[str, int], cfg: DiffConfig) -> dict
     }
 
 
+def memory_plan(model: LoadedModel, config: DiffConfig) -> memory.BatchPlan:
+    """The plan of :func:`measure`'s largest batches on ``model`` (B runs the same, one model at a
+    time): the scores of ``n_natural`` natural-text windows of ``seq_len`` tokens and ``n_repeated``
+    sequences of ``2 period`` tokens plus BOS where the model prepends one
+    (:func:`~headprobe.analyses.scoring.score_plan`, one forward each) and each task's exact sweep
+    (:func:`~headprobe.analyses.ablation.sweep_plan`); the lengths fitted to ``model``'s context
+    (B's, where shorter, only shortens them). Returns the sweep's plan with the larger per-sequence
+    estimate, the batch the run's header reports.
+
+    Raises:
+        HeadprobeError: one forward of a task's scores or one ablation of its sequences does not fit in
+            the memory budget (one line, before any allocation); lengths that cannot run (:func:`fit_lengths`).
+    """
+    seq_len, period = fit_lengths(model.spec.n_ctx, config.seq_len, config.period, model.trained_periods)
+    start = int(model.prepend_bos)
+    shapes = [("natural", config.n_natural, seq_len, 0), ("repeated", config.n_repeated, start + 2 * period, None)]
+    plans = []
+    for task, batch, length, first in shapes:
+        first = first_scored(task, start, period) if first is None else first
+        score_plan(model, batch, length, first, f"diff's {task} scores")  # refused where it does not fit
+        plans.append(sweep_plan(model, batch, length, model.spec.n_layers, first=first))
+    return max(plans, key=lambda p: p.per_item)
+
+
+def batch_line(model: LoadedModel, config: DiffConfig) -> str:
+    """The header line of :func:`memory_plan` (for model A; B's batches are the same).
+
+    Raises:
+        HeadprobeError: as :func:`memory_plan`.
+    """
+    return memory_plan(model, config).line()
+
+
 def _measured(a: LoadedModel, b: LoadedModel, natural: TokenSet, repeated: TokenSet, cfg: DiffConfig, progress: bool):
     """:func:`measure` of both models, under one progress bar over their :data:`MEASURE_STEPS`."""
     from headprobe.probe.core.progress import progress_bar
@@ -492,6 +526,7 @@ def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bo
     k = cfg.k or max(1, min(DEFAULT_K, n_total // 4))
     seq_len, period = fit_lengths(min(spec.n_ctx, b.spec.n_ctx), cfg.seq_len, cfg.period, a.trained_periods)
     cfg = replace(cfg, types=types, k=k, seq_len=seq_len, period=period)
+    memory_plan(a, cfg)  # refused in one line where a batch cannot fit, before any allocation
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     natural = natural_text_tokens(
@@ -588,6 +623,7 @@ def _diff(
 
     if isinstance(a, str) or isinstance(b, str):
         cfg.preflight()
+    memory.set_budget(cfg.memory_budget)  # load_for states it too; two models given loaded need it here
     t0 = time.perf_counter()
     ma = options.load_for(cfg) if isinstance(a, str) else a
     t1 = time.perf_counter()
