@@ -113,7 +113,19 @@ def test_repr_is_short_and_names_the_class_and_shapes(results, command):
     assert text.startswith(f"{type(result).__name__}(") and str(result) == text
     shown = [s for f in dataclasses.fields(result) for s in _shapes(getattr(result, f.name))]
     assert all(s in text for s in shown), (shown, text)
-    if command in ("scan", "ablate", "prune", "patch", "circuit", "robustness", "diff", "atlas", "study", "train"):
+    if command in (
+        "scan",
+        "ablate",
+        "prune",
+        "patch",
+        "circuit",
+        "kv",
+        "robustness",
+        "diff",
+        "atlas",
+        "study",
+        "train",
+    ):
         assert "DataFrame[" in text  # each has a table
 
 
