@@ -514,3 +514,21 @@ def test_kv_leaves_out_the_prediction_from_bos_that_ablate_scores(tiny_llama_gqa
     assert kp.natural_loss(model, tokens, 1) == pytest.approx(float(full[:, 1:].mean()), abs=1e-5)
     ablated = token_losses(model.forward(tokens, fwd_hooks=head_ablation_hooks([(0, 0), (1, 3)])), tokens)
     assert (ablated[:, 0] - full[:, 0]).abs().max() > 1e-3
+
+
+def test_a_loss_tolerance_search_that_ends_early_leaves_a_complete_bar(tiny_tokenizer, text_file, monkeypatch, capsys):
+    """The binary search may end before its bound of steps: its bar ended at "55%| 6/11" on screen.
+    Each phase's line in a log (and a terminal's last draw) now reads complete, n of n. The bound
+    is raised here so that the search surely ends early."""
+    import re
+
+    monkeypatch.setattr(kp, "tolerance_search_steps", lambda n: n.bit_length() + 3)
+    model = wrap(zoo.make_checkpoint("gpt2", tiny_tokenizer), backend="native")
+    cfg = tiny_kv(text_file, "gpt2", loss_tolerance=0.0, budgets=(0.3,), n_random=1)
+    capsys.readouterr()
+    run(model, cfg, progress=True)
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("kv policies")]
+    search = [x for x in lines if "loss-tolerance search" in x]
+    assert len(search) == 1 and any("the loss tolerance's policy" in x for x in lines), lines
+    counts = [re.search(r"(\d+)%\|.*?\| (\d+)/(\d+) ", x) for x in lines]
+    assert all(m and m[1] == "100" and m[2] == m[3] for m in counts), lines

@@ -424,7 +424,8 @@ def _tolerance_policy(
     """``(policy, comparison)`` of ``--loss-tolerance``: the policy whose full groups the binary
     search chose (:func:`~headprobe.analyses.kvpolicy.tolerance_full_groups`) and the chosen,
     uniform and random policies at its memory, rows marked ``target = "loss_tolerance"``
-    (``budget``: the chosen policy's KV fraction); one progress bar over both. ``setup``:
+    (``budget``: the chosen policy's KV fraction); a progress bar for each, the search's complete
+    where it ends before its bound. ``setup``:
     :func:`_checked_setup`'s."""
     from headprobe.analyses import kvpolicy as kp
     from headprobe.probe.core.progress import progress_bar
@@ -435,16 +436,19 @@ def _tolerance_policy(
     seeds = list(range(config.seed, config.seed + config.n_random))
     assert config.loss_tolerance is not None  # the mode
     steps = kp.tolerance_search_steps(len(candidates))
-    bar = progress_bar(
-        total=steps + 2 + len(seeds),
-        desc=f"kv policies: loss-tolerance search ({config.loss_tolerance} nats/token)",
-        progress=progress,
+    search = progress_bar(
+        total=steps, desc=f"kv policies: loss-tolerance search ({config.loss_tolerance} nats/token)", progress=progress
     )
     full_groups = kp.tolerance_full_groups(
-        model, tokens, start, lr, costs.score, streaming, config.loss_tolerance, full, layout, progress=bar.update
+        model, tokens, start, lr, costs.score, streaming, config.loss_tolerance, full, layout, progress=search.update
     )
-    bar.total = bar.n + 2 + len(seeds)  # the search may end in fewer steps than its bound
-    bar.set_description(f"kv policies: the loss tolerance's policy ({len(full_groups)} groups full) and controls")
+    search.total = search.n  # the search may end in fewer steps than its bound: its bar ends complete
+    search.close()
+    bar = progress_bar(
+        total=2 + len(seeds),
+        desc=f"kv policies: the loss tolerance's policy ({len(full_groups)} groups full) and controls",
+        progress=progress,
+    )
     policy = kp.policy_with_full(layout, full_groups, streaming, candidates, model.spec.name)
     comparison = kp.compare_at(
         model,
