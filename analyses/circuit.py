@@ -54,6 +54,7 @@ from headprobe.probe.core import memory
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import check_head, check_receiver, format_head, is_head_pair, read_heads
 from headprobe.probe.core.registry import did_you_mean
+from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.core.sizes import format_bytes
 from headprobe.probe.hooks.ablation import HookFn
 from headprobe.probe.hooks.capture import capture_internal
@@ -492,8 +493,8 @@ def _receiver_hooks(
     return hooks
 
 
-@dataclass(frozen=True)
-class EdgeScores:
+@dataclass(frozen=True, repr=False)
+class EdgeScores(CompactRepr):
     """Edge attribution of every head -> head (q/k/v) and head -> logits edge.
 
     Attributes:

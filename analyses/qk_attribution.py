@@ -35,6 +35,7 @@ from torch import Tensor
 
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.hooks.capture import capture_internal
 from headprobe.probe.hooks.names import EMBED, POS_EMBED, attn_hook, block_hook, norm_hook
 
@@ -42,8 +43,8 @@ IDENTITY_TOLERANCE = 1e-4
 """Largest relative error allowed of the residual identity and of ``sum C = s_ij`` (float32)."""
 
 
-@dataclass(frozen=True)
-class QKAttribution:
+@dataclass(frozen=True, repr=False)
+class QKAttribution(CompactRepr):
     """Outcome of :func:`qk_attribution`.
 
     Attributes:

@@ -318,3 +318,26 @@ def test_a_refused_sequence_states_its_need_readably(llama_dir, no_stated_budget
         assert got and parse_bytes(got.group(1)) == pytest.approx(need, rel=0.01), msg
         shown = re.search(r"(?:budget|budget of) (\S+ [KMG]i?B)", msg)
         assert shown and parse_bytes(shown.group(1)) == pytest.approx(20e3, rel=0.01) and 20e3 < need, msg
+
+
+def test_a_backend_without_path_patching_is_refused_before_the_load(llama_dir, tmp_path, monkeypatch, capsys):
+    """``--backend transformer-lens`` was refused after the model loaded (31 s for SmolLM2-135M):
+    the backend's capability flag alone decides it, so no loader runs (each fails the test here)."""
+    from headprobe import options
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the backend was checked")
+
+    monkeypatch.setattr(options, "load_for", no_load)
+    monkeypatch.setattr(options, "load_model", no_load)
+    out = tmp_path / "o"
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(
+            main(["circuit", "--model", str(llama_dir), "--out", str(out), "--backend", "transformer-lens"])
+        )
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert e.value.code == 2 and err == [
+        "headprobe: error: path patching and edge attribution need the native backend (--backend native), "
+        "not transformer-lens (the transformer-lens backend lacks path_patching)"
+    ]
+    assert not out.exists()

@@ -760,3 +760,27 @@ def test_import_kv_refuses_a_policy_covering_seq_len_before_the_load(tmp_path):
             "nothing would stream; give a longer --seq-len"
         ], errors
         assert not torch
+
+
+def test_export_refuses_a_full_out_folder_before_reading_the_source(tmp_path, capsys, monkeypatch):
+    """A non-empty ``--out`` without ``--overwrite`` (and an ``--out`` inside the source) was
+    refused only after the source was read and every file built (9.7 s on SmolLM2-135M's circuit
+    folder): the folder alone decides it, so the source is never read here (reading fails the test)."""
+    import headprobe
+    from headprobe.commands import export_core
+
+    def no_read(path):
+        raise AssertionError("the source was read before --out was checked")
+
+    monkeypatch.setattr(export_core, "read_source", no_read)
+    src, full = tmp_path / "src", tmp_path / "full"
+    src.mkdir()
+    full.mkdir()
+    (full / "kept.txt").write_text("mine")
+    code, err = _cli(["export", "--from", str(src), "--out", str(full)], capsys)
+    _one_line(code, err, f"output directory {full} is not empty; pass --overwrite")
+    code, err = _cli(["export", "--from", str(src), "--out", str(src / "e"), "--overwrite"], capsys)
+    _one_line(code, err, f"the output folder {src / 'e'} is inside the source folder {src}")
+    with pytest.raises(HeadprobeError, match="is not empty; pass --overwrite"):
+        headprobe.export(str(src), str(full))
+    assert [p.name for p in full.iterdir()] == ["kept.txt"] and not (src / "e").exists()

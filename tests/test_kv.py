@@ -173,8 +173,8 @@ def test_kv_run_on_the_zoo(case, method, tiny_tokenizer, text_file, tmp_path, ca
     k = kp.n_full_for_budget(L * G, 48, 8, 0.5)
     assert len(r.policy.full_groups) == k
     assert sorted(r.policy.full_groups) == sorted(kp.ranked_groups(r.costs.score)[:k])
-    assert {row["policy"] for row in r.curve} == {"full", "chosen", "uniform", "random"}
-    assert sorted({row["budget"] for row in r.curve if row["policy"] != "full"}) == [0.3, 0.5, 0.75]
+    assert set(r.curve["policy"]) == {"full", "chosen", "uniform", "random"}
+    assert sorted(set(r.curve[r.curve["policy"] != "full"]["budget"])) == [0.3, 0.5, 0.75]
     assert r.cache_check["allocated_bytes"] == r.cache_check["policy_cost_bytes"]
     assert r.cache_check["loss"]["backend_scored_loss"] == pytest.approx(r.chosen.natural_loss, abs=1e-4)
     if method == "measured":  # a group's measured cost is the loss of the policy with it alone streaming
@@ -267,7 +267,9 @@ def test_the_tolerance_policy_is_in_curve_csv_and_the_figure(tiny_tokenizer, tex
     assert row["copy_accuracy"] == pytest.approx(summary["chosen"]["copy_accuracy"], abs=1e-6)
     assert row["natural_loss_increase"] <= 0.0 and 0 < n_full < 8
     assert set(curve[curve["target"] == "budgets"]["budget"]) == {0.3}  # the budget rows stay
-    fig = kv_policy_curve(r.curve, "t", loss_tolerance=0.0)
+    assert isinstance(r.curve, pd.DataFrame) and len(r.curve.head()) == 5  # Python's curve is curve.csv's table
+    pd.testing.assert_frame_equal(r.curve, curve, check_dtype=False, atol=1e-6)
+    fig = kv_policy_curve(r.curve.to_dict("records"), "t", loss_tolerance=0.0)
     labels = [t.get_text() for t in fig.legends[0].texts]
     point = [x for x in labels if "loss-tolerance" in x]
     assert point == [f"chosen for --loss-tolerance 0 nats/token ({n_full} groups full)"]
@@ -512,3 +514,21 @@ def test_kv_leaves_out_the_prediction_from_bos_that_ablate_scores(tiny_llama_gqa
     assert kp.natural_loss(model, tokens, 1) == pytest.approx(float(full[:, 1:].mean()), abs=1e-5)
     ablated = token_losses(model.forward(tokens, fwd_hooks=head_ablation_hooks([(0, 0), (1, 3)])), tokens)
     assert (ablated[:, 0] - full[:, 0]).abs().max() > 1e-3
+
+
+def test_a_loss_tolerance_search_that_ends_early_leaves_a_complete_bar(tiny_tokenizer, text_file, monkeypatch, capsys):
+    """The binary search may end before its bound of steps: its bar ended at "55%| 6/11" on screen.
+    Each phase's line in a log (and a terminal's last draw) now reads complete, n of n. The bound
+    is raised here so that the search surely ends early."""
+    import re
+
+    monkeypatch.setattr(kp, "tolerance_search_steps", lambda n: n.bit_length() + 3)
+    model = wrap(zoo.make_checkpoint("gpt2", tiny_tokenizer), backend="native")
+    cfg = tiny_kv(text_file, "gpt2", loss_tolerance=0.0, budgets=(0.3,), n_random=1)
+    capsys.readouterr()
+    run(model, cfg, progress=True)
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("kv policies")]
+    search = [x for x in lines if "loss-tolerance search" in x]
+    assert len(search) == 1 and any("the loss tolerance's policy" in x for x in lines), lines
+    counts = [re.search(r"(\d+)%\|.*?\| (\d+)/(\d+) ", x) for x in lines]
+    assert all(m and m[1] == "100" and m[2] == m[3] for m in counts), lines

@@ -698,3 +698,25 @@ def test_answers_without_their_leading_space_are_noted(tiny_tokenizer):
     assert answer_space_notes(tok, [after_space]) == []
     assert tiny_tokenizer(" t5")["input_ids"] == tiny_tokenizer("t5")["input_ids"]  # word level: one token either way
     assert answer_space_notes(tiny_tokenizer, [PromptPair("t1 t2", "t3 t4", correct="t5", wrong="t6")]) == []
+
+
+def test_the_leading_space_note_is_printed_before_the_run(tiny_llama_gqa_native, prompts_file, capsys, monkeypatch):
+    """The tokenizer alone decides the note, so it is printed before the heads are patched (it came
+    after a 270-head run of SmolLM2-135M, too late to fix the answers); the report still ends with it.
+    The tiny model's word-level tokenizer never needs it: the note is stubbed, the order is real."""
+    from headprobe.analyses import patching
+
+    said, real = [], patching.patch
+    monkeypatch.setattr(patching, "answer_space_notes", lambda tokenizer, pairs: ["stub: answers lack a space"])
+
+    def patch_after_reading(*args, **kwargs):
+        said.append(capsys.readouterr().out)  # what was printed when the run began
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(patching, "patch", patch_after_reading)
+    r = headprobe.patch(tiny_llama_gqa_native, prompts=str(prompts_file), heads="0.1", progress=True)
+    assert said and "NOTE: stub: answers lack a space\n" in said[0]
+    assert r.report().endswith("NOTE: stub: answers lack a space") and r.notes == ["stub: answers lack a space"]
+    capsys.readouterr()
+    headprobe.patch(tiny_llama_gqa_native, prompts=str(prompts_file), heads="0.1")  # progress=False: silent
+    assert "NOTE" not in capsys.readouterr().out

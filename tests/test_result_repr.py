@@ -113,7 +113,19 @@ def test_repr_is_short_and_names_the_class_and_shapes(results, command):
     assert text.startswith(f"{type(result).__name__}(") and str(result) == text
     shown = [s for f in dataclasses.fields(result) for s in _shapes(getattr(result, f.name))]
     assert all(s in text for s in shown), (shown, text)
-    if command in ("scan", "ablate", "prune", "patch", "circuit", "robustness", "diff", "atlas", "study", "train"):
+    if command in (
+        "scan",
+        "ablate",
+        "prune",
+        "patch",
+        "circuit",
+        "kv",
+        "robustness",
+        "diff",
+        "atlas",
+        "study",
+        "train",
+    ):
         assert "DataFrame[" in text  # each has a table
 
 
@@ -212,3 +224,22 @@ def test_show_and_atlas_take_the_figure_formats(tiny_dir, text_file, tmp_path):
     ):
         headprobe.atlas(out=str(tmp_path / "bad"), formats=("svgz",), **atlas)
     assert not (tmp_path / "bad").exists()
+
+
+def test_analysis_results_have_the_compact_repr():
+    """The analyses' results a user prints from Python (``edge_attribution``'s EdgeScores,
+    ``qk_attribution``'s QKAttribution) show shapes and the first labels, not every value: at
+    SmolLM2-135M's sizes their dataclass reprs printed whole arrays and 200 labels."""
+    from headprobe.analyses.circuit import EdgeScores
+    from headprobe.analyses.qk_attribution import QKAttribution
+
+    edges = EdgeScores("eap-ig", 5, np.zeros((3, 30, 9, 30, 9)), np.zeros((30, 9)))
+    labels = ["embed"] + [f"{l}.{h}" for l in range(22) for h in range(9)] + ["mlp 21"]
+    qk = QKAttribution(18, 6, 19, 8, labels, labels, np.zeros((200, 200)), 11.55, 1e-7)
+    for result, shown in [
+        (edges, ["method='eap-ig'", "head_scores=float64[3, 30, 9, 30, 9]", "logit_scores=float64[30, 9]"]),
+        (qk, ["layer=18", "contributions=float64[200, 200]", "q_labels=['embed', '0.0', '0.1', '0.2', ... 196 more]"]),
+    ]:
+        text = repr(result)
+        assert len(text) <= LIMIT and text.startswith(f"{type(result).__name__}("), text[:300]
+        assert all(s in text for s in shown), text

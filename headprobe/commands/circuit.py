@@ -40,6 +40,7 @@ from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import check_head, check_receiver, parse_heads
 from headprobe.probe.core.registry import did_you_mean
+from headprobe.probe.core.vocabulary import backend_lacks
 from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, Needs, setting, shared
 
 _CORE = ("CircuitResult", "run", "circuit")
@@ -172,11 +173,18 @@ class CircuitConfig(ModelSettings):
         and, where config.json gives the layout (:func:`headprobe.options.peek_config`), the
         receivers, ``--qk-head`` and the sequences' length against it.
 
-        An encoder is refused here where its config says so (:func:`headprobe.options.peek_encoder`; else after the load).
+        An encoder is refused here where its config says so (:func:`headprobe.options.peek_encoder`; else after the load),
+        a backend without path patching (``--backend transformer-lens``) always.
 
         Raises:
-            HeadprobeError: an encoder, a head outside the model, or sequences longer than its context.
+            HeadprobeError: a backend without path patching, an encoder, a head outside the model, or
+                sequences longer than its context.
         """
+        if backend_lacks(self.backend, "path_patching"):
+            raise HeadprobeError(
+                "path patching and edge attribution need the native backend (--backend native), not "
+                f"{self.backend} (the {self.backend} backend lacks path_patching)"
+            )
         if isinstance(self.model, str) and options.peek_encoder(self.model):
             from headprobe.analyses.vocabulary import CIRCUIT_NEEDS_DECODER
 

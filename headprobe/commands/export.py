@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import MISSING, dataclass
+from pathlib import Path
 
 from headprobe import options
 from headprobe.analyses.exchange import FORMATS
@@ -112,8 +113,40 @@ class ExportConfig:
             raise HeadprobeError(f"--sink must be >= 0 and --recent >= 1, got {self.sink} and {self.recent}")
 
 
+def check_apart(source: Path, out: Path) -> None:
+    """Refuse an output folder that is the source folder, lies inside it or holds it (paths resolved,
+    links followed): writing there, with ``--overwrite``, would replace or delete the run's own files.
+
+    Raises:
+        HeadprobeError: one line naming both folders."""
+    src, dst = source.resolve(), out.resolve()
+    where = "is" if src == dst else "is inside" if src in dst.parents else "holds" if dst in src.parents else None
+    if where:
+        raise HeadprobeError(
+            f"the output folder {out} {where} the source folder {source}: give an output folder apart "
+            "from it (writing there would replace the run's own files)"
+        )
+
+
+def check_out(config: ExportConfig) -> None:
+    """Refuse ``config.out`` before the source is read or pandas imported (seconds): a folder not
+    empty without ``overwrite``, a file, not writable
+    (:func:`~headprobe.probe.core.io.prepare_output_dir`, nothing created), or one that is, holds
+    or lies inside the source folder (:func:`check_apart`). Nothing to check where ``out`` is None.
+
+    Raises:
+        HeadprobeError: one line naming the folder."""
+    from headprobe.probe.core.io import prepare_output_dir
+
+    if config.out is not None:
+        check_apart(Path(config.source), Path(config.out))
+        prepare_output_dir(config.out, config.overwrite, create=False)
+
+
 def main(args: argparse.Namespace, config: ExportConfig) -> int:
-    """Read the source folder, build every file in memory, then write the folder (nothing on a refusal)."""
+    """Check ``--out`` (:func:`check_out`), read the source folder, build every file in memory, then
+    write the folder (nothing on a refusal)."""
+    check_out(config)
     result = resolve("headprobe.commands.export_core:run")(config)  # named as a string: no import cycle
     paths = result.save(config.out, overwrite=config.overwrite)
     print(result.report())

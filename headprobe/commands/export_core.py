@@ -15,7 +15,14 @@ from typing import Any
 import pandas as pd
 
 from headprobe.analyses import exchange as ex
-from headprobe.commands.export import DUO_RECENT, DUO_SINK, HELP, ExportConfig  # noqa: F401 - the light module's names, re-exported
+from headprobe.commands.export import (  # noqa: F401 - the light module's names, re-exported
+    DUO_RECENT,
+    DUO_SINK,
+    HELP,
+    ExportConfig,
+    check_apart,
+    check_out,
+)
 from headprobe.options import notes_flags
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import ReadsInputs, keeps_inputs
@@ -93,21 +100,6 @@ class ExportResult(CompactRepr, ReadsInputs):
             return [tmp / rel for rel in self.files]
 
         return write_outputs(out, overwrite, summary=self.summary, extra=files)
-
-
-def check_apart(source: Path, out: Path) -> None:
-    """Refuse an output folder that is the source folder, lies inside it or holds it (paths resolved,
-    links followed): writing there, with ``--overwrite``, would replace or delete the run's own files.
-
-    Raises:
-        HeadprobeError: one line naming both folders."""
-    src, dst = source.resolve(), out.resolve()
-    where = "is" if src == dst else "is inside" if src in dst.parents else "holds" if dst in src.parents else None
-    if where:
-        raise HeadprobeError(
-            f"the output folder {out} {where} the source folder {source}: give an output folder apart "
-            "from it (writing there would replace the run's own files)"
-        )
 
 
 def read_source(path: Path) -> Source:
@@ -546,6 +538,8 @@ def export(source: str, out: str | None = None, **fields) -> ExportResult:
     check_fields(ExportConfig, fields, "export", positional=("source", "out"), accepts=export)
     config = ExportConfig(source=source, out=out, **fields)
     refuse_inert(config, given_in_python(ExportConfig, fields))  # sink= with format="headkv": as the flags
+    if config.out:
+        check_out(config)  # before the source is read
     result = run(config)
     result.inputs = config_inputs(config)  # what result.save(overwrite=True) must not remove
     if config.out:

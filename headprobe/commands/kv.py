@@ -25,7 +25,7 @@ Outputs: ``policy.json`` (format in docs/kv.md; ``headprobe budget --policy`` re
 As a library::
 
     result = headprobe.kv("smollm2-135m", seq_len=1024, kv_budget=0.5)   # KVResult
-    result.policy, result.curve
+    result.policy, result.curve   # curve: curve.csv as a pandas DataFrame
 """
 
 from __future__ import annotations

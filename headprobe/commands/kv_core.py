@@ -17,6 +17,8 @@ from headprobe.probe.core.io import summary_envelope, write_json
 from headprobe.probe.core.reprs import CompactRepr, load_seconds
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from headprobe.analyses.kvpolicy import GroupCosts, Quality
     from headprobe.probe.backends.base import LoadedModel
     from headprobe.probe.core.memory import BatchPlan
@@ -38,8 +40,10 @@ class KVResult(CompactRepr, WritesOutputs):
         costs: :class:`~headprobe.analyses.kvpolicy.GroupCosts`.
         full: :class:`Quality` of the full cache.
         chosen: :class:`Quality` of the policy.
-        comparison: curve rows at the policy's memory.
-        curve: the quality-memory rows (:func:`~headprobe.analyses.kvpolicy.curve_row`).
+        comparison: the rows of ``curve`` at the written policy's memory (dicts: summary.json's).
+        curve: curve.csv as a DataFrame: one row per measured policy
+            (:func:`~headprobe.analyses.kvpolicy.curve_row`'s columns, losses in nats/token, and
+            ``target``: ``full``, ``kv_budget``, ``budgets`` or ``loss_tolerance``).
         cache_check: the native model's allocated StreamingKVCache bytes against the formula, and
             (``loss``) the chosen policy's natural-text loss against the backend's own scoring.
         candidates: the groups whose streaming changes attention
@@ -65,8 +69,8 @@ class KVResult(CompactRepr, WritesOutputs):
     costs: GroupCosts
     full: Quality
     chosen: Quality
-    comparison: list
-    curve: list
+    comparison: list[dict]
+    curve: pd.DataFrame
     cache_check: dict
     sources: dict = field(default_factory=dict)
     windows: dict = field(default_factory=dict)
@@ -234,8 +238,6 @@ class KVResult(CompactRepr, WritesOutputs):
         """save's files: policy.json, policy_budget.json, group_costs.csv, curve.csv, the figure and,
         last, summary.json."""
 
-        import pandas as pd
-
         from headprobe.analyses import figures
 
         def policy_files(out: Path) -> list[Path]:
@@ -253,7 +255,7 @@ class KVResult(CompactRepr, WritesOutputs):
 
         def curve_figure():
             return figures.kv_policy_curve(
-                self.curve,
+                self.curve.to_dict("records"),
                 f"{self.spec.name}: KV policy at {self.config.seq_len} tokens "
                 f"(sink {self.config.sink}, window {self.config.window})",
                 loss_tolerance=self.config.loss_tolerance,
@@ -261,7 +263,7 @@ class KVResult(CompactRepr, WritesOutputs):
 
         tables = {
             "group_costs.csv": self.group_table().to_csv(index=False, float_format="%.6f"),
-            "curve.csv": pd.DataFrame(self.curve).to_csv(index=False, float_format="%.6f"),
+            "curve.csv": self.curve.to_csv(index=False, float_format="%.6f"),
         }
         return dict(summary=self.summary, tables=tables, figures={"kv_curve": curve_figure}, extra=policy_files)
 
@@ -422,7 +424,8 @@ def _tolerance_policy(
     """``(policy, comparison)`` of ``--loss-tolerance``: the policy whose full groups the binary
     search chose (:func:`~headprobe.analyses.kvpolicy.tolerance_full_groups`) and the chosen,
     uniform and random policies at its memory, rows marked ``target = "loss_tolerance"``
-    (``budget``: the chosen policy's KV fraction); one progress bar over both. ``setup``:
+    (``budget``: the chosen policy's KV fraction); a progress bar for each, the search's complete
+    where it ends before its bound. ``setup``:
     :func:`_checked_setup`'s."""
     from headprobe.analyses import kvpolicy as kp
     from headprobe.probe.core.progress import progress_bar
@@ -433,16 +436,19 @@ def _tolerance_policy(
     seeds = list(range(config.seed, config.seed + config.n_random))
     assert config.loss_tolerance is not None  # the mode
     steps = kp.tolerance_search_steps(len(candidates))
-    bar = progress_bar(
-        total=steps + 2 + len(seeds),
-        desc=f"kv policies: loss-tolerance search ({config.loss_tolerance} nats/token)",
-        progress=progress,
+    search = progress_bar(
+        total=steps, desc=f"kv policies: loss-tolerance search ({config.loss_tolerance} nats/token)", progress=progress
     )
     full_groups = kp.tolerance_full_groups(
-        model, tokens, start, lr, costs.score, streaming, config.loss_tolerance, full, layout, progress=bar.update
+        model, tokens, start, lr, costs.score, streaming, config.loss_tolerance, full, layout, progress=search.update
     )
-    bar.total = bar.n + 2 + len(seeds)  # the search may end in fewer steps than its bound
-    bar.set_description(f"kv policies: the loss tolerance's policy ({len(full_groups)} groups full) and controls")
+    search.total = search.n  # the search may end in fewer steps than its bound: its bar ends complete
+    search.close()
+    bar = progress_bar(
+        total=2 + len(seeds),
+        desc=f"kv policies: the loss tolerance's policy ({len(full_groups)} groups full) and controls",
+        progress=progress,
+    )
     policy = kp.policy_with_full(layout, full_groups, streaming, candidates, model.spec.name)
     comparison = kp.compare_at(
         model,
@@ -464,6 +470,8 @@ def _tolerance_policy(
 def _chosen_and_measured(model: LoadedModel, config: KVConfig, progress: bool) -> KVResult:
     """:func:`run`'s work once the memory plan is set."""
     import time
+
+    import pandas as pd
 
     from headprobe.analyses import kvpolicy as kp
     from headprobe.analyses.ablation import untrusted_task_reason
@@ -521,7 +529,7 @@ def _chosen_and_measured(model: LoadedModel, config: KVConfig, progress: bool) -
         full,
         chosen,
         comparison,
-        curve,
+        pd.DataFrame(curve),
         check,
         sources={"natural": natural.source, "long_range": lr.source},
         windows={"natural": window_counts(natural), "long_range": window_counts(lr)},

@@ -477,6 +477,9 @@ def run(model: LoadedModel, config: PatchConfig, progress: bool = True) -> Patch
 
     spec = model.spec
     pairs, units = _pairs_and_units(model, config)
+    notes = answer_space_notes(model.tokenizer, pairs)  # the tokenizer alone decides: said before the run
+    if progress:
+        _say_notes(notes)
     t0 = time.perf_counter()
     p = patch(model, pairs, config.site, units, progress=progress)
     dtype = str(model.dtype).removeprefix("torch.")
@@ -495,8 +498,15 @@ def run(model: LoadedModel, config: PatchConfig, progress: bool = True) -> Patch
         table,
         seconds=time.perf_counter() - t0,
         model_info={"device": str(model.device), "dtype": dtype, "self_check": model.self_check.to_dict()},
-        notes=answer_space_notes(model.tokenizer, pairs),
+        notes=notes,
     )
+
+
+def _say_notes(notes: list[str]) -> None:
+    """``NOTE:`` lines printed before the patching run, under the model's header and batch line (as
+    the NOTE :func:`~headprobe.options.run_command` prints before the load); the report repeats them."""
+    for note in notes:
+        print(f"NOTE: {note}", flush=True)
 
 
 patch = options.command_function(
