@@ -389,6 +389,7 @@ def _left(out: str | None) -> str:
 
     if out is None:
         return "files are written atomically: none was left half-written"
+    out = str(Path(out))  # "x/" is said as x/, not x//
     if Path(out).is_dir() and any(Path(out).glob(CHECKPOINT_GLOB)):
         return (
             f"{out}/ holds what it held before this run, and this run's checkpoint: run the same command again "

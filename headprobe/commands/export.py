@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import MISSING, dataclass
+from pathlib import Path
 
 from headprobe import options
 from headprobe.analyses.exchange import FORMATS
@@ -117,7 +118,7 @@ def main(args: argparse.Namespace, config: ExportConfig) -> int:
     result = resolve("headprobe.commands.export_core:run")(config)  # named as a string: no import cycle
     paths = result.save(config.out, overwrite=config.overwrite)
     print(result.report())
-    print(f"\nwrote {len(paths)} files to {config.out}/")
+    print(f"\nwrote {len(paths)} files to {Path(config.out)}/")  # Path: "duo/" is written duo/, not duo//
     if config.out is not None and (kept := options.kept_line(config.out)):  # every --overwrite command says it so
         print(kept)
     return 0
