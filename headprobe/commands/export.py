@@ -115,11 +115,12 @@ class ExportConfig:
 
 def main(args: argparse.Namespace, config: ExportConfig) -> int:
     """Read the source folder, build every file in memory, then write the folder (nothing on a refusal)."""
+    assert config.out is not None  # --out is required on the command line
     result = resolve("headprobe.commands.export_core:run")(config)  # named as a string: no import cycle
     paths = result.save(config.out, overwrite=config.overwrite)
     print(result.report())
     print(f"\nwrote {len(paths)} files to {Path(config.out)}/")  # Path: "duo/" is written duo/, not duo//
-    if config.out is not None and (kept := options.kept_line(config.out)):  # every --overwrite command says it so
+    if kept := options.kept_line(config.out):  # every --overwrite command says it so
         print(kept)
     return 0
 
