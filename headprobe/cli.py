@@ -76,6 +76,8 @@ class OneLineErrorParser(argparse.ArgumentParser):
         if message.startswith(REQUIRED_MESSAGE + "COMMAND") and argv[:1] and argv[0][:1] == "-":
             # an unknown option before any command (`headprobe --vers`): argparse says only that none was named
             message = f"unrecognized arguments: {argv[0]}"
+        if message.startswith(REQUIRED_MESSAGE):
+            message = self._choices_named(message)
         unknown = self._unknown_flags() if message.startswith(REQUIRED_MESSAGE) else []
         if unknown and (meant := self._meant(unknown, message)):
             message = f"unrecognized arguments: {' '.join(unknown)}{meant}"  # the flag meant, not the gap
@@ -84,6 +86,16 @@ class OneLineErrorParser(argparse.ArgumentParser):
             command = next((c for c in self._known_options() if c and c in argv[:1]), None)
             prog = f"{self.prog} {command}" if command else prog
         self.exit(2, f"headprobe: error: {message} (see {prog} --help)\n")
+
+    def _choices_named(self, message: str) -> str:
+        """argparse's ``message`` that required arguments are missing, each positional argument
+        with choices named by them as ``--help`` spells it (``study``'s ``which`` as
+        ``{heads,layouts}``): its field's name tells the user nothing to type."""
+        names = message.removeprefix(REQUIRED_MESSAGE).split(", ")
+        for a in self._actions:
+            if not a.option_strings and a.choices and a.metavar is None and a.dest in names:
+                names[names.index(a.dest)] = "{" + ",".join(map(str, a.choices)) + "}"
+        return REQUIRED_MESSAGE + ", ".join(names)
 
     def _unknown_flags(self) -> list[str]:
         """The words this parser was given that spell no option of it (``--to``, ``--outt=x``: their
@@ -377,6 +389,7 @@ def _left(out: str | None) -> str:
 
     if out is None:
         return "files are written atomically: none was left half-written"
+    out = str(Path(out))  # "x/" is said as x/, not x//
     if Path(out).is_dir() and any(Path(out).glob(CHECKPOINT_GLOB)):
         return (
             f"{out}/ holds what it held before this run, and this run's checkpoint: run the same command again "

@@ -86,6 +86,7 @@ def test_cli_writes_edges_figure_and_summary(llama_dir, tmp_path, capsys):
     redraw.redraw_circuit(again)
     assert compare_images(str(out / "circuit.png"), str(again / "circuit.png"), tol=0.5) is None
     said = capsys.readouterr().out
+    assert "largest edges (score, exact):" in said  # verified: the exact column is there
     assert "Spearman" in said
     # the last line names every file written but the figures, read from the folder itself
     files = [p.name for p in out.iterdir() if not p.name.startswith(".")]  # not the run's own record
@@ -138,6 +139,9 @@ def _check_viewer_section(out, summary, H, tmp_path, capsys):
 def test_the_function_and_public_api(llama_dir):
     r = headprobe.circuit(str(llama_dir), device="cpu", n_seqs=1, period=5, steps=2, verify=0, top=5)
     assert r.agreement is None and r.edges["exact"].isna().all()
+    # unverified, the report's header names no exact column and no line ends in the empty one
+    lines = r.report().splitlines()
+    assert "largest edges (score):" in lines and not any(x.endswith(" ") for x in lines)
     model = headprobe.load_model(str(llama_dir), device="cpu")
     clean, corr = (repeated_random_tokens(model, 1, 5, s).tokens for s in (0, 1))
     single = headprobe.path_patch(model, clean, corr, (0, 1), (1, 2), "v")

@@ -129,12 +129,15 @@ def retrieval_head_load(path: Path):
     return [([int(ll) for ll in l[0].split("-")], np.mean(l[1])) for l in head_list.items()]
 
 
-def test_duo_round_trip_of_a_kv_policy(runs, tmp_path, tiny_dir):
+def test_duo_round_trip_of_a_kv_policy(runs, tmp_path, tiny_dir, capsys):
     """Kv policy -> TSV + config.json -> kvpress's reader (shape [layers, KV heads], sink, window)
     and headprobe's reader (the same policy)."""
     from headprobe.analyses.exchange import read_head_file, read_kv_policy
 
-    out = _export(runs / "kv", tmp_path / "e", "--format", "duo")
+    capsys.readouterr()
+    out = tmp_path / "e"
+    assert main(["export", "--from", str(runs / "kv"), "--out", f"{out}/", "--format", "duo"]) == 0  # "e/" as typed
+    assert f"files to {out}/\n" in capsys.readouterr().out  # said e/, not e//
     policy = read_kv_policy(runs / "kv" / "policy.json")
     sink, recent, scores = kvpress_load(out)
     assert scores.shape == (2, 2)

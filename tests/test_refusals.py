@@ -194,6 +194,7 @@ def test_the_import_probe_sees_torch_when_it_loads(tmp_path, tiny_dir):
         (["show", "--head", "1.1", "--out", "o"], "one of the arguments --prompt --prompt-file is required"),
         (["view", "d", "--pattern-len", "x"], "argument --pattern-len: must be a positive integer, got 'x'"),
         (["view"], "the following arguments are required: DIR"),
+        (["study", "--out", "o"], "the following arguments are required: {heads,layouts} (see"),  # not "which"
         (["circuit", "--out", "o", "--method", "x"], "argument --method: invalid choice: 'x'"),
         (
             ["kv", "--out", "o", "--kv-budget", "0.5", "--loss-tolerance", "0.1"],

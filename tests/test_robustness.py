@@ -97,6 +97,39 @@ def test_conditions_that_cannot_move_the_top_k_give_stability_one(tiny, text_fil
         assert len(rows) == 2 and (rows["stability"] == 1.0).all() and (rows["ci95_low"] == 1.0).all()
 
 
+def test_report_counts_only_conditions_that_apply_and_gives_the_least_top_k_overlap(tiny, text_file):
+    """With ``--types induction`` the text's second half changes no type: it is left out (a note),
+    not counted among the run's conditions; the type's line says how many conditions CONFIRM it and
+    which condition's top-k set shares the fewest heads with the base's (a hand count of the sets)."""
+    from headprobe.commands.robustness_core import robustness
+
+    r = robustness(tiny, types="induction", vary="data,detector", text=str(text_file), **SMALL)
+    rec = r.summary()["types"]["induction"]
+    assert (
+        [o.condition.name for o in r.outcomes]
+        == rec["conditions"]
+        == [
+            "base",
+            "repeats seed 1",
+            "repeats period 6",
+            "induction by copying",
+        ]
+    )
+    assert any(n.startswith("text half 2: left out") for n in r.notes)
+    report = r.report()
+    assert report.startswith(f"{r.spec.name}: 4 conditions, k = 2")
+    base = set(rec["top_k"]["base"])
+    shared = {c: len(base & set(t)) for c, t in rec["top_k"].items() if c != "base"}
+    least = min(shared.values())
+    where = next(c for c, n in shared.items() if n == least)
+    held = sum(v["confirmed"] is True for v in rec["verdicts"].values())
+    line = next(x for x in report.splitlines() if x.startswith("induction:"))
+    assert line.endswith(
+        f"; CONFIRMED in {held} of 4 conditions; top-2 least shared with base: {least}/2 heads ({where})"
+    )
+    assert "holds everywhere" not in report
+
+
 def test_reported_jaccard_and_stability_equal_a_hand_computation(tiny, text_file, tmp_path):
     """With disjoint data and the copying detector the top-k sets move; the summary's Jaccard and
     the CSV's stabilities equal plain set arithmetic over the reported top-k sets."""

@@ -77,7 +77,10 @@ def test_kv_limit_keeps_its_documented_unit_guard(capsys):
     out, err = capsys.readouterr()
     assert out == "" and err == "headprobe: error: '100' would be 100 bytes; give a unit, e.g. 100GiB or 100MiB\n"
     assert main([*argv, "2048"]) in (0, 1)  # a bare number of 1024 or more is bytes (here nothing fits: 1)
-    assert "Nothing fits" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    # not "at most 0 tokens fit; shorten the context": no context fits 2 KiB, the limit is what to change
+    assert "Nothing fits: one token's KV cache (" in out and "give one (e.g. 2048MiB or 2GiB)" in out
+    assert "at most 0 tokens" not in out
 
 
 def test_memory_budget_takes_bare_bytes():

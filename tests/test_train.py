@@ -574,3 +574,22 @@ def test_the_phase_change_is_named_by_the_evaluations_around_it():
     bands = [p for p in fig.axes[0].patches if p.get_x() == 400]
     assert bands and bands[0].get_width() == 100  # a band over 400-500, no line at one step
     assert "steps 400–500" in " ".join(t.get_text() for t in fig.axes[0].texts)
+
+
+def test_atlas_docs_train_command_is_the_toy_models_settings():
+    """docs/atlas.md's ``headprobe train ... --save-every 100`` line trains the atlas's toy model
+    (TOY_TRAIN, 1200 steps: the run its over-training figure shows); the flags once left the default
+    model (4 heads, 96-token context, biases), which never formed induction heads."""
+    import shlex
+    from pathlib import Path
+
+    from headprobe.cli import build_parser
+    from headprobe.commands.atlas import TOY_TRAIN
+    from headprobe.commands.train import config_from_args
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "atlas.md").read_text()
+    (line,) = [x for x in doc.splitlines() if x.startswith("headprobe train ") and "--save-every 100" in x]
+    argv = shlex.split(line, comments=True)[1:]
+    config = config_from_args(build_parser().parse_args(argv))
+    expected = TrainConfig(**{**TOY_TRAIN, "n_words": 96, "steps": 1200, "save_every": 100})
+    assert config == expected

@@ -154,10 +154,12 @@ class CircuitResult(CompactRepr, WritesOutputs):
                 f"Pearson {r['pearson']}, top-{a['top_k']} recall {r['top_k_recall']}"
                 + (f" (n/a: {why})" if why else "")
             )
-        lines.append("largest edges (score, exact):")
+        top = s["top_edges"][:10]
+        verified = any(t["exact"] is not None for t in top)  # --verify 0: no exact column
+        lines.append(f"largest edges (score{', exact' if verified else ''}):")
         lines += [
-            f"  {t['edge']:>18}  {t['score']:+.4f}  " + ("" if t["exact"] is None else f"{t['exact']:+.4f}")
-            for t in s["top_edges"][:10]
+            f"  {t['edge']:>18}  {t['score']:+.4f}" + ("" if t["exact"] is None else f"  {t['exact']:+.4f}")
+            for t in top
         ]
         for rec, rows in s.get("receivers", {}).items():
             lines.append(

@@ -146,12 +146,13 @@ def check_out(config: ExportConfig) -> None:
 def main(args: argparse.Namespace, config: ExportConfig) -> int:
     """Check ``--out`` (:func:`check_out`), read the source folder, build every file in memory, then
     write the folder (nothing on a refusal)."""
+    assert config.out is not None  # --out is required on the command line
     check_out(config)
     result = resolve("headprobe.commands.export_core:run")(config)  # named as a string: no import cycle
     paths = result.save(config.out, overwrite=config.overwrite)
     print(result.report())
-    print(f"\nwrote {len(paths)} files to {config.out}/")
-    if config.out is not None and (kept := options.kept_line(config.out)):  # every --overwrite command says it so
+    print(f"\nwrote {len(paths)} files to {Path(config.out)}/")  # Path: "duo/" is written duo/, not duo//
+    if kept := options.kept_line(config.out):  # every --overwrite command says it so
         print(kept)
     return 0
 

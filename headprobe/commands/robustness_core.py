@@ -112,6 +112,9 @@ def conditions(model: LoadedModel, cfg: RobustnessConfig, k: int) -> tuple[list[
                 repeated=repeated_random_tokens(model, cfg.n_repeated, other, cfg.seed),
             ),
         ]
+    for c in [c for c in out if c.types == ()]:  # a data condition no asked-for type is scored on
+        out.remove(c)
+        notes.append(f"{c.name}: left out (none of --types is scored on its data)")
     if "kind" in cfg.vary:
         for kind in (k_ for k_ in cfg.kinds if k_ != PRIMARY_KIND):
             if ablation_kinds.KINDS.get(kind).needs == "source" and min(n, cfg.n_repeated) < 2:
@@ -204,7 +207,8 @@ class RobustnessResult(CompactRepr, WritesOutputs):
                 "stability_ci95: percentile bootstrap over those conditions (Efron & Tibshirani 1993, "
                 f"{self.config.n_boot} resamples); mean_jaccard: the mean Jaccard index |A∩B|/|A∪B| "
                 "over every pair of its conditions' top-k sets; verdict_holds_everywhere: CONFIRMED "
-                "(scan's rule) in every one of its conditions",
+                "(scan's rule) in every one of its conditions; least_top_k_overlap: the condition whose top-k set "
+                "shares the fewest heads with the base's, and how many",
             },
             model=self.spec.name,
             precision=self.spec.precision,
@@ -325,12 +329,38 @@ def _type_record(
         },
         "mean_jaccard": rb.mean_pairwise_jaccard(sets),
         "verdict_holds_everywhere": all(o.confirmed.get(name) is True for o in mine),
+        "least_top_k_overlap": _least_overlap(name, mine),
         "stability": {
             format_head((r["layer"], r["head"])): {"stability": r["stability"], "ci95": [r["ci95_low"], r["ci95_high"]]}
             for r in rows
         },
     }
     return record, rows
+
+
+def _least_overlap(name: str, mine: list[Outcome]) -> dict | None:
+    """The condition whose top-k set of type ``name`` shares the fewest heads with the base's
+    (the first such), as ``{"condition", "shared", "k"}``; None with no condition beside the base."""
+    base = set(mine[0].top[name])
+    shared = [(len(base & set(o.top[name])), o.condition.name) for o in mine[1:]]
+    if not shared:
+        return None
+    n, where = min(shared, key=lambda s: s[0])
+    return {"condition": where, "shared": n, "k": len(base)}
+
+
+def _verdict_words(rec: dict, overlap: bool = True) -> str:
+    """The report's words for what holds of one type: how many of its conditions confirm its
+    verdict, and (``overlap``) its least top-k overlap with the base's set and where."""
+    n = len(rec["conditions"])
+    held = sum(v["confirmed"] is True for v in rec["verdicts"].values())
+    words = f"CONFIRMED in {held} of {n} conditions"
+    least = rec.get("least_top_k_overlap")
+    if least and overlap:
+        words += (
+            f"; top-{least['k']} least shared with base: {least['shared']}/{least['k']} heads ({least['condition']})"
+        )
+    return words
 
 
 def run(model: LoadedModel, config: RobustnessConfig, progress: bool = True) -> RobustnessResult:
@@ -426,8 +456,8 @@ def stability_figure(result: RobustnessResult):
             )
         ax.set_ylim(len(rows) - 0.5, -1.6)
         ax.set_title(
-            f"{name.replace('_', '-')}: mean top-k Jaccard {rec['mean_jaccard']:.2f}; verdict holds in every "
-            f"condition: {'yes' if rec['verdict_holds_everywhere'] else 'no'}",
+            f"{name.replace('_', '-')}: mean top-k Jaccard {rec['mean_jaccard']:.2f}; "
+            f"{_verdict_words(rec, overlap=False)}",
             fontsize=9,
         )
         ax.set_ylabel("head  stability [95% bootstrap]", fontsize=7)
@@ -451,7 +481,7 @@ def format_report(result: RobustnessResult) -> str:
         lines.append(
             f"{name}: mean top-k Jaccard {rec['mean_jaccard']:.3f} over {len(rec['conditions'])} conditions"
             + (f" ({', '.join(left)}: not for this type)" if left else "")
-            + f"; verdict holds everywhere: {'yes' if rec['verdict_holds_everywhere'] else 'no'}"
+            + f"; {_verdict_words(rec)}"
         )
         lines.append(f"  verdicts: {verdicts}")
         rows = result.table[result.table["type"] == name].head(12)

@@ -90,6 +90,12 @@ class TrainFlags(TrainConfig):
         "text+copy only: the fraction of each batch that is copy sequences (default 0.5)",
         type=float,
     )
+    bias: bool = setting(
+        _T.bias,
+        "no biases in the attention projections (the atlas's toy model trains without them)",
+        flag="--no-bias",
+        action="store_false",
+    )
     save_every: int = setting(
         _T.save_every,
         "also save the weights at step 0 and every N steps as checkpoints/step-NNNNNN/ "

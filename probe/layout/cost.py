@@ -1247,6 +1247,13 @@ def _recommendation_verdict(
     if not ok:
         assert kv_limit_bytes is not None  # without a limit everything fits
         most = max_tokens_in_kv(chosen, kv_limit_bytes, batch)
+        if most == 0:  # not even one token: the limit, not the context, is what to change
+            one = format_bytes(kv_bytes_per_request(chosen, 1, batch))
+            return (
+                f"Nothing fits: one token's KV cache ({one}) is more than the {format_bytes(kv_limit_bytes)} "
+                f"limit; --kv-limit is bytes without a unit: give one (e.g. {kv_limit_bytes}MiB or 2GiB); "
+                f"{seq_len} tokens need {format_bytes(kv_bytes_per_request(chosen, seq_len, batch))}."
+            )
         return (
             f"Nothing fits: at this size at most {most} tokens fit; shorten the context, "
             f"quantise the cache (fp8 halves bf16), or use fewer layers."
