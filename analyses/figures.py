@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType
 
 COLUMN_WIDTH = 3.25  # inches: one column of a two-column paper
+SAVE_DPI = 300
+"""The PNG's resolution (:func:`save_figure`), at which :func:`_wrap_titles` measures the titles."""
 PAGE_WIDTH = 6.75  # inches: both columns
 
 _RC = {
@@ -140,7 +142,9 @@ def _wrap_titles(fig: Figure) -> Figure:
     the layout and text positions of a draw, no pixels): a title's room is twice the distance from
     its centre to the nearer figure edge. The same layout measures the colour bars' labels
     (:func:`_fit_colorbar_labels`): a figure where everything fits is laid out no more often than before
-    (each layout pass moves things by a fraction of a pixel)."""
+    (each layout pass moves things by a fraction of a pixel). Measured at :data:`SAVE_DPI`, the PNG's
+    resolution: hinted glyph widths do not scale with the resolution, and a title that fitted the figure
+    at its own 100 dpi ran past the PNG's edge."""
     canvas = _agg_canvas(fig)
     texts = [t for ax in fig.axes for t in (ax.title, ax._left_title, ax._right_title) if t.get_text()]  # type: ignore[attr-defined]  # private, not in matplotlib's stubs
     texts += [fig._suptitle] if fig._suptitle is not None and fig._suptitle.get_text() else []  # type: ignore[attr-defined]  # private, as above
@@ -148,12 +152,17 @@ def _wrap_titles(fig: Figure) -> Figure:
     bars = [ax for ax in every if getattr(ax, "_colorbar", None) is not None and ax.get_ylabel()]
     if not texts and not bars:
         return fig
-    for _ in range(3):  # again after wrapping: the new layout can move a title that fitted
-        fig.draw_without_rendering()  # the constrained layout places axes and titles; nothing is rasterised
-        renderer = canvas.get_renderer()
-        wrapped = _wrap_to_room(texts, renderer, fig.bbox.width)
-        if not (_fit_colorbar_labels(fig, bars, renderer) or wrapped):
-            break  # every title and label fits this layout: no further pass (most figures need only the one)
+    dpi = fig.get_dpi()
+    fig.set_dpi(SAVE_DPI)  # measured as the PNG draws it: a title 6 px inside at 100 dpi ran 8 px past at 300
+    try:
+        for _ in range(3):  # again after wrapping: the new layout can move a title that fitted
+            fig.draw_without_rendering()  # the constrained layout places axes and titles; nothing is rasterised
+            renderer = canvas.get_renderer()
+            wrapped = _wrap_to_room(texts, renderer, fig.bbox.width)
+            if not (_fit_colorbar_labels(fig, bars, renderer) or wrapped):
+                break  # every title and label fits this layout: no further pass (most figures need only the one)
+    finally:
+        fig.set_dpi(dpi)
     return fig
 
 
@@ -1545,7 +1554,7 @@ def effect_bars(
 
 
 def save_figure(
-    fig: Figure, stem: str | Path, dpi: int = 300, formats: str | Sequence[str] | None = None
+    fig: Figure, stem: str | Path, dpi: int = SAVE_DPI, formats: str | Sequence[str] | None = None
 ) -> list[Path]:
     """Write ``stem.png``, ``stem.pdf`` and ``stem.svg`` (:data:`FORMATS`) atomically, PDF fonts
     embedded as TrueType (:data:`_SAVE_RC`); returns the paths. ``formats`` (``"png"``, ``("png",
@@ -1686,9 +1695,11 @@ def circuit_graph(
     """The top edges of a circuit as a graph: each head a node at (head, layer), the logits one node
     above the last layer, each edge ``(sender, receiver or None, input, score)`` an arrow from the
     sender to the receiver coloured by the receiver's input (:data:`CIRCUIT_INPUT_COLORS`), its width
-    proportional to ``|score|``, dashed where the score is negative. ``checked`` (one bool per edge):
-    the edges whose effect exact path patching measured, drawn with a black outline and counted in
-    the legend ("outlined: ...").
+    proportional to ``|score|``; a negative score is dashed and drawn in a paler tint of that colour
+    (:data:`CIRCUIT_NEGATIVE_TINT`), both named in the legend. ``checked`` (one bool per edge): the
+    edges whose effect exact path patching measured, drawn with a black outline (dashed on a dashed
+    edge, so its gaps stay open) and counted in the legend ("outlined: ..."). Node labels sit in
+    opaque white boxes above the edges; every node lies inside the axes with room for its label.
 
     Raises:
         ValueError: no edges.
@@ -1698,13 +1709,16 @@ def circuit_graph(
     fig = _figure(COLUMN_WIDTH, 3.6)
     ax = fig.add_subplot()
     top = max(abs(e[3]) for e in edges) or 1.0
-    where = lambda node: ((n_heads - 1) / 2, n_layers + 1.5) if node is None else (node[1], node[0])
+    lowest = min(e[0][0] for e in edges)
+    span = n_layers - lowest  # layers drawn, the logits' row included
+    pad = max(0.8, 0.08 * span)  # about 0.2 in of the axes' 2.5 in at any number of layers
+    logits_y = n_layers - 1 + max(1.5, 0.12 * span)
+    where = lambda node: ((n_heads - 1) / 2, logits_y) if node is None else (node[1], node[0])
     _circuit_nodes(ax, {e[0] for e in edges} | {e[1] for e in edges}, where)
     checked = [False] * len(edges) if checked is None else list(checked)
     _circuit_edges(ax, edges, checked, where, top)
-    lowest = min(e[0][0] for e in edges)
-    ax.set_xlim(-0.8, n_heads - 0.2)
-    ax.set_ylim(max(-0.8, lowest - 1.5), n_layers + 2.8)  # only the layers the edges span, the logits on top
+    ax.set_xlim(-0.8, n_heads - 1 + 1.1)  # the last column's labels, right of their nodes, inside
+    ax.set_ylim(max(-0.8, lowest - pad), logits_y + 1.6 * pad)  # the layers the edges span; "logits" above its node
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(title)
@@ -1717,7 +1731,11 @@ def circuit_graph(
             ]
         )
     )
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(
+        matplotlib.ticker.FixedLocator(
+            [t for t in matplotlib.ticker.MaxNLocator(integer=True).tick_values(0, n_heads - 1) if 0 <= t < n_heads]
+        )
+    )
     fig.legend(
         handles=_circuit_handles(edges, checked, score_label, top),
         loc="outside lower center",
@@ -1728,51 +1746,72 @@ def circuit_graph(
     return fig
 
 
+CIRCUIT_NEGATIVE_TINT = 0.5
+"""How far a negative edge's colour of :func:`circuit_graph` is mixed toward white (0: none, 1: white)."""
+
+
+def _tint(color: str, amount: float = CIRCUIT_NEGATIVE_TINT) -> tuple[float, float, float]:
+    """``color`` mixed ``amount`` of the way toward white."""
+    import matplotlib.colors as mcolors
+
+    rgb = np.asarray(mcolors.to_rgb(color))
+    return tuple(float(c) for c in rgb + (1.0 - rgb) * amount)  # type: ignore[return-value]
+
+
 def _circuit_nodes(ax, nodes, where) -> None:
     """:func:`circuit_graph`'s nodes: a dot and a label (``L.H``, or ``logits`` for None) for each of
-    ``nodes``, at ``where(node)``."""
+    ``nodes``, at ``where(node)``; dots above the edges, labels above both in opaque white boxes."""
     for node in nodes:
         x, y = where(node)
-        ax.scatter([x], [y], s=60 if node is None else 30, color="#333333", zorder=3)
+        ax.scatter([x], [y], s=60 if node is None else 30, color="#333333", zorder=4)
         ax.annotate(
             "logits" if node is None else format_head(node),
             (x, y),
             xytext=(0, 5) if node is None else (4, 3),
             textcoords="offset points",
             fontsize=5.5,
-            zorder=4,
+            zorder=5,
             ha="center" if node is None else "left",
-            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8},  # legible over edges
+            va="bottom",
+            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none"},  # opaque: legible over edges
         )
 
 
+_CIRCUIT_DASHES = (0.0, (3.0, 2.0))
+"""A negative edge's dash pattern (offset, on/off in points), the same for the line and its outline."""
+
+
 def _circuit_edges(ax, edges: Sequence, checked: list[bool], where, top: float) -> None:
-    """:func:`circuit_graph`'s arrows, the weakest first: coloured by the receiver's input, as wide
-    as ``|score|`` against ``top``, dashed where negative, outlined in black where ``checked``."""
+    """:func:`circuit_graph`'s arrows, the weakest first: coloured by the receiver's input (paler and
+    dashed where negative), as wide as ``|score|`` against ``top``, outlined in black where ``checked``."""
     import matplotlib.patheffects as pe
     from matplotlib.patches import FancyArrowPatch
 
     for (sender, receiver, inp, score), ok in sorted(zip(edges, checked), key=lambda e: abs(e[0][3])):
         width = 0.4 + 2.6 * abs(score) / top
+        negative = score < 0
+        color = _tint(CIRCUIT_INPUT_COLORS[inp]) if negative else CIRCUIT_INPUT_COLORS[inp]
+        outline = {"dashes": {"dash_offset": 0.0, "dash_list": _CIRCUIT_DASHES[1]}} if negative else {}
         arrow = FancyArrowPatch(
             where(sender),
             where(receiver),
             arrowstyle="-|>",
             mutation_scale=6,
             connectionstyle=f"arc3,rad={_CIRCUIT_BEND[inp]}",
-            color=CIRCUIT_INPUT_COLORS[inp],
+            color=color,
             linewidth=width,
-            linestyle="--" if score < 0 else "-",
-            alpha=0.85,
+            linestyle=_CIRCUIT_DASHES if negative else "-",
+            alpha=0.9,
             zorder=2.5 if ok else 2,
-            path_effects=[pe.Stroke(linewidth=width + 1.4, foreground="black"), pe.Normal()] if ok else None,
+            path_effects=[pe.Stroke(linewidth=width + 1.0, foreground="black", **outline), pe.Normal()] if ok else None,
         )
         ax.add_patch(arrow)
 
 
 def _circuit_handles(edges: Sequence, checked: list[bool], score_label: str, top: float) -> list:
-    """:func:`circuit_graph`'s legend entries: the inputs its ``edges`` go into, the dashes, the
-    width (``top``: the largest ``|score|``) and how many edges are ``checked`` (outlined)."""
+    """:func:`circuit_graph`'s legend entries: the inputs its ``edges`` go into, the two signs (each
+    only where an edge has it), the width (``top``: the largest ``|score|``) and how many edges are
+    ``checked`` (outlined)."""
     import matplotlib.patheffects as pe
     from matplotlib.lines import Line2D
 
@@ -1781,7 +1820,18 @@ def _circuit_handles(edges: Sequence, checked: list[bool], score_label: str, top
         for k, c in CIRCUIT_INPUT_COLORS.items()
         if any(e[2] == k for e in edges)
     ]
-    handles.append(Line2D([], [], color="#666666", linestyle="--", label=f"negative {score_label}"))
+    if any(e[3] >= 0 for e in edges):
+        handles.append(Line2D([], [], color="#555555", label="positive: solid"))
+    if any(e[3] < 0 for e in edges):
+        handles.append(
+            Line2D(
+                [],
+                [],
+                color=_tint("#555555"),
+                linestyle=_CIRCUIT_DASHES,
+                label="negative: dashed, paler",
+            )
+        )
     handles.append(Line2D([], [], color="none", label=f"width: |{score_label}|, largest {top:.3g}"))
     handles.append(
         Line2D(
@@ -1789,7 +1839,7 @@ def _circuit_handles(edges: Sequence, checked: list[bool], score_label: str, top
             [],
             color="#666666",
             lw=1.5,
-            path_effects=[pe.Stroke(linewidth=2.9, foreground="black"), pe.Normal()],
+            path_effects=[pe.Stroke(linewidth=2.5, foreground="black"), pe.Normal()],
             label=f"outlined: checked by path patching ({sum(checked)} of {len(edges)})",
         )
     )
