@@ -1520,7 +1520,8 @@ def effect_bars(
     A bar is red (:data:`POSITIVE_COLOR`) where ``signs`` (default: ``effects``) is positive, else
     blue, as on the ``RdBu_r`` heatmaps; pass the values a companion heatmap shows (e.g. a
     normalised effect whose sign differs from the raw one) so that both figures agree. A legend
-    names the two colours with ``sign_labels`` (positive, negative)."""
+    names the colours drawn with ``sign_labels`` (positive, negative; a colour no bar has is left
+    out). The x axis holds every bar, whisker and 0 with a margin of 5% of their span."""
     from matplotlib.patches import Patch
 
     effects, ci = np.asarray(effects, dtype=float), np.asarray(ci, dtype=float)
@@ -1540,15 +1541,16 @@ def effect_bars(
         error_kw={"lw": 0.6},
     )
     ax.axvline(0, color="black", lw=0.5)
+    ends = np.concatenate([effects, ci[np.isfinite(ci)], [0.0]])  # bars, whiskers and the zero line
+    pad = 0.05 * (float(ends.max() - ends.min()) or 1.0)
+    ax.set_xlim(float(ends.min()) - pad, float(ends.max()) + pad)  # a bar's sticky 0 ended the axis on the frame
     ax.set_yticks(y, [f"{label_prefix}{label}" for label in labels])
     ax.invert_yaxis()
     ax.set_xlabel(ylabel)
     ax.set_title(title)
-    handles = [
-        Patch(color=POSITIVE_COLOR, label=sign_labels[0]),
-        Patch(color=NEGATIVE_COLOR, label=sign_labels[1]),
-        Patch(color="none", label=ci_label),
-    ]
+    handles = [Patch(color=POSITIVE_COLOR, label=sign_labels[0])] if (signs > 0).any() else []
+    handles += [Patch(color=NEGATIVE_COLOR, label=sign_labels[1])] if (signs <= 0).any() else []
+    handles.append(Patch(color="none", label=ci_label))
     fig.legend(handles=handles, loc="outside lower center", frameon=False, fontsize=5.5, ncols=1)
     return fig
 

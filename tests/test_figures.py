@@ -1021,3 +1021,20 @@ def test_circuit_nodes_sit_inside_the_axes_with_labels_over_the_edges_and_negati
         assert "negative: dashed, paler" in legend and "positive: solid" in legend
     only_positive = figs.circuit_graph([((0, 0), None, "logits", 1.0)], 1, 2, "t", "EAP score")
     assert not any("negative" in t.get_text() for t in only_positive.legends[0].get_texts())
+
+
+def test_effect_bars_hold_every_bar_and_whisker_and_name_only_the_colours_drawn():
+    """patching_top.png of ``patch --site resid``: every effect negative, so the bars' sticky 0 ended the x axis at
+    the frame, cutting the bars' ends and the upper whiskers (-0.02); and the legend named a blue colour no bar had.
+    The axis holds 0 and every whisker with a margin; the legend names the colours drawn (checked on both signs)."""
+    effects = np.array([-3.9, -1.8, -0.83])
+    ci = np.array([effects - 0.9, [-3.0, -1.4, -0.02]])
+    labels = ("toward corrupted (red)", "away from corrupted (blue)")
+    fig = figs.effect_bars(["L28 pos -1", "L23 pos -1", "L5 pos -3"], effects, ci, "t", "Δ", sign_labels=labels)
+    lo, hi = fig.axes[0].get_xlim()
+    assert lo < ci.min() and hi > 0.02, (lo, hi)  # 0 and the whisker at -0.02 inside, not on the frame
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels[0] not in legend and labels[1] in legend  # effects < 0: signs from the effects, all blue
+    mixed = figs.effect_bars(["a", "b"], np.array([1.0, -0.5]), np.full((2, 2), np.nan), "t", "Δ", sign_labels=labels)
+    assert {labels[0], labels[1]} <= {t.get_text() for t in mixed.legends[0].get_texts()}
+    assert mixed.axes[0].get_xlim()[1] > 1.0 and mixed.axes[0].get_xlim()[0] < -0.5
