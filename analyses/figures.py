@@ -1848,6 +1848,10 @@ def _circuit_handles(edges: Sequence, checked: list[bool], score_label: str, top
     return handles
 
 
+_TOLERANCE_LINE = "--loss-tolerance {:g} nats/token (upper panel)"
+"""The legend entry of :func:`kv_policy_curve`'s tolerance line."""
+
+
 def _tolerance_point(axes, rows: Sequence[dict], loss_tolerance: float | None) -> None:
     """:func:`kv_policy_curve`'s point of the policy ``--loss-tolerance`` chose (and the tolerance)."""
     chosen = next((r for r in rows if r.get("target") == "loss_tolerance" and r["policy"] == "chosen"), None)
@@ -1859,8 +1863,8 @@ def _tolerance_point(axes, rows: Sequence[dict], loss_tolerance: float | None) -
         if loss_tolerance is not None
         else f"chosen for the loss tolerance ({chosen['n_full_groups']} groups full)"
     )
-    if loss_tolerance is not None:
-        axes[0].axhline(loss_tolerance, color=color, lw=0.7, ls=":")
+    if loss_tolerance is not None:  # in the legend too (kv_policy_curve takes the lower panel's entries and this)
+        axes[0].axhline(loss_tolerance, color=color, lw=0.7, ls=":", label=_TOLERANCE_LINE.format(loss_tolerance))
     for ax, key in zip(axes, ("natural_loss_increase", "copy_accuracy")):
         ax.plot([chosen["kv_fraction"]], [chosen[key]], "D", color=color, ms=5, mec="black", mew=0.5, label=label)
 
@@ -1903,6 +1907,8 @@ def kv_policy_curve(rows: Sequence[dict], title: str, loss_tolerance: float | No
     axes[1].set_xlabel("KV cache (fraction of the full cache)")
     axes[0].set_title(title)
     handles, labels = axes[1].get_legend_handles_labels()
+    tolerance = [(h, t) for h, t in zip(*axes[0].get_legend_handles_labels()) if t.startswith("--loss-tolerance ")]
+    handles, labels = handles + [h for h, _ in tolerance], labels + [t for _, t in tolerance]
     one_column = any(r.get("target") == "loss_tolerance" for r in rows)  # its label is long
     fig.legend(handles, labels, loc="outside lower center", frameon=False, fontsize=5.5, ncols=1 if one_column else 2)
     return fig

@@ -1038,3 +1038,28 @@ def test_effect_bars_hold_every_bar_and_whisker_and_name_only_the_colours_drawn(
     mixed = figs.effect_bars(["a", "b"], np.array([1.0, -0.5]), np.full((2, 2), np.nan), "t", "Δ", sign_labels=labels)
     assert {labels[0], labels[1]} <= {t.get_text() for t in mixed.legends[0].get_texts()}
     assert mixed.axes[0].get_xlim()[1] > 1.0 and mixed.axes[0].get_xlim()[0] < -0.5
+
+
+def test_the_kv_curves_loss_tolerance_line_is_in_the_legend():
+    """kv_curve.png with --loss-tolerance drew a dotted line at the tolerance that the legend did not name."""
+    rows = [
+        {"policy": p, "budget": 0.5, "kv_fraction": 0.5, "natural_loss_increase": 0.1, "copy_accuracy": 0.6}
+        for p in ("chosen", "uniform", "random")
+    ]
+    rows.append(
+        {
+            "policy": "chosen",
+            "target": "loss_tolerance",
+            "n_full_groups": 60,
+            "kv_fraction": 0.7,
+            "natural_loss_increase": 0.05,
+            "copy_accuracy": 0.75,
+        }
+    )
+    fig = figs.kv_policy_curve(rows, "t", loss_tolerance=0.0572)
+    entries = dict(zip((t.get_text() for t in fig.legends[0].get_texts()), fig.legends[0].legend_handles))
+    line = entries.get("--loss-tolerance 0.0572 nats/token (upper panel)")
+    assert line is not None, list(entries)
+    assert line.get_linestyle() == ":" and [ln for ln in fig.axes[0].lines if ln.get_linestyle() == ":"]
+    no_tolerance = figs.kv_policy_curve(rows[:3], "t")
+    assert not any("--loss-tolerance" in t.get_text() for t in no_tolerance.legends[0].get_texts())
