@@ -1399,22 +1399,30 @@ def quality_vs_kv(
     title: str,
     loss_label: str = "held-out loss (nats/token)",
     formed: np.ndarray | None = None,
+    n_seeds: int | None = None,
 ) -> Figure:
-    """Held-out loss (nats, mean with the seed range) against KV cache per token (bytes, log x).
-    With ``formed`` (one bool per variant: some head's induction score above 0.5 in every seed),
-    the other variants are drawn as open circles and the legend says so."""
+    """Held-out loss (nats, mean with the seed range as bars where ``n_seeds`` >= 2) against KV cache
+    per token (bytes, log x). With ``formed`` (one bool per variant: some head's induction score above
+    0.5 in every seed), the other variants are drawn as open circles and the legend names both kinds
+    by the head type (induction); it says "bars: seed range" only over 2+ seeds (``n_seeds``; None:
+    where some ``hi`` exceeds its ``lo``)."""
     fig = _figure(COLUMN_WIDTH, 2.6)
     ax = fig.add_subplot()
     kv, loss = np.asarray(kv_bytes, dtype=float), np.asarray(loss, dtype=float)
     lo, hi = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
     formed = np.ones(len(kv), dtype=bool) if formed is None else np.asarray(formed, dtype=bool)
-    keys = ((formed, "#0072B2", "induction > 0.5 in every seed"), (~formed, "white", "not in every seed"))
+    seeds = (2 if bool(np.any(hi > lo)) else 1) if n_seeds is None else n_seeds
+    every, some = (" in every seed", " in some seed") if seeds > 1 else ("", "")
+    keys = (
+        (formed, "#0072B2", f"some head's induction score > 0.5{every}"),
+        (~formed, "white", f"every induction score ≤ 0.5{some}"),
+    )
     for mask, face, text in keys:
         if mask.any():
             ax.errorbar(
                 kv[mask],
                 loss[mask],
-                yerr=[loss[mask] - lo[mask], hi[mask] - loss[mask]],
+                yerr=[loss[mask] - lo[mask], hi[mask] - loss[mask]] if seeds > 1 else None,
                 fmt="o",
                 ms=3.5,
                 color="#0072B2",
@@ -1435,7 +1443,12 @@ def quality_vs_kv(
     ax.set_ylabel(loss_label)
     ax.set_title(title)
     if not formed.all():
-        ax.legend(frameon=False, fontsize=5.5, title="bars: seed range", title_fontsize=5.5)
+        ax.legend(
+            frameon=False,
+            fontsize=5.5,
+            title=f"bars: range over {seeds} seeds" if seeds > 1 else None,
+            title_fontsize=5.5,
+        )
     _wrap_titles(fig)  # the final layout, before the labels are measured
     span = max(float(np.ptp(loss)), 1e-9)
     # a label whose right-hand neighbour sits at about the same height tries the left first
