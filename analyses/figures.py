@@ -1806,7 +1806,7 @@ def _circuit_edges(ax, edges: Sequence, checked: list[bool], where, top: float) 
         width = 0.4 + 2.6 * abs(score) / top
         negative = score < 0
         color = _tint(CIRCUIT_INPUT_COLORS[inp]) if negative else CIRCUIT_INPUT_COLORS[inp]
-        outline = {"dashes": {"dash_offset": 0.0, "dash_list": _CIRCUIT_DASHES[1]}} if negative else {}
+        outline: dict[str, Any] = {"dashes": {"dash_offset": 0.0, "dash_list": _CIRCUIT_DASHES[1]}} if negative else {}
         arrow = FancyArrowPatch(
             where(sender),
             where(receiver),
