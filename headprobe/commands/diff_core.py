@@ -626,7 +626,8 @@ def quantity_labels(quantity: str) -> tuple[str, str]:
 def diff_figure(result: DiffResult):
     """diff.png of a run (:func:`draw_diff`)."""
     c = result.config
-    caveat = no_box_caveat(result.detection, [result.quantity_task(q) for q in result.tests], c.correction)
+    tasks = [result.quantity_task(q) for q in result.tests] if result.detection else []  # none measured: no caveat
+    caveat = no_box_caveat(result.detection, tasks, c.correction)
     title = figure_title(
         result.spec_a.name, result.spec_b.name, c.requantize_b, c.correction, c.alpha, c.min_change, c.k, caveat
     )
