@@ -199,6 +199,10 @@ def _depth_panel(ax, table: pd.DataFrame, head_type: str, labels: Sequence[str],
         # layer L is the band [L, L+1] / n_layers of the depth axis, its heads spread across the band
         x = (m["layer"].to_numpy() + (m["head"].to_numpy() + 0.5) / n_heads) / n_layers
         ax.plot([0, 1], [y, y], color="#e0e0e0", lw=0.6, zorder=0)
+        bounds = np.arange(1, n_layers) / n_layers  # where one layer's band ends and the next begins
+        many = n_layers > LAYER_NAMES_MAX  # thirty dividers in a row: lighter and shorter
+        h = 0.22 if many else 0.32
+        ax.vlines(bounds, y - h, y + h, color="#cccccc" if many else _DIVIDER, lw=0.4 if many else 0.5, zorder=0.5)
         if col not in m or f"{head_type}_top" not in m or m[col].isna().all():
             ax.text(
                 0.5,
@@ -235,6 +239,7 @@ def _depth_panel(ax, table: pd.DataFrame, head_type: str, labels: Sequence[str],
                     zorder=3,
                 )
     ax.set_xlim(-0.03, 1.03)
+    _layer_names(ax, table, labels)
     ax.set_ylim(len(labels) - 0.5, -0.5)
     ax.set_yticks(range(len(labels)), labels)
     ax.tick_params(axis="y", labelleft=show_labels, length=0)
@@ -242,6 +247,24 @@ def _depth_panel(ax, table: pd.DataFrame, head_type: str, labels: Sequence[str],
     ax.set_xlabel(DEPTH_LABEL)
     ax.set_title(head_type.replace("_", "-"))
     return scale
+
+
+_DIVIDER = "#9e9e9e"
+"""The colour of the layer boundaries on a depth row."""
+LAYER_NAMES_MAX = 8
+"""The most layers whose bands :func:`_layer_names` names above a panel (more would crowd the axis)."""
+
+
+def _layer_names(ax, table: pd.DataFrame, labels: Sequence[str]) -> None:
+    """Name each layer's band (``L0``, ``L1``, ...) on a depth panel's top axis where every model of the
+    panel has the same number of layers, at most :data:`LAYER_NAMES_MAX`: in a toy of 2 layers, which
+    dot is in which layer (the rows' dividers alone do not say which band is which)."""
+    counts = {int(n) for n in table.loc[table["model"].isin(labels), "n_layers"].dropna()}
+    if len(counts) != 1 or (n := counts.pop()) > LAYER_NAMES_MAX:
+        return
+    top = ax.secondary_xaxis("top")
+    top.set_xticks((np.arange(n) + 0.5) / n, [f"L{i}" for i in range(n)])
+    top.tick_params(length=0, labelsize=5, pad=1, colors="#555555")
 
 
 def _legend_handles() -> list:
@@ -254,7 +277,8 @@ def _legend_handles() -> list:
         Line2D([], [], marker="o", ls="", color=_GREY, markersize=2, label="other heads"),
         Patch(
             color="none",
-            label="x: depth, first layer (0) to last (1), each layer's heads side by side; marker area: score",
+            label="x: depth, first layer (0) to last (1), each layer's heads side by side between grey "
+            "dividers; marker area: score",
         ),
     ]
 

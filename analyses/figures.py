@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType
 
 COLUMN_WIDTH = 3.25  # inches: one column of a two-column paper
+SAVE_DPI = 300
+"""The PNG's resolution (:func:`save_figure`), at which :func:`_wrap_titles` measures the titles."""
 PAGE_WIDTH = 6.75  # inches: both columns
 
 _RC = {
@@ -140,7 +142,9 @@ def _wrap_titles(fig: Figure) -> Figure:
     the layout and text positions of a draw, no pixels): a title's room is twice the distance from
     its centre to the nearer figure edge. The same layout measures the colour bars' labels
     (:func:`_fit_colorbar_labels`): a figure where everything fits is laid out no more often than before
-    (each layout pass moves things by a fraction of a pixel)."""
+    (each layout pass moves things by a fraction of a pixel). Measured at :data:`SAVE_DPI`, the PNG's
+    resolution: hinted glyph widths do not scale with the resolution, and a title that fitted the figure
+    at its own 100 dpi ran past the PNG's edge."""
     canvas = _agg_canvas(fig)
     texts = [t for ax in fig.axes for t in (ax.title, ax._left_title, ax._right_title) if t.get_text()]  # type: ignore[attr-defined]  # private, not in matplotlib's stubs
     texts += [fig._suptitle] if fig._suptitle is not None and fig._suptitle.get_text() else []  # type: ignore[attr-defined]  # private, as above
@@ -148,12 +152,17 @@ def _wrap_titles(fig: Figure) -> Figure:
     bars = [ax for ax in every if getattr(ax, "_colorbar", None) is not None and ax.get_ylabel()]
     if not texts and not bars:
         return fig
-    for _ in range(3):  # again after wrapping: the new layout can move a title that fitted
-        fig.draw_without_rendering()  # the constrained layout places axes and titles; nothing is rasterised
-        renderer = canvas.get_renderer()
-        wrapped = _wrap_to_room(texts, renderer, fig.bbox.width)
-        if not (_fit_colorbar_labels(fig, bars, renderer) or wrapped):
-            break  # every title and label fits this layout: no further pass (most figures need only the one)
+    dpi = fig.get_dpi()
+    fig.set_dpi(SAVE_DPI)  # measured as the PNG draws it: a title 6 px inside at 100 dpi ran 8 px past at 300
+    try:
+        for _ in range(3):  # again after wrapping: the new layout can move a title that fitted
+            fig.draw_without_rendering()  # the constrained layout places axes and titles; nothing is rasterised
+            renderer = canvas.get_renderer()
+            wrapped = _wrap_to_room(texts, renderer, fig.bbox.width)
+            if not (_fit_colorbar_labels(fig, bars, renderer) or wrapped):
+                break  # every title and label fits this layout: no further pass (most figures need only the one)
+    finally:
+        fig.set_dpi(dpi)
     return fig
 
 
@@ -1390,22 +1399,30 @@ def quality_vs_kv(
     title: str,
     loss_label: str = "held-out loss (nats/token)",
     formed: np.ndarray | None = None,
+    n_seeds: int | None = None,
 ) -> Figure:
-    """Held-out loss (nats, mean with the seed range) against KV cache per token (bytes, log x).
-    With ``formed`` (one bool per variant: some head's induction score above 0.5 in every seed),
-    the other variants are drawn as open circles and the legend says so."""
+    """Held-out loss (nats, mean with the seed range as bars where ``n_seeds`` >= 2) against KV cache
+    per token (bytes, log x). With ``formed`` (one bool per variant: some head's induction score above
+    0.5 in every seed), the other variants are drawn as open circles and the legend names both kinds
+    by the head type (induction); it says "bars: seed range" only over 2+ seeds (``n_seeds``; None:
+    where some ``hi`` exceeds its ``lo``)."""
     fig = _figure(COLUMN_WIDTH, 2.6)
     ax = fig.add_subplot()
     kv, loss = np.asarray(kv_bytes, dtype=float), np.asarray(loss, dtype=float)
     lo, hi = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
     formed = np.ones(len(kv), dtype=bool) if formed is None else np.asarray(formed, dtype=bool)
-    keys = ((formed, "#0072B2", "induction > 0.5 in every seed"), (~formed, "white", "not in every seed"))
+    seeds = (2 if bool(np.any(hi > lo)) else 1) if n_seeds is None else n_seeds
+    every, some = (" in every seed", " in some seed") if seeds > 1 else ("", "")
+    keys = (
+        (formed, "#0072B2", f"some head's induction score > 0.5{every}"),
+        (~formed, "white", f"every induction score ≤ 0.5{some}"),
+    )
     for mask, face, text in keys:
         if mask.any():
             ax.errorbar(
                 kv[mask],
                 loss[mask],
-                yerr=[loss[mask] - lo[mask], hi[mask] - loss[mask]],
+                yerr=[loss[mask] - lo[mask], hi[mask] - loss[mask]] if seeds > 1 else None,
                 fmt="o",
                 ms=3.5,
                 color="#0072B2",
@@ -1426,7 +1443,12 @@ def quality_vs_kv(
     ax.set_ylabel(loss_label)
     ax.set_title(title)
     if not formed.all():
-        ax.legend(frameon=False, fontsize=5.5, title="bars: seed range", title_fontsize=5.5)
+        ax.legend(
+            frameon=False,
+            fontsize=5.5,
+            title=f"bars: range over {seeds} seeds" if seeds > 1 else None,
+            title_fontsize=5.5,
+        )
     _wrap_titles(fig)  # the final layout, before the labels are measured
     span = max(float(np.ptp(loss)), 1e-9)
     # a label whose right-hand neighbour sits at about the same height tries the left first
@@ -1511,7 +1533,8 @@ def effect_bars(
     A bar is red (:data:`POSITIVE_COLOR`) where ``signs`` (default: ``effects``) is positive, else
     blue, as on the ``RdBu_r`` heatmaps; pass the values a companion heatmap shows (e.g. a
     normalised effect whose sign differs from the raw one) so that both figures agree. A legend
-    names the two colours with ``sign_labels`` (positive, negative)."""
+    names the colours drawn with ``sign_labels`` (positive, negative; a colour no bar has is left
+    out). The x axis holds every bar, whisker and 0 with a margin of 5% of their span."""
     from matplotlib.patches import Patch
 
     effects, ci = np.asarray(effects, dtype=float), np.asarray(ci, dtype=float)
@@ -1531,21 +1554,22 @@ def effect_bars(
         error_kw={"lw": 0.6},
     )
     ax.axvline(0, color="black", lw=0.5)
+    ends = np.concatenate([effects, ci[np.isfinite(ci)], [0.0]])  # bars, whiskers and the zero line
+    pad = 0.05 * (float(ends.max() - ends.min()) or 1.0)
+    ax.set_xlim(float(ends.min()) - pad, float(ends.max()) + pad)  # a bar's sticky 0 ended the axis on the frame
     ax.set_yticks(y, [f"{label_prefix}{label}" for label in labels])
     ax.invert_yaxis()
     ax.set_xlabel(ylabel)
     ax.set_title(title)
-    handles = [
-        Patch(color=POSITIVE_COLOR, label=sign_labels[0]),
-        Patch(color=NEGATIVE_COLOR, label=sign_labels[1]),
-        Patch(color="none", label=ci_label),
-    ]
+    handles = [Patch(color=POSITIVE_COLOR, label=sign_labels[0])] if (signs > 0).any() else []
+    handles += [Patch(color=NEGATIVE_COLOR, label=sign_labels[1])] if (signs <= 0).any() else []
+    handles.append(Patch(color="none", label=ci_label))
     fig.legend(handles=handles, loc="outside lower center", frameon=False, fontsize=5.5, ncols=1)
     return fig
 
 
 def save_figure(
-    fig: Figure, stem: str | Path, dpi: int = 300, formats: str | Sequence[str] | None = None
+    fig: Figure, stem: str | Path, dpi: int = SAVE_DPI, formats: str | Sequence[str] | None = None
 ) -> list[Path]:
     """Write ``stem.png``, ``stem.pdf`` and ``stem.svg`` (:data:`FORMATS`) atomically, PDF fonts
     embedded as TrueType (:data:`_SAVE_RC`); returns the paths. ``formats`` (``"png"``, ``("png",
@@ -1686,9 +1710,11 @@ def circuit_graph(
     """The top edges of a circuit as a graph: each head a node at (head, layer), the logits one node
     above the last layer, each edge ``(sender, receiver or None, input, score)`` an arrow from the
     sender to the receiver coloured by the receiver's input (:data:`CIRCUIT_INPUT_COLORS`), its width
-    proportional to ``|score|``, dashed where the score is negative. ``checked`` (one bool per edge):
-    the edges whose effect exact path patching measured, drawn with a black outline and counted in
-    the legend ("outlined: ...").
+    proportional to ``|score|``; a negative score is dashed and drawn in a paler tint of that colour
+    (:data:`CIRCUIT_NEGATIVE_TINT`), both named in the legend. ``checked`` (one bool per edge): the
+    edges whose effect exact path patching measured, drawn with a black outline (dashed on a dashed
+    edge, so its gaps stay open) and counted in the legend ("outlined: ..."). Node labels sit in
+    opaque white boxes above the edges; every node lies inside the axes with room for its label.
 
     Raises:
         ValueError: no edges.
@@ -1698,13 +1724,16 @@ def circuit_graph(
     fig = _figure(COLUMN_WIDTH, 3.6)
     ax = fig.add_subplot()
     top = max(abs(e[3]) for e in edges) or 1.0
-    where = lambda node: ((n_heads - 1) / 2, n_layers + 1.5) if node is None else (node[1], node[0])
+    lowest = min(e[0][0] for e in edges)
+    span = n_layers - lowest  # layers drawn, the logits' row included
+    pad = max(0.8, 0.08 * span)  # about 0.2 in of the axes' 2.5 in at any number of layers
+    logits_y = n_layers - 1 + max(1.5, 0.12 * span)
+    where = lambda node: ((n_heads - 1) / 2, logits_y) if node is None else (node[1], node[0])
     _circuit_nodes(ax, {e[0] for e in edges} | {e[1] for e in edges}, where)
     checked = [False] * len(edges) if checked is None else list(checked)
     _circuit_edges(ax, edges, checked, where, top)
-    lowest = min(e[0][0] for e in edges)
-    ax.set_xlim(-0.8, n_heads - 0.2)
-    ax.set_ylim(max(-0.8, lowest - 1.5), n_layers + 2.8)  # only the layers the edges span, the logits on top
+    ax.set_xlim(-0.8, n_heads - 1 + 1.1)  # the last column's labels, right of their nodes, inside
+    ax.set_ylim(max(-0.8, lowest - pad), logits_y + 1.6 * pad)  # the layers the edges span; "logits" above its node
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(title)
@@ -1717,7 +1746,11 @@ def circuit_graph(
             ]
         )
     )
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(
+        matplotlib.ticker.FixedLocator(
+            [t for t in matplotlib.ticker.MaxNLocator(integer=True).tick_values(0, n_heads - 1) if 0 <= t < n_heads]
+        )
+    )
     fig.legend(
         handles=_circuit_handles(edges, checked, score_label, top),
         loc="outside lower center",
@@ -1728,51 +1761,72 @@ def circuit_graph(
     return fig
 
 
+CIRCUIT_NEGATIVE_TINT = 0.5
+"""How far a negative edge's colour of :func:`circuit_graph` is mixed toward white (0: none, 1: white)."""
+
+
+def _tint(color: str, amount: float = CIRCUIT_NEGATIVE_TINT) -> tuple[float, float, float]:
+    """``color`` mixed ``amount`` of the way toward white."""
+    import matplotlib.colors as mcolors
+
+    rgb = np.asarray(mcolors.to_rgb(color))
+    return tuple(float(c) for c in rgb + (1.0 - rgb) * amount)  # type: ignore[return-value]
+
+
 def _circuit_nodes(ax, nodes, where) -> None:
     """:func:`circuit_graph`'s nodes: a dot and a label (``L.H``, or ``logits`` for None) for each of
-    ``nodes``, at ``where(node)``."""
+    ``nodes``, at ``where(node)``; dots above the edges, labels above both in opaque white boxes."""
     for node in nodes:
         x, y = where(node)
-        ax.scatter([x], [y], s=60 if node is None else 30, color="#333333", zorder=3)
+        ax.scatter([x], [y], s=60 if node is None else 30, color="#333333", zorder=4)
         ax.annotate(
             "logits" if node is None else format_head(node),
             (x, y),
             xytext=(0, 5) if node is None else (4, 3),
             textcoords="offset points",
             fontsize=5.5,
-            zorder=4,
+            zorder=5,
             ha="center" if node is None else "left",
-            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8},  # legible over edges
+            va="bottom",
+            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none"},  # opaque: legible over edges
         )
 
 
+_CIRCUIT_DASHES = (0.0, (3.0, 2.0))
+"""A negative edge's dash pattern (offset, on/off in points), the same for the line and its outline."""
+
+
 def _circuit_edges(ax, edges: Sequence, checked: list[bool], where, top: float) -> None:
-    """:func:`circuit_graph`'s arrows, the weakest first: coloured by the receiver's input, as wide
-    as ``|score|`` against ``top``, dashed where negative, outlined in black where ``checked``."""
+    """:func:`circuit_graph`'s arrows, the weakest first: coloured by the receiver's input (paler and
+    dashed where negative), as wide as ``|score|`` against ``top``, outlined in black where ``checked``."""
     import matplotlib.patheffects as pe
     from matplotlib.patches import FancyArrowPatch
 
     for (sender, receiver, inp, score), ok in sorted(zip(edges, checked), key=lambda e: abs(e[0][3])):
         width = 0.4 + 2.6 * abs(score) / top
+        negative = score < 0
+        color = _tint(CIRCUIT_INPUT_COLORS[inp]) if negative else CIRCUIT_INPUT_COLORS[inp]
+        outline: dict[str, Any] = {"dashes": {"dash_offset": 0.0, "dash_list": _CIRCUIT_DASHES[1]}} if negative else {}
         arrow = FancyArrowPatch(
             where(sender),
             where(receiver),
             arrowstyle="-|>",
             mutation_scale=6,
             connectionstyle=f"arc3,rad={_CIRCUIT_BEND[inp]}",
-            color=CIRCUIT_INPUT_COLORS[inp],
+            color=color,
             linewidth=width,
-            linestyle="--" if score < 0 else "-",
-            alpha=0.85,
+            linestyle=_CIRCUIT_DASHES if negative else "-",
+            alpha=0.9,
             zorder=2.5 if ok else 2,
-            path_effects=[pe.Stroke(linewidth=width + 1.4, foreground="black"), pe.Normal()] if ok else None,
+            path_effects=[pe.Stroke(linewidth=width + 1.0, foreground="black", **outline), pe.Normal()] if ok else None,
         )
         ax.add_patch(arrow)
 
 
 def _circuit_handles(edges: Sequence, checked: list[bool], score_label: str, top: float) -> list:
-    """:func:`circuit_graph`'s legend entries: the inputs its ``edges`` go into, the dashes, the
-    width (``top``: the largest ``|score|``) and how many edges are ``checked`` (outlined)."""
+    """:func:`circuit_graph`'s legend entries: the inputs its ``edges`` go into, the two signs (each
+    only where an edge has it), the width (``top``: the largest ``|score|``) and how many edges are
+    ``checked`` (outlined)."""
     import matplotlib.patheffects as pe
     from matplotlib.lines import Line2D
 
@@ -1781,7 +1835,18 @@ def _circuit_handles(edges: Sequence, checked: list[bool], score_label: str, top
         for k, c in CIRCUIT_INPUT_COLORS.items()
         if any(e[2] == k for e in edges)
     ]
-    handles.append(Line2D([], [], color="#666666", linestyle="--", label=f"negative {score_label}"))
+    if any(e[3] >= 0 for e in edges):
+        handles.append(Line2D([], [], color="#555555", label="positive: solid"))
+    if any(e[3] < 0 for e in edges):
+        handles.append(
+            Line2D(
+                [],
+                [],
+                color=_tint("#555555"),
+                linestyle=_CIRCUIT_DASHES,
+                label="negative: dashed, paler",
+            )
+        )
     handles.append(Line2D([], [], color="none", label=f"width: |{score_label}|, largest {top:.3g}"))
     handles.append(
         Line2D(
@@ -1789,11 +1854,15 @@ def _circuit_handles(edges: Sequence, checked: list[bool], score_label: str, top
             [],
             color="#666666",
             lw=1.5,
-            path_effects=[pe.Stroke(linewidth=2.9, foreground="black"), pe.Normal()],
+            path_effects=[pe.Stroke(linewidth=2.5, foreground="black"), pe.Normal()],
             label=f"outlined: checked by path patching ({sum(checked)} of {len(edges)})",
         )
     )
     return handles
+
+
+_TOLERANCE_LINE = "--loss-tolerance {:g} nats/token (upper panel)"
+"""The legend entry of :func:`kv_policy_curve`'s tolerance line."""
 
 
 def _tolerance_point(axes, rows: Sequence[dict], loss_tolerance: float | None) -> None:
@@ -1807,8 +1876,8 @@ def _tolerance_point(axes, rows: Sequence[dict], loss_tolerance: float | None) -
         if loss_tolerance is not None
         else f"chosen for the loss tolerance ({chosen['n_full_groups']} groups full)"
     )
-    if loss_tolerance is not None:
-        axes[0].axhline(loss_tolerance, color=color, lw=0.7, ls=":")
+    if loss_tolerance is not None:  # in the legend too (kv_policy_curve takes the lower panel's entries and this)
+        axes[0].axhline(loss_tolerance, color=color, lw=0.7, ls=":", label=_TOLERANCE_LINE.format(loss_tolerance))
     for ax, key in zip(axes, ("natural_loss_increase", "copy_accuracy")):
         ax.plot([chosen["kv_fraction"]], [chosen[key]], "D", color=color, ms=5, mec="black", mew=0.5, label=label)
 
@@ -1851,6 +1920,8 @@ def kv_policy_curve(rows: Sequence[dict], title: str, loss_tolerance: float | No
     axes[1].set_xlabel("KV cache (fraction of the full cache)")
     axes[0].set_title(title)
     handles, labels = axes[1].get_legend_handles_labels()
+    tolerance = [(h, t) for h, t in zip(*axes[0].get_legend_handles_labels()) if t.startswith("--loss-tolerance ")]
+    handles, labels = handles + [h for h, _ in tolerance], labels + [t for _, t in tolerance]
     one_column = any(r.get("target") == "loss_tolerance" for r in rows)  # its label is long
     fig.legend(handles, labels, loc="outside lower center", frameon=False, fontsize=5.5, ncols=1 if one_column else 2)
     return fig

@@ -566,7 +566,8 @@ def test_atlas_overview_has_a_key_for_marker_size():
     sizes = {t.get_text(): h.get_markersize() for t, h in zip(legend.get_texts(), legend.legend_handles)}
     for v in (0.1, 0.5, 1.0):
         assert sizes[f"score {v:g}"] ** 2 == pytest.approx(6 + 30 * v)  # scatter's s: area in points^2
-    drawn = [c for ax in fig.axes for c in ax.collections if len(c.get_sizes()) and c.get_sizes().max() > 6]
+    markers = [c for ax in fig.axes for c in ax.collections if hasattr(c, "get_sizes")]  # not the layer dividers
+    drawn = [c for c in markers if len(c.get_sizes()) and c.get_sizes().max() > 6]
     assert drawn and max(c.get_sizes().max() for c in drawn) <= 36 + 1e-9
 
 
@@ -694,3 +695,31 @@ def test_the_readmes_atlas_time_is_the_committed_runs():
     run_s = json.loads((root / "figures" / "atlas" / "summary.json").read_text())["timings_s"]["run_s"]
     quoted = re.search(r"committed rerun of [0-9-]+ took ([0-9,]+) s", (root / "README.md").read_text())
     assert quoted is not None and int(quoted.group(1).replace(",", "")) == round(run_s), (quoted, run_s)
+
+
+@pytest.mark.figures
+def test_a_toy_atlas_marks_and_names_its_layers_on_the_depth_axis():
+    """A 2-layer toy's atlas row had no layer dividers: which dot is in which layer could not be told. Each row
+    carries a divider at every layer boundary (1/2 for 2 layers; 29 of them for 30), and a panel whose models all
+    have the same few layers names their bands (L0, L1) on the top axis; panels of models of different depths do
+    not."""
+    from matplotlib.collections import LineCollection
+
+    from headprobe.analyses import atlas
+
+    def dividers(ax) -> list[float]:
+        segments = [seg for c in ax.collections if isinstance(c, LineCollection) for seg in c.get_segments()]
+        return sorted(float(seg[0][0]) for seg in segments if seg[0][0] == seg[1][0])
+
+    table = pd.read_csv(Path(__file__).resolve().parents[1] / "figures" / "atlas" / "atlas.csv")
+    toy = table[table["model"] == "toy"]
+    assert set(toy["n_layers"]) == {2}
+    for fig in (atlas.depth_plot(toy, "induction"), atlas.atlas_overview(toy)):
+        ax = fig.axes[0]
+        assert dividers(ax) == [0.5], dividers(ax)
+        named = [a for a in ax.child_axes if hasattr(a, "get_xticklabels")]
+        assert [t.get_text() for a in named for t in a.get_xticklabels()] == ["L0", "L1"]
+        assert [t for a in named for t in a.get_xticks()] == pytest.approx([0.25, 0.75])
+    mixed = atlas.depth_plot(table, "induction")
+    assert len(dividers(mixed.axes[0])) == sum(n - 1 for n in table.groupby("model")["n_layers"].first())
+    assert not mixed.axes[0].child_axes

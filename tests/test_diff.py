@@ -577,3 +577,72 @@ def test_the_batch_is_planned_in_the_header_and_what_cannot_fit_is_refused_befor
     assert "working memory" in errors[0] and "--memory-budget" in errors[0], errors[0]
     with pytest.raises(HeadprobeError, match="working memory"):
         diff(model, model, seq_len=16, period=6, n_natural=4, n_repeated=4, memory_budget="1KiB")
+
+
+def _limit(n: int, detectable: bool) -> dict:
+    """A detection_limit entry of summary.json as 4 (or 8) sequences and 270 tests give it."""
+    return {
+        "n_sequences": n,
+        "smallest_p": 2 / 2**n,
+        "p_needed_every_head": 0.05,
+        "detectable": detectable,
+        "sequences_needed": 6,
+    }
+
+
+@pytest.mark.figures
+def test_a_diff_figure_where_no_head_could_be_boxed_says_so(tmp_path):
+    """diff.png of 4 sequences a task showed no boxed head and nothing said why (the terminal said "none could
+    be: p >= 0.125 from 4 natural sequences ..."). Its title carries that caveat on a line of its own, inside
+    the 300-dpi PNG, drawn from summary.json's detection as scripts/redraw_figures.py redraws it."""
+    import json
+
+    import pandas as pd
+
+    from headprobe.analyses import figures
+    from headprobe.commands.diff_core import redraw
+
+    quantities = {"previous_token": "natural", "induction": "repeated"}
+    rng = np.random.default_rng(0)
+    pd.DataFrame(
+        {"layer": np.repeat(range(3), 4), "head": np.tile(range(4), 3)}
+        | {f"{q}_change": rng.normal(size=12) for q in quantities}
+    ).to_csv(tmp_path / "diff.csv", index=False)
+    summary = {
+        "model": "a",
+        "model_b": "b",
+        "layout": {"n_layers": 3, "n_heads": 4},
+        "quantities": {q: {"task": t, "changed": []} for q, t in quantities.items()},
+        "top_k": {},
+        "detection": {"natural": _limit(4, False), "repeated": _limit(4, False)},
+        "config": {"requantize_b": "int3", "correction": "bh", "alpha": 0.05, "min_change": 0.5, "k": 10},
+    }
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    fig = redraw(tmp_path)["diff"]
+    lines = fig.get_suptitle().split("\n")
+    assert "NO VERDICT: no head could be boxed (p >= 0.125 from 4 sequences, bh needs <= 0.05)" in lines, lines
+    fig.set_dpi(figures.SAVE_DPI)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig).draw()
+    box = fig._suptitle.get_window_extent(fig.canvas.get_renderer())
+    assert 0 <= box.x0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height
+    summary["detection"] = {"natural": _limit(8, True), "repeated": _limit(8, True)}  # boxes possible: no caveat
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    assert "NO VERDICT" not in redraw(tmp_path)["diff"].get_suptitle()
+
+
+def test_the_no_box_caveat_names_the_tasks_it_covers():
+    """Where only one task's panels cannot be boxed, the caveat says which sequences; different counts are each
+    named; every task detectable: no caveat."""
+    from headprobe.commands.diff_core import no_box_caveat
+
+    both = {"natural": _limit(4, False), "repeated": _limit(5, False)}
+    assert no_box_caveat(both, ["natural", "repeated", "natural"], "bh") == (
+        "NO VERDICT: no head could be boxed (p >= 0.0625 from 4 natural, 5 repeated sequences, bh needs <= 0.05)"
+    )
+    one = {"natural": _limit(4, False), "repeated": _limit(8, True)}
+    assert no_box_caveat(one, ["natural", "repeated"], "holm").startswith(
+        "NO VERDICT for natural sequences: no head could be boxed (p >= 0.125 from 4 sequences, holm"
+    )
+    assert no_box_caveat(one, ["repeated"], "bh") == ""

@@ -954,3 +954,112 @@ def test_small_and_large_heatmap_figures_keep_every_text_inside_and_legends_clea
     )
     faults = {name: _layout_faults(fig) for name, fig in figures.items()}
     assert not any(faults.values()), faults
+
+
+def _toy_circuit_edges() -> list:
+    """A 2-layer, 4-head circuit's top edges as circuit.png of a trained toy draws them: into q, k, v and the
+    logits, positive and negative."""
+    edges = [((1, h), None, "logits", 1.26 - 0.1 * h) for h in range(4)]
+    edges += [
+        ((0, s), (1, r), inp, (-0.3 if (s + r) % 2 else 0.25) * (1 + 0.1 * r))
+        for s in (0, 3)
+        for r in range(4)
+        for inp in "qkv"
+    ]
+    return edges
+
+
+def test_a_circuit_figures_long_model_path_title_lies_inside_the_png():
+    """circuit.png of a model given as a path titled "/work/main/figures/train-default: top 20 edges by |EAP-IG"
+    and lost the rest past the right edge: the title fitted the figure at 100 dpi (6 px to spare) and not the
+    300-dpi PNG. Titles are measured at the PNG's resolution, so every line lies inside it."""
+    title = "/work/main/figures/train-default: top 20 edges by |EAP-IG|"
+    fig = figs.circuit_graph(_toy_circuit_edges(), 2, 4, title, "EAP-IG score (nats/token)", checked=[True] * 28)
+    fig.set_dpi(figs.SAVE_DPI)
+    assert _inside(fig, fig.axes[0].title), fig.axes[0].title.get_text()
+    assert " ".join(fig.axes[0].title.get_text().split()) == title
+
+
+def test_circuit_nodes_sit_inside_the_axes_with_labels_over_the_edges_and_negative_edges_apart():
+    """circuit.png: the logits node sat on the frame (30 layers), node labels (16.2, 18.7, 29.1) were overprinted
+    by edges, and a black outline filled a negative edge's dash gaps so it looked solid. Every node and its label
+    lie inside the axes, each label in an opaque box drawn above every edge; a negative edge is dashed, paler than
+    a positive one into the same input, its outline dashed too, and the legend names both signs."""
+    import matplotlib.colors as mcolors
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    for n_layers, edges in (
+        (2, _toy_circuit_edges()),
+        (30, [((29, 1), None, "logits", 1.5), ((16, 0), (18, 7), "k", -0.4)]),
+    ):
+        fig = figs.circuit_graph(
+            edges, n_layers, 9 if n_layers == 30 else 4, "t", "EAP score", checked=[True] * len(edges)
+        )
+        ax = fig.axes[0]
+        FigureCanvasAgg(fig).draw()
+        renderer = fig.canvas.get_renderer()
+        frame = ax.get_window_extent(renderer)
+        labels = [t for t in ax.texts if t.get_text()]
+        assert {t.get_text() for t in labels} >= {"logits", "29.1" if n_layers == 30 else "1.3"}
+        for t in labels:
+            box, patch = t.get_window_extent(renderer), t.get_bbox_patch()
+            assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1, t.get_text()
+            assert patch is not None and patch.get_alpha() in (None, 1.0), t.get_text()
+            assert t.get_zorder() > max(p.get_zorder() for p in ax.patches), t.get_text()
+        for dots in ax.collections:
+            for x, y in dots.get_offsets():
+                assert ax.get_xlim()[0] < x < ax.get_xlim()[1] and ax.get_ylim()[0] < y < ax.get_ylim()[1]
+        top = max(ax.texts, key=lambda t: t.get_window_extent(renderer).y1)
+        assert top.get_text() == "logits" and top.get_window_extent(renderer).y1 < frame.y1 - 2
+        negative = [p for p in ax.patches if p.get_linestyle() not in ("-", "solid")]
+        assert len(negative) == sum(e[3] < 0 for e in edges)
+        for p in negative:
+            assert min(mcolors.to_rgb(p.get_edgecolor())) > 0.3  # paler than every input's own colour
+            stroke = p.get_path_effects()[0]
+            assert stroke._gc["dashes"]["dash_list"]  # the outline dashed like the line
+        legend = [t.get_text() for t in fig.legends[0].get_texts()]
+        assert "negative: dashed, paler" in legend and "positive: solid" in legend
+    only_positive = figs.circuit_graph([((0, 0), None, "logits", 1.0)], 1, 2, "t", "EAP score")
+    assert not any("negative" in t.get_text() for t in only_positive.legends[0].get_texts())
+
+
+def test_effect_bars_hold_every_bar_and_whisker_and_name_only_the_colours_drawn():
+    """patching_top.png of ``patch --site resid``: every effect negative, so the bars' sticky 0 ended the x axis at
+    the frame, cutting the bars' ends and the upper whiskers (-0.02); and the legend named a blue colour no bar had.
+    The axis holds 0 and every whisker with a margin; the legend names the colours drawn (checked on both signs)."""
+    effects = np.array([-3.9, -1.8, -0.83])
+    ci = np.array([effects - 0.9, [-3.0, -1.4, -0.02]])
+    labels = ("toward corrupted (red)", "away from corrupted (blue)")
+    fig = figs.effect_bars(["L28 pos -1", "L23 pos -1", "L5 pos -3"], effects, ci, "t", "Δ", sign_labels=labels)
+    lo, hi = fig.axes[0].get_xlim()
+    assert lo < ci.min() and hi > 0.02, (lo, hi)  # 0 and the whisker at -0.02 inside, not on the frame
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels[0] not in legend and labels[1] in legend  # effects < 0: signs from the effects, all blue
+    mixed = figs.effect_bars(["a", "b"], np.array([1.0, -0.5]), np.full((2, 2), np.nan), "t", "Δ", sign_labels=labels)
+    assert {labels[0], labels[1]} <= {t.get_text() for t in mixed.legends[0].get_texts()}
+    assert mixed.axes[0].get_xlim()[1] > 1.0 and mixed.axes[0].get_xlim()[0] < -0.5
+
+
+def test_the_kv_curves_loss_tolerance_line_is_in_the_legend():
+    """kv_curve.png with --loss-tolerance drew a dotted line at the tolerance that the legend did not name."""
+    rows = [
+        {"policy": p, "budget": 0.5, "kv_fraction": 0.5, "natural_loss_increase": 0.1, "copy_accuracy": 0.6}
+        for p in ("chosen", "uniform", "random")
+    ]
+    rows.append(
+        {
+            "policy": "chosen",
+            "target": "loss_tolerance",
+            "n_full_groups": 60,
+            "kv_fraction": 0.7,
+            "natural_loss_increase": 0.05,
+            "copy_accuracy": 0.75,
+        }
+    )
+    fig = figs.kv_policy_curve(rows, "t", loss_tolerance=0.0572)
+    entries = dict(zip((t.get_text() for t in fig.legends[0].get_texts()), fig.legends[0].legend_handles))
+    line = entries.get("--loss-tolerance 0.0572 nats/token (upper panel)")
+    assert line is not None, list(entries)
+    assert line.get_linestyle() == ":" and [ln for ln in fig.axes[0].lines if ln.get_linestyle() == ":"]
+    no_tolerance = figs.kv_policy_curve(rows[:3], "t")
+    assert not any("--loss-tolerance" in t.get_text() for t in no_tolerance.legends[0].get_texts())

@@ -271,7 +271,8 @@ def test_the_tolerance_policy_is_in_curve_csv_and_the_figure(tiny_tokenizer, tex
     pd.testing.assert_frame_equal(r.curve, curve, check_dtype=False, atol=1e-6)
     fig = kv_policy_curve(r.curve.to_dict("records"), "t", loss_tolerance=0.0)
     labels = [t.get_text() for t in fig.legends[0].texts]
-    point = [x for x in labels if "loss-tolerance" in x]
+    point = [x for x in labels if x.startswith("chosen for --loss-tolerance")]
+    assert "--loss-tolerance 0 nats/token (upper panel)" in labels  # the dotted line
     assert point == [f"chosen for --loss-tolerance 0 nats/token ({n_full} groups full)"]
     drawn = [ln for ln in fig.axes[1].lines if ln.get_label() == point[0]]
     assert len(drawn) == 1 and list(drawn[0].get_xdata()) == pytest.approx([row["kv_fraction"]], abs=1e-6)

@@ -324,3 +324,38 @@ def test_d_model_says_its_default_in_help(capsys):
     text = " ".join(capsys.readouterr().out.split())
     entry = text.split("--d-model", 2)[2].split(" --", 1)[0]  # the option's own entry, after the usage line
     assert f"default {StudyConfig.__dataclass_fields__['d_model'].default}" in entry, entry
+
+
+@pytest.mark.figures
+@pytest.mark.parametrize("seeds", [1, 2])
+def test_the_layouts_legend_names_induction_and_speaks_of_bars_only_over_seeds(seeds):
+    """quality_vs_kv.png of a 1-seed study said "bars: seed range" with no bar drawn, and "not in every seed"
+    without naming what (an induction head). The legend names induction in both entries and gives the bars
+    (and "every"/"some seed") only where results.csv holds 2+ seeds."""
+    import pandas as pd
+
+    from headprobe.commands.study_core import study_figure
+
+    rows = [
+        {
+            "variant": v,
+            "kv_bytes_per_token": kv,
+            "eval_loss": 2.9 + 0.01 * s + 0.02 * i,
+            "max_induction": ind,
+            "seed": s,
+        }
+        for i, (v, kv, ind) in enumerate([("MHA", 512, 0.9), ("MQA", 64, 0.2)])
+        for s in range(seeds)
+    ]
+    table = pd.DataFrame(rows).assign(corpus="text+copy")
+    _, fig = study_figure("layouts", table, "8 heads")
+    legend = fig.axes[0].get_legend()
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert len(texts) == 2 and all("induction" in t for t in texts), texts
+    title = legend.get_title().get_text()
+    bars = [c for c in fig.axes[0].collections if len(c.get_segments())]
+    if seeds == 1:
+        assert title == "" and not any("seed" in t for t in texts) and not bars, (title, texts)
+    else:
+        assert title == "bars: range over 2 seeds" and "in every seed" in texts[0] and "in some seed" in texts[1]
+        assert bars

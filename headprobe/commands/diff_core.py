@@ -662,8 +662,10 @@ def quantity_labels(quantity: str) -> tuple[str, str]:
 def diff_figure(result: DiffResult):
     """diff.png of a run (:func:`draw_diff`)."""
     c = result.config
+    tasks = [result.quantity_task(q) for q in result.tests] if result.detection else []  # none measured: no caveat
+    caveat = no_box_caveat(result.detection, tasks, c.correction)
     title = figure_title(
-        result.spec_a.name, result.spec_b.name, c.requantize_b, c.correction, c.alpha, c.min_change, c.k
+        result.spec_a.name, result.spec_b.name, c.requantize_b, c.correction, c.alpha, c.min_change, c.k, caveat
     )
     return draw_diff(
         {q: t["change"] for q, t in result.tests.items()},
@@ -673,11 +675,46 @@ def diff_figure(result: DiffResult):
     )
 
 
-def figure_title(a: str, b: str, requantize_b, correction: str, alpha: float, min_change: float, k: int | None) -> str:
-    """diff.png's title: the two models and what the boxes and dots mean."""
+def no_box_caveat(detection: dict, tasks, correction: str) -> str:
+    """The line diff.png's title carries where no head of some panels could be boxed, whatever the
+    models did: the paired test over so few sequences cannot reach the corrected threshold (the
+    report's "none could be"). ``detection``: summary.json's (task -> :func:`~headprobe.analyses.robustness.detection_limit`);
+    ``tasks``: the drawn quantities' tasks. E.g. "NO VERDICT: no head could be boxed (p >= 0.125 from
+    4 sequences, bh needs <= 0.05)"; "for natural sequences" where the other task's panels could
+    be; "" where every panel could be."""
+    tasks = list(dict.fromkeys(tasks))
+    blind = [t for t in tasks if t in detection and not detection[t]["detectable"]]
+    if not blind:
+        return ""
+    limits = [detection[t] for t in blind]
+    counts = {d["n_sequences"] for d in limits}
+    seqs = (
+        f"{counts.pop()} sequences"
+        if len(counts) == 1
+        else ", ".join(f"{d['n_sequences']} {t}" for t, d in zip(blind, limits)) + " sequences"
+    )
+    scope = "" if len(blind) == len(tasks) else f" for {' and '.join(blind)} sequences"
+    p = min(d["smallest_p"] for d in limits)
+    needed = min(d["p_needed_every_head"] for d in limits)
+    return f"NO VERDICT{scope}: no head could be boxed (p >= {p:.3g} from {seqs}, {correction} needs <= {needed:.3g})"
+
+
+def figure_title(
+    a: str,
+    b: str,
+    requantize_b,
+    correction: str,
+    alpha: float,
+    min_change: float,
+    k: int | None,
+    caveat: str = "",
+) -> str:
+    """diff.png's title: the two models, ``caveat`` (:func:`no_box_caveat`) on a line of its own where
+    given, and what the boxes and dots mean."""
     return (
         f"Change B − A per head: A = {a}, B = {b}"
         + (f" re-quantized to {requantize_b}" if requantize_b else "")
+        + (f"\n{caveat}" if caveat else "")
         + f"\nboxed: changed (significant, {correction} over heads at alpha {alpha}, paired sign-flip test "
         f"over sequences, and >= {min_change} pooled sd over heads); filled dot: role flipped (top-{k} "
         "membership and a change); hollow: crossed the top-k boundary without one"
@@ -727,7 +764,15 @@ def redraw(out: str | Path) -> dict:
             changed[q][h] = True
     top = {t: {m: heads(hs) for m, hs in v.items()} for t, v in summary["top_k"].items()}
     c = summary["config"]
+    caveat = no_box_caveat(summary.get("detection", {}), [v["task"] for v in quantities.values()], c["correction"])
     title = figure_title(
-        summary["model"], summary["model_b"], c["requantize_b"], c["correction"], c["alpha"], c["min_change"], c["k"]
+        summary["model"],
+        summary["model_b"],
+        c["requantize_b"],
+        c["correction"],
+        c["alpha"],
+        c["min_change"],
+        c["k"],
+        caveat,
     )
     return {"diff": draw_diff({q: grid(table[f"{q}_change"]) for q in quantities}, changed, top, title)}

@@ -168,6 +168,7 @@ def study_figure(which: str, table: pd.DataFrame, title: str):
         title,
         label,
         formed=agg["induction"].to_numpy() > INDUCTION_FORMED,
+        n_seeds=int(table.groupby("variant", sort=False)["seed"].nunique().min()),
     )
     return "quality_vs_kv", fig
 
