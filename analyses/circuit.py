@@ -49,6 +49,7 @@ from jaxtyping import Float, Int
 from scipy.stats import pearsonr, spearmanr
 from torch import Tensor
 
+from headprobe.analyses.vocabulary import CIRCUIT_NEEDS_DECODER, CIRCUIT_NEEDS_NATIVE
 from headprobe.probe.backends.base import LoadedModel, token_losses
 from headprobe.probe.core import memory
 from headprobe.probe.core.errors import HeadprobeError
@@ -160,13 +161,8 @@ class PathRuns:
 def _check_model(model: LoadedModel) -> None:
     spec = model.spec
     if not spec.causal:
-        from headprobe.analyses.vocabulary import CIRCUIT_NEEDS_DECODER
-
         raise HeadprobeError(CIRCUIT_NEEDS_DECODER)
-    model.require(
-        "path_patching",
-        f"path patching and edge attribution need the native backend (--backend native), not {model.backend}",
-    )
+    model.require("path_patching", CIRCUIT_NEEDS_NATIVE.format(backend=model.backend))
     if spec.layout.is_mla:
         raise HeadprobeError(
             "path patching into q/k/v is not defined for latent attention (MLA): its keys and values share one latent"

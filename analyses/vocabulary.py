@@ -252,6 +252,9 @@ KV_NEEDS_DECODER = "KV-cache policies are for causal decoders"
 config says so (:meth:`headprobe.commands.kv.KVConfig.preflight`) and after
 (:func:`headprobe.analyses.kvpolicy.check_kv_backend`)."""
 
+CIRCUIT_NEEDS_NATIVE = "path patching and edge attribution need the native backend (--backend native), not {backend}"
+"""Why ``headprobe circuit`` refuses a backend without path patching, before the load
+(:meth:`headprobe.commands.circuit.CircuitConfig.preflight`) and after (:mod:`headprobe.analyses.circuit`)."""
 CIRCUIT_NEEDS_DECODER = (
     "path patching and edge attribution need a decoder (an encoder's post-LN blocks have no direct paths)"
 )

@@ -35,12 +35,13 @@ import re
 from dataclasses import dataclass
 
 from headprobe import options
+from headprobe.analyses.vocabulary import CIRCUIT_NEEDS_DECODER, CIRCUIT_NEEDS_NATIVE
 from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import check_head, check_receiver, parse_heads
 from headprobe.probe.core.registry import did_you_mean
-from headprobe.probe.core.vocabulary import backend_lacks
+from headprobe.probe.core.vocabulary import refuse_lacking
 from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, Needs, setting, shared
 
 _CORE = ("CircuitResult", "run", "circuit")
@@ -180,14 +181,8 @@ class CircuitConfig(ModelSettings):
             HeadprobeError: a backend without path patching, an encoder, a head outside the model, or
                 sequences longer than its context.
         """
-        if backend_lacks(self.backend, "path_patching"):
-            raise HeadprobeError(
-                "path patching and edge attribution need the native backend (--backend native), not "
-                f"{self.backend} (the {self.backend} backend lacks path_patching)"
-            )
+        refuse_lacking(self.backend, "path_patching", CIRCUIT_NEEDS_NATIVE.format(backend=self.backend))
         if isinstance(self.model, str) and options.peek_encoder(self.model):
-            from headprobe.analyses.vocabulary import CIRCUIT_NEEDS_DECODER
-
             raise HeadprobeError(CIRCUIT_NEEDS_DECODER)
         cfg = options.peek_config(self.model)
         if cfg is None:

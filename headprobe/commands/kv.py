@@ -38,7 +38,7 @@ from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.registry import did_you_mean
-from headprobe.probe.core.vocabulary import backend_lacks
+from headprobe.probe.core.vocabulary import refuse_lacking
 from headprobe.settings import (
     DEFAULT_BLOCK_LEN,
     OUTPUT,
@@ -230,11 +230,12 @@ class KVConfig(ModelSettings):
         tells it without loading (:func:`headprobe.options.peek_context`; else :func:`run` checks it
         on the loaded model), an encoder where its config says so (:func:`headprobe.options.peek_encoder`),
         budgets above the all-streaming floor, distances in range."""
-        if backend_lacks(self.backend, "kv_policies"):
-            raise HeadprobeError(
-                "headprobe kv masks attention per KV group in headprobe's native model; use --backend "
-                f"native (or auto) with a family it supports (the {self.backend} backend lacks kv_policies)"
-            )
+        refuse_lacking(
+            self.backend,
+            "kv_policies",
+            "headprobe kv masks attention per KV group in headprobe's native model; use --backend "
+            "native (or auto) with a family it supports",
+        )
         if isinstance(self.model, str) and options.peek_encoder(self.model):
             from headprobe.analyses.vocabulary import KV_NEEDS_DECODER
             from headprobe.probe.backends.sources import canonical_name

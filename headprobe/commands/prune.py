@@ -26,7 +26,7 @@ from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.registry import did_you_mean
-from headprobe.probe.core.vocabulary import backend_lacks
+from headprobe.probe.core.vocabulary import refuse_lacking
 from headprobe.settings import Needs, setting
 
 HELP = "head pruning methods compared (Michel gradient importance, L0 gates, random): one CSV + figure, optional pruned model"
@@ -211,11 +211,8 @@ class PruneConfig(options.ModelRunConfig):
         if self.n_seeds < 1 or self.l0_steps < 1:
             raise HeadprobeError("--n-seeds and --l0-steps must be at least 1")
         super().__post_init__()
-        if self.save_pruned and backend_lacks(self.backend, "removes_heads"):  # imports the named backend's class
-            raise HeadprobeError(
-                f"--save-pruned needs the native backend (--backend native) "
-                f"(the {self.backend} backend lacks removes_heads)"
-            )
+        if self.save_pruned:  # imports the named backend's class
+            refuse_lacking(self.backend, "removes_heads", "--save-pruned needs the native backend (--backend native)")
         if self.save_pruned and self.save_fraction > self.max_fraction:  # the removal order stops at max_fraction
             raise HeadprobeError(
                 f"--save-fraction {self.save_fraction} is beyond --max-fraction {self.max_fraction}: the removal "

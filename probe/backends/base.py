@@ -41,6 +41,7 @@ from torch import Tensor
 from headprobe.probe.backends.devicemap import aligned
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.registry import did_you_mean
+from headprobe.probe.core.vocabulary import lacks_line
 from headprobe.probe.hooks.names import block_hook, norm_hook
 from headprobe.probe.hooks.selfcheck import SelfCheck
 from headprobe.probe.layout.spec import Checkpoint, ModelSpec
@@ -252,7 +253,7 @@ class LoadedModel:
         if head_layers is not None and capability in HYBRID_LACKS:
             linear = [l for l in range(self.spec.n_layers) if l not in head_layers]
             return HeadprobeError(f"{what} (a hybrid model, linear-attention layers {linear}, lacks {capability})")
-        return HeadprobeError(f"{what} (the {self.name} backend lacks {capability})")
+        return HeadprobeError(lacks_line(what, self.name, capability))
 
     def require(self, capability: str, what: str) -> None:
         """Raise :meth:`lacks` unless this model has ``capability``.

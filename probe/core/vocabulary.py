@@ -89,6 +89,24 @@ def backend_lacks(name: str, capability: str) -> bool:
     return name != "auto" and not getattr(BACKEND_REGISTRY.get(name), capability)
 
 
+def lacks_line(what: str, backend: str, capability: str) -> str:
+    """The one-line refusal of ``what`` (a sentence naming the feature) on ``backend``, which lacks
+    ``capability``: before the load (:func:`refuse_lacking`) and after it
+    (:meth:`~headprobe.probe.backends.base.LoadedModel.lacks`) alike."""
+    return f"{what} (the {backend} backend lacks {capability})"
+
+
+def refuse_lacking(name: str, capability: str, what: str) -> None:
+    """A command's pre-load check of ``--backend name`` (:func:`backend_lacks`): refused in the words of
+    :func:`lacks_line`, as the loaded model would be.
+
+    Raises:
+        HeadprobeError: ``name`` is a registered backend without ``capability``, or unknown.
+    """
+    if backend_lacks(name, capability):
+        raise HeadprobeError(lacks_line(what, name, capability))
+
+
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 """``--device`` choices: ``auto`` is cuda when a GPU is present, else cpu."""
 DEVICE_MAPS: tuple[str, ...] = ("auto", "balanced", "sequential")
