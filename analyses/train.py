@@ -316,16 +316,6 @@ def phase_change_interval(
     return int(steps[j]), int(steps[j + 1])
 
 
-def phase_change_step(
-    steps: np.ndarray, icl: np.ndarray, induction: np.ndarray | None = None, threshold: float = INDUCTION_FORMED
-) -> int | None:
-    """The first evaluation step at which the phase change is seen: the later end of
-    :func:`phase_change_interval` (None where that is): not the evaluation before the jump, where the
-    running mean already falls fastest and the induction score has not risen yet."""
-    between = phase_change_interval(steps, icl, induction, threshold)
-    return None if between is None else between[1]
-
-
 # --------------------------------------------------------------------------------------------
 # Training
 # --------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 import torch
 from zoo import tiny_train_flags
 
-from headprobe.analyses.train import TrainConfig, copy_sequences, in_context_loss, phase_change_step, train
+from headprobe.analyses.train import TrainConfig, copy_sequences, in_context_loss, phase_change_interval, train
 from headprobe.cli import main
 from headprobe.commands.train import run
 from headprobe.probe.core.io import OUTPUTS_NAME
@@ -123,11 +123,11 @@ def test_in_context_loss_and_phase_step():
     assert in_context_loss(losses) == pytest.approx(-2.0)
     steps = np.arange(0, 1000, 100)
     icl = np.where(steps < 500, 0.0, -2.0)
-    assert phase_change_step(steps, icl) in (400, 500, 600)
-    assert phase_change_step(steps[:2], icl[:2]) is None
+    assert phase_change_interval(steps, icl)[1] in (400, 500, 600)
+    assert phase_change_interval(steps[:2], icl[:2]) is None
     formed = np.where(steps < 500, 0.05, 0.8)  # induction scores that cross 0.5 with the drop
-    assert phase_change_step(steps, icl, formed) in (400, 500, 600)
-    assert phase_change_step(steps, icl, np.full(len(steps), 0.05)) is None  # a loss drop without induction heads
+    assert phase_change_interval(steps, icl, formed)[1] in (400, 500, 600)
+    assert phase_change_interval(steps, icl, np.full(len(steps), 0.05)) is None  # a loss drop without induction heads
 
 
 def test_cli_reports_no_phase_change_without_induction_and_counts_its_files(tmp_path, capsys):
@@ -534,7 +534,7 @@ def test_the_phase_change_is_named_by_the_evaluations_around_it():
     where the max induction score was 0.06, and marked step 400 in training.png: the 3-point running
     mean already falls fastest into the last evaluation before the jump. The jump lies between the
     evaluations at 400 and 500 (in-context loss -0.74 -> -4.12, induction 0.06 -> 0.82: that run's
-    log, by hand); the step named is now 500, the first that shows it, and the report, summary.json
+    log, by hand); the step named (the later end) is now 500, the first that shows it, and the report, summary.json
     and the figure's band give both ends and the evaluation interval."""
     import dataclasses
 
@@ -543,10 +543,6 @@ def test_the_phase_change_is_named_by_the_evaluations_around_it():
     steps = np.arange(0, 1001, 100)
     icl = np.array([-0.018, -0.226, -0.444, -0.591, -0.737, -4.123, -4.128, -4.151, -4.134, -4.148, -4.145])
     induction = np.array([0.03, 0.03, 0.02, 0.02, 0.06, 0.82, 0.83, 0.88, 0.89, 0.89, 0.90])
-    assert phase_change_step(steps, icl, induction) == 500
-
-    from headprobe.analyses.train import phase_change_interval
-
     assert phase_change_interval(steps, icl, induction) == (400, 500)
     # a fall spread over two intervals: the steeper one, wherever it lies in the running mean's window
     gradual = np.array([0.0, 0.0, 0.0, 0.0, -1.0, -3.0, -3.2, -3.2, -3.2, -3.2, -3.2])
