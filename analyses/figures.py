@@ -1726,14 +1726,14 @@ def circuit_graph(
     top = max(abs(e[3]) for e in edges) or 1.0
     lowest = min(e[0][0] for e in edges)
     span = n_layers - lowest  # layers drawn, the logits' row included
-    pad = max(0.8, 0.08 * span)  # about 0.2 in of the axes' 2.5 in at any number of layers
+    pad = max(0.4, 0.08 * span)  # about 0.2 in of the axes' 2.5 in at any number of layers
     logits_y = n_layers - 1 + max(1.5, 0.12 * span)
     where = lambda node: ((n_heads - 1) / 2, logits_y) if node is None else (node[1], node[0])
     _circuit_nodes(ax, {e[0] for e in edges} | {e[1] for e in edges}, where)
     checked = [False] * len(edges) if checked is None else list(checked)
     _circuit_edges(ax, edges, checked, where, top)
     ax.set_xlim(-0.8, n_heads - 1 + 1.1)  # the last column's labels, right of their nodes, inside
-    ax.set_ylim(max(-0.8, lowest - pad), logits_y + 1.6 * pad)  # the layers the edges span; "logits" above its node
+    ax.set_ylim(max(-0.8, lowest - pad), logits_y + max(0.4, 0.128 * span))  # the layers the edges span; "logits" above
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(title)
