@@ -184,6 +184,25 @@ def test_bad_flags_are_refused_before_torch_loads(argv, message, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    "argv, capability",
+    [
+        (["circuit"], "path_patching"),
+        (["kv"], "kv_policies"),
+        (["prune", "--save-pruned"], "removes_heads"),
+    ],
+)
+def test_a_backend_lacking_a_capability_is_refused_before_torch_loads(argv, capability, tmp_path):
+    """``--backend transformer-lens`` where a command needs a capability it lacks: one line naming the
+    flag, exit 2, no output directory, and torch never imported (the capability is read from
+    ``BACKEND_CAPABILITIES``, not the backend's class; importing it took 3-8 s)."""
+    out = tmp_path / "out"
+    proc = _main_in_a_fresh_interpreter([*argv, "--backend", "transformer-lens", "--out", str(out)])
+    assert proc.stdout.strip() == "2 []", proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and f"(the transformer-lens backend lacks {capability})" in proc.stderr
+    assert not out.exists()
+
+
 def test_output_into_a_closed_pipe_ends_quietly():
     """``headprobe budget | head -0``: the reader is gone before anything is written; no traceback,
     exit status 141 (128 + SIGPIPE) as a shell reports for cat."""

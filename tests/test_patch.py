@@ -716,7 +716,24 @@ def test_the_leading_space_note_is_printed_before_the_run(tiny_llama_gqa_native,
     monkeypatch.setattr(patching, "patch", patch_after_reading)
     r = headprobe.patch(tiny_llama_gqa_native, prompts=str(prompts_file), heads="0.1", progress=True)
     assert said and "NOTE: stub: answers lack a space\n" in said[0]
-    assert r.report().endswith("NOTE: stub: answers lack a space") and r.notes == ["stub: answers lack a space"]
+    # printed already: the report does not repeat it (the CLI prints the report), the result keeps it
+    assert "NOTE" not in r.report() and r.notes == ["stub: answers lack a space"]
     capsys.readouterr()
-    headprobe.patch(tiny_llama_gqa_native, prompts=str(prompts_file), heads="0.1")  # progress=False: silent
+    r = headprobe.patch(tiny_llama_gqa_native, prompts=str(prompts_file), heads="0.1")  # progress=False: silent
     assert "NOTE" not in capsys.readouterr().out
+    assert r.report().endswith("NOTE: stub: answers lack a space")  # said by the report instead
+
+
+def test_the_cli_prints_the_leading_space_note_once(tiny_dir, prompts_file, tmp_path, capsys, monkeypatch):
+    """The CLI printed the note before the run and again at the end of its report: once now, and
+    summary.json keeps it. Stubbed as above (the tiny word-level tokenizer never needs it)."""
+    from headprobe.analyses import patching
+
+    monkeypatch.setattr(patching, "answer_space_notes", lambda tokenizer, pairs: ["stub: answers lack a space"])
+    out = tmp_path / "p"
+    argv = ["patch", "--model", str(tiny_dir), "--prompts", str(prompts_file), "--out", str(out), "--device", "cpu"]
+    capsys.readouterr()
+    assert main([*argv, "--heads", "0.1", "--formats", "none"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("stub: answers lack a space") == 1, printed
+    assert json.loads((out / "summary.json").read_text())["notes"] == ["stub: answers lack a space"]

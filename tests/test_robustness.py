@@ -175,3 +175,62 @@ def test_reported_jaccard_and_stability_equal_a_hand_computation(tiny, text_file
     written = pd.read_csv(tmp_path / "out" / "robustness.csv", dtype=str, keep_default_na=False)
     for name in summary["types"]["induction"]["conditions"] + summary["types"]["positional"]["conditions"]:
         assert set(written[name]) <= {"0", "1", ""}, (name, set(written[name]))
+
+
+@pytest.fixture
+def cli_args(tiny_tokenizer, text_file, tmp_path):
+    """``headprobe robustness`` on the tiny llama saved at ``tmp_path/m``, two conditions (SMALL's settings)."""
+    import zoo
+
+    m = str(zoo.save_dir("llama", tiny_tokenizer, tmp_path / "m"))
+    args = ["robustness", "--model", m, "--device", "cpu", "--text", str(text_file), "--vary", "seed"]
+    args += ["--control-seeds", "1", "--seq-len", "32", "--period", "10", "--n-natural", "4", "--n-repeated", "4"]
+    return [*args, "--top-k", "2", "--n-random", "19"]
+
+
+def test_the_control_set_batch_is_planned_in_the_header(cli_args, tmp_path, capsys):
+    """robustness prints its plan after the load: the verification's control-set batch of its larger
+    token set, :func:`set_plan` of the 4 natural windows of 32 tokens (the repeated sequences are
+    2 x 10 tokens after BOS), computed here by hand in scan's words."""
+    from headprobe.analyses.ablation import set_plan
+    from headprobe.cli import main
+    from headprobe.probe.backends.loading import load_model
+    from headprobe.probe.core import memory
+
+    capsys.readouterr()
+    assert main([*cli_args, "--out", str(tmp_path / "o"), "--memory-budget", "64MiB"]) == 0
+    out = capsys.readouterr().out
+    model = load_model(str(tmp_path / "m"), device="cpu", backend="native")
+    with memory.budget_restored():
+        memory.set_budget("64MiB")
+        plan = set_plan(model, 4, 32)
+    want = f"{plan.line()}: {plan.items // 4} control sets of 4 sequences per pass"
+    assert want in out.splitlines(), out
+
+
+def test_a_budget_below_one_scoring_forward_is_refused_before_the_run(
+    cli_args, text_file, tmp_path, capsys, monkeypatch
+):
+    """A 1 KiB budget is refused after the load and before any condition is drawn or scored (the old
+    code refused it only at the verification's first control set, after scoring): one line naming
+    the scoring forward, exit 2, no traceback, no --out folder; the Python function refuses it too,
+    for a model given by name or loaded."""
+    from headprobe.cli import main
+    from headprobe.commands import robustness_core
+    from headprobe.commands.robustness_core import robustness
+    from headprobe.probe.backends.loading import load_model
+    from headprobe.probe.core.errors import HeadprobeError
+
+    def ran(*args, **kwargs):
+        raise AssertionError("a condition was drawn before the budget was checked")
+
+    monkeypatch.setattr(robustness_core, "conditions", ran)
+    capsys.readouterr()
+    code = main([*cli_args, "--out", str(tmp_path / "p"), "--memory-budget", "1KiB"])
+    err = capsys.readouterr().err
+    errors = [x for x in err.splitlines() if x.startswith("headprobe: error:")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err and not (tmp_path / "p").exists(), err
+    assert "robustness's natural scores" in errors[0] and "--memory-budget" in errors[0], errors[0]
+    for model in (str(tmp_path / "m"), load_model(str(tmp_path / "m"), device="cpu", backend="native")):
+        with pytest.raises(HeadprobeError, match="robustness's natural scores .* working memory"):
+            robustness(model, device="cpu", text=str(text_file), memory_budget="1KiB", **SMALL)

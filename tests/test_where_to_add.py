@@ -410,6 +410,19 @@ def test_every_capability_flag_is_declared_off_on_loaded_model_and_has_its_gated
     assert all(getattr(NativeModel, f) is True for f in CAPABILITIES)
 
 
+def test_the_declared_capabilities_of_each_backend_equal_its_class_flags():
+    """``BACKEND_CAPABILITIES`` (torch-free, read by the refusals before the load) declares every
+    registered backend, each with exactly the flags its class sets True: they cannot drift apart."""
+    from headprobe.probe.backends.base import CAPABILITIES
+    from headprobe.probe.core.vocabulary import BACKEND_CAPABILITIES, BACKEND_REGISTRY, backend_has
+
+    assert set(BACKEND_CAPABILITIES) == set(BACKEND_REGISTRY.names())
+    for name, declared in BACKEND_CAPABILITIES.items():
+        cls = BACKEND_REGISTRY.get(name)
+        assert declared == {flag for flag in CAPABILITIES if getattr(cls, flag)}, name
+        assert all(backend_has(name, flag) == getattr(cls, flag) for flag in CAPABILITIES), name
+
+
 def test_a_backend_without_capabilities_is_refused_every_gated_feature_naming_the_flag(flagged, subject):
     """All flags off: each way in to each gated feature is refused in one line that names the missing
     flag and the backend; what needs no flag runs (the materialised pattern instead of streaming)."""

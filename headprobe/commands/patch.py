@@ -250,6 +250,9 @@ class PatchResult(CompactRepr, WritesOutputs):
     model_info: dict = field(default_factory=dict)
     load_s: float | None = load_seconds()
     notes: list[str] = field(default_factory=list)
+    notes_printed: bool = False
+    """Whether :func:`run` printed :attr:`notes` before patching (progress on, as the CLI runs it):
+    :meth:`report` then does not repeat them; :attr:`notes` and summary.json keep them either way."""
 
     @property
     def csv_name(self) -> str:
@@ -398,7 +401,7 @@ class PatchResult(CompactRepr, WritesOutputs):
             )
         if "normalized_null_reason" in s:
             lines.append(f"normalised effects n/a: {s['normalized_null_reason']}")
-        return "\n".join([*lines, *(f"NOTE: {n}" for n in self.notes)])
+        return "\n".join([*lines, *(f"NOTE: {n}" for n in ([] if self.notes_printed else self.notes))])
 
     def outputs(self) -> dict[str, Any]:
         """save's files: head_patching.csv (resid_patching.csv for ``--site resid``), the figures and,
@@ -499,12 +502,14 @@ def run(model: LoadedModel, config: PatchConfig, progress: bool = True) -> Patch
         seconds=time.perf_counter() - t0,
         model_info={"device": str(model.device), "dtype": dtype, "self_check": model.self_check.to_dict()},
         notes=notes,
+        notes_printed=progress and bool(notes),
     )
 
 
 def _say_notes(notes: list[str]) -> None:
     """``NOTE:`` lines printed before the patching run, under the model's header and batch line (as
-    the NOTE :func:`~headprobe.options.run_command` prints before the load); the report repeats them."""
+    the NOTE :func:`~headprobe.options.run_command` prints before the load); the report does not repeat them
+    (:attr:`PatchResult.notes_printed`)."""
     for note in notes:
         print(f"NOTE: {note}", flush=True)
 

@@ -16,7 +16,7 @@ import torch
 from headprobe import options
 from headprobe.analyses import robustness as rb
 from headprobe.analyses import verification as verif
-from headprobe.analyses.ablation import first_scored, top_heads, untrusted_task_reason
+from headprobe.analyses.ablation import first_scored, set_plan, top_heads, untrusted_task_reason
 from headprobe.analyses.columns import DETECTORS
 from headprobe.analyses.data import (
     TokenSet,
@@ -26,14 +26,16 @@ from headprobe.analyses.data import (
     repeated_random_tokens,
     window_counts,
 )
+from headprobe.analyses.metrics import copying_bytes
 from headprobe.analyses.outputs import WritesOutputs
-from headprobe.analyses.scoring import score_tokens
+from headprobe.analyses.scoring import score_plan, score_tokens
 from headprobe.analyses.vocabulary import PRIMARY_KIND
 from headprobe.commands.robustness import DEFAULT_K, HELP, NEEDS_CAUSAL, RobustnessConfig  # noqa: F401 - HELP re-exported
 from headprobe.probe.backends.base import LoadedModel
-from headprobe.probe.core import ablation_kinds
+from headprobe.probe.core import ablation_kinds, memory
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import open_text_file, summary_envelope
+from headprobe.probe.core.memory import BatchPlan
 from headprobe.probe.core.progress import progress_bar
 from headprobe.probe.core.reprs import CompactRepr, load_seconds
 from headprobe.probe.hooks.ablation import format_head
@@ -363,13 +365,13 @@ def _verdict_words(rec: dict, overlap: bool = True) -> str:
     return words
 
 
-def run(model: LoadedModel, config: RobustnessConfig, progress: bool = True) -> RobustnessResult:
-    """Every condition of ``config`` on a loaded (causal) model; see the module docstring.
+def resolved(model: LoadedModel, config: RobustnessConfig) -> RobustnessConfig:
+    """``config`` with the model-dependent defaults filled in: ``k`` (10, or a quarter of the heads
+    if fewer) and the lengths fitted to the context (:func:`fit_lengths`).
 
     Raises:
-        HeadprobeError: an encoder, a model whose self-check forbids head ablation, k too large, a
-            given --seq-len/--period longer than the context (:func:`fit_lengths`), or a text too
-            short for two halves.
+        HeadprobeError: an encoder, a model whose self-check forbids head ablation, k at least the
+            head count, or a given --seq-len/--period longer than the context.
     """
     spec = model.spec
     options.require_causal(spec, NEEDS_CAUSAL)
@@ -379,7 +381,70 @@ def run(model: LoadedModel, config: RobustnessConfig, progress: bool = True) -> 
     if k >= n_heads:
         raise HeadprobeError(f"--top-k {k} leaves no control heads: the model has {n_heads} heads")
     seq_len, period = fit_lengths(spec.n_ctx, config.seq_len, config.period, model.trained_periods)
-    cfg = replace(config, k=k, seq_len=seq_len, period=period)
+    return replace(config, k=k, seq_len=seq_len, period=period)
+
+
+def _task_shapes(model: LoadedModel, cfg: RobustnessConfig) -> list[tuple[str, int, int, int]]:
+    """``(task, sequences, tokens, first scored)`` of every token set a condition scores and ablates
+    (``cfg`` :func:`resolved`): ``n_natural`` windows of ``seq_len`` tokens (each half of the text),
+    ``n_repeated`` sequences of two blocks of ``period`` tokens after BOS where the model prepends one
+    and, with the data group, of ``other_period`` tokens (:func:`conditions`)."""
+    assert cfg.seq_len is not None and cfg.period is not None  # set by resolved
+    start = int(model.prepend_bos)
+    periods = [cfg.period]
+    if "data" in cfg.vary:
+        periods.append(cfg.other_period or max(4, 3 * cfg.period // 5))
+    return [("natural", cfg.n_natural, cfg.seq_len, first_scored("natural", start, None))] + [
+        ("repeated", cfg.n_repeated, start + 2 * p, first_scored("repeated", start, p)) for p in dict.fromkeys(periods)
+    ]
+
+
+def memory_plan(model: LoadedModel, config: RobustnessConfig) -> tuple[BatchPlan, int]:
+    """``(plan, sequences)``: the verification's control-set batch of the token set with the larger
+    per-sequence estimate (:func:`~headprobe.analyses.ablation.set_plan`, as scan's) and that set's
+    sequence count. First each token set's scoring forward over its whole batch is checked to fit
+    (:func:`~headprobe.analyses.scoring.score_plan`, :func:`_task_shapes`) and, where a condition ranks
+    induction by the OV copying score on a CPU, the copying score's float32 weight copies
+    (:func:`~headprobe.analyses.metrics.copying_bytes`).
+
+    Raises:
+        HeadprobeError: a scoring forward, the copying score or one control set's ablation of a token
+            set does not fit in the memory budget (one line, before any allocation); or as :func:`resolved`.
+    """
+    cfg = resolved(model, config)
+    shapes = _task_shapes(model, cfg)
+    for task, b, t, first in shapes:
+        score_plan(model, b, t, first, f"robustness's {task} scores")  # refused where it does not fit
+    alternative = "detector" in cfg.vary and any(t in ALTERNATIVE_DETECTORS for t in cfg.types)
+    if alternative and torch.device(model.device).type == "cpu":  # its copies are host memory, not a GPU's
+        what = "robustness's copying score (float32 copies of the embedding, unembedding and head weights)"
+        memory.weights_fit(copying_bytes(model.spec), model.device, what)
+    return max(((set_plan(model, b, t), b) for _, b, t, _ in shapes), key=lambda x: x[0].per_item)
+
+
+def batch_line(model: LoadedModel, config: RobustnessConfig) -> str:
+    """The header line of :func:`memory_plan`: the control-set batch, as scan's.
+
+    Raises:
+        HeadprobeError: as :func:`memory_plan`.
+    """
+    plan, b = memory_plan(model, config)
+    return f"{plan.line()}: {plan.items // b} control sets of {b} sequences per pass"
+
+
+def run(model: LoadedModel, config: RobustnessConfig, progress: bool = True) -> RobustnessResult:
+    """Every condition of ``config`` on a loaded (causal) model; see the module docstring.
+
+    Raises:
+        HeadprobeError: an encoder, a model whose self-check forbids head ablation, k too large, a
+            given --seq-len/--period longer than the context (:func:`fit_lengths`), a step that
+            does not fit in the memory budget (:func:`memory_plan`), or a text too short for two halves.
+    """
+    spec = model.spec
+    cfg = resolved(model, config)
+    memory_plan(model, cfg)  # refuses a step that cannot fit, before any allocation
+    k = cfg.k
+    assert k is not None  # set by resolved
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     conds, notes = conditions(model, cfg, k)
@@ -514,6 +579,9 @@ __all__ = [
     "Outcome",
     "conditions",
     "evaluate",
+    "resolved",
+    "memory_plan",
+    "batch_line",
     "run",
     "robustness",
 ]

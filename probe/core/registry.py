@@ -91,6 +91,12 @@ class Registry(Generic[T]):
             self._targets[name] = target
         return target
 
+    def loaded(self, name: str) -> T | None:
+        """The target registered under ``name`` where it is an object already (registered as one, or
+        imported by :meth:`get`), else None (a lazy target not yet imported, or no such name); imports nothing."""
+        target = self._targets.get(name)
+        return None if isinstance(target, str) else target
+
     def unknown(self, name: object) -> HeadprobeError:
         """The one-line error for a name that is not registered: the name, the closest
         registered ones, every registered one and the hint."""

@@ -5,7 +5,8 @@ is refused before torch loads): the backends (a :class:`~headprobe.probe.core.re
 Commands' flags, the loader (:func:`headprobe.probe.backends.loading.wrap`) and
 :mod:`headprobe.probe.backends.devicemap` read these; nothing else spells them. What a backend can do is
 asked of its class's capability flags (:data:`~headprobe.probe.backends.base.CAPABILITIES`), by name only
-here (:func:`backend_class`, :func:`backend_with`, :func:`backend_lacks`).
+here (:func:`backend_class`, :func:`backend_with`, :func:`backend_lacks`); before the load, torch-free,
+from the flags declared beside the registry (:data:`BACKEND_CAPABILITIES`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,25 @@ subclass, imported on first use. Registration order is ``--backend auto``'s pref
 backend whose :meth:`~headprobe.probe.backends.base.LoadedModel.supports` accepts the Hugging Face config."""
 BACKEND_REGISTRY.register("native", "headprobe.probe.backends.native:NativeModel")
 BACKEND_REGISTRY.register("transformer-lens", "headprobe.probe.backends.bridge:BridgeModel")
+
+BACKEND_CAPABILITIES: dict[str, frozenset[str]] = {
+    "native": frozenset(
+        (
+            "streams_statistics",
+            "kv_policies",
+            "path_patching",
+            "half_precision",
+            "native_weights",
+            "splits_after_load",
+            "removes_heads",
+        )
+    ),
+    "transformer-lens": frozenset(),
+}
+"""Registered backend name -> the capability flags (:data:`~headprobe.probe.backends.base.CAPABILITIES`)
+its class sets True, declared here so that a command can refuse ``--backend X`` for a feature before
+torch loads (:func:`backend_has`); ``tests/test_where_to_add.py`` checks each equals its class's own
+flags. A backend registered without an entry here has its class imported and asked instead."""
 
 AUTO_FALLBACK = "transformer-lens"
 """The backend ``--backend auto`` takes when no registered backend supports the architecture (its
@@ -78,15 +98,30 @@ def backend_with(name: str, capability: str) -> Any:
     return next((cls for cls in map(BACKEND_REGISTRY.get, names) if getattr(cls, capability)), None)
 
 
+def backend_has(name: str, capability: str) -> bool:
+    """Whether the registered backend ``name`` has ``capability``: its class's flag where the class is
+    imported already (or registered as a class), else the declared :data:`BACKEND_CAPABILITIES` (no
+    import, no torch), else its class's flag (imported).
+
+    Raises:
+        HeadprobeError: an unknown backend.
+    """
+    cls = BACKEND_REGISTRY.loaded(name)
+    if cls is None and name in BACKEND_CAPABILITIES:
+        return capability in BACKEND_CAPABILITIES[name]
+    return bool(getattr(cls if cls is not None else BACKEND_REGISTRY.get(name), capability))
+
+
 def backend_lacks(name: str, capability: str) -> bool:
-    """Whether ``--backend name`` is a registered backend without ``capability`` (imports its class);
-    False for ``auto``, which picks a backend at load (the loaded model's flag decides then).
+    """Whether ``--backend name`` is a registered backend without ``capability`` (:func:`backend_has`:
+    torch-free for the declared backends); False for ``auto``, which picks a backend at load (the
+    loaded model's flag decides then).
 
     Raises:
         HeadprobeError: an unknown backend.
     """
     check_backend(name)
-    return name != "auto" and not getattr(BACKEND_REGISTRY.get(name), capability)
+    return name != "auto" and not backend_has(name, capability)
 
 
 def lacks_line(what: str, backend: str, capability: str) -> str:
