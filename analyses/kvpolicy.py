@@ -41,7 +41,7 @@ import math
 import random
 from collections.abc import Iterator
 from contextvars import ContextVar
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn.functional as F
@@ -107,15 +107,22 @@ class Quality:
         long_range_loss: mean loss on the repeated block's tokens 2..block_len, nats/token.
         copy_accuracy: share of those tokens that are the top-1 prediction, 0..1.
         per_distance: distance (tokens) -> ``{"loss", "accuracy"}`` over that distance's sequences.
+        natural_token_loss: the per-token losses the natural loss averages, ``[window, pos]``
+            nats (CPU), or None (a Quality built from numbers alone): what the intervals resample.
+        copy_hits: the top-1 hits (0/1) the copy accuracy averages, ``[sequence, block_len - 1]``
+            (CPU; a mean of several policies' hits: fractions), or None.
     """
 
     natural_loss: float
     long_range_loss: float
     copy_accuracy: float
     per_distance: dict[int, dict[str, float]]
+    natural_token_loss: Tensor | None = field(default=None, repr=False, compare=False)
+    copy_hits: Tensor | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The numbers (not the per-token tensors)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.compare}
 
 
 def _chunked_loss(
@@ -136,17 +143,25 @@ def _chunked_loss(
 
 
 @torch.inference_mode()
-def natural_loss(
+def natural_token_losses(
     model: LoadedModel, tokens: Int[Tensor, "batch pos"], start: int, policy: KVPolicy | None = None
-) -> float:
-    """Mean next-token loss (nats/token) of ``tokens`` from position ``start`` on, under ``policy``
-    (None: full attention). The logits are never held for a whole sequence."""
+) -> Float[Tensor, "batch scored"]:
+    """Next-token losses (nats) of ``tokens`` from position ``start`` on, under ``policy`` (None:
+    full attention), ``[batch, pos - 1 - start]`` on the model's device. The logits are never held
+    for a whole sequence."""
     losses = []
     for part in _parts(len(tokens)):
         with model.kv_policy(policy):
             resid = model.final_residual(tokens[part])
         losses.append(_chunked_loss(model, resid, tokens[part].to(resid.device), start))
-    return float(torch.cat(losses).mean())
+    return torch.cat(losses)
+
+
+def natural_loss(
+    model: LoadedModel, tokens: Int[Tensor, "batch pos"], start: int, policy: KVPolicy | None = None
+) -> float:
+    """Mean next-token loss (nats/token) of :func:`natural_token_losses`."""
+    return float(natural_token_losses(model, tokens, start, policy).mean())
 
 
 @torch.inference_mode()
@@ -168,14 +183,73 @@ def long_range_quality(model: LoadedModel, lr: LongRangeSet, policy: KVPolicy | 
 def evaluate(
     model: LoadedModel, natural: Int[Tensor, "batch pos"], start: int, lr: LongRangeSet, policy: KVPolicy | None = None
 ) -> Quality:
-    """:class:`Quality` of ``policy`` (exact: the attention masked per KV group)."""
+    """:class:`Quality` of ``policy`` (exact: the attention masked per KV group), with the per-token
+    losses and hits it averages (for :func:`paired_difference`: no further forward pass)."""
     loss, hit = long_range_quality(model, lr, policy)
     loss, hit = loss.cpu(), hit.cpu()
     per = {
         int(d): {"loss": float(loss[lr.distance == d].mean()), "accuracy": float(hit[lr.distance == d].mean())}
         for d in lr.distance.unique()
     }
-    return Quality(natural_loss(model, natural, start, policy), float(loss.mean()), float(hit.mean()), per)
+    nat = natural_token_losses(model, natural, start, policy)
+    return Quality(float(nat.mean()), float(loss.mean()), float(hit.mean()), per, nat.float().cpu(), hit)
+
+
+def mean_quality(qualities: list[Quality]) -> Quality:
+    """The mean of several policies' :class:`Quality` (the random controls'): each number, and per
+    token the losses and hits (hits become fractions), so that :func:`paired_difference` against it
+    is the difference from the controls' mean, token by token."""
+    q = qualities
+
+    def avg(name: str) -> Tensor | None:
+        values = [getattr(x, name) for x in q]
+        return None if any(v is None for v in values) else torch.stack(values).mean(0)
+
+    return Quality(
+        sum(x.natural_loss for x in q) / len(q),
+        sum(x.long_range_loss for x in q) / len(q),
+        sum(x.copy_accuracy for x in q) / len(q),
+        {},
+        avg("natural_token_loss"),
+        avg("copy_hits"),
+    )
+
+
+def paired_difference(a: Quality, b: Quality) -> dict[str, float]:
+    """``a`` minus ``b`` on the same tokens, with 95% intervals, from the evaluations' per-token
+    values (no forward pass): NaN everywhere where either lacks them.
+
+    * ``natural_loss``: the mean of the per-token loss differences (nats/token) and its
+      :func:`~headprobe.analyses.statistics.block_bootstrap_ci` (blocks of contiguous tokens
+      within the windows: a token's loss change is correlated with its neighbours');
+    * ``copy_accuracy``: the mean over long-range sequences of each sequence's accuracy difference
+      (0..1) and its Student-t interval over the sequences
+      (:func:`~headprobe.analyses.statistics.mean_ci`): a sequence's copied tokens come from one
+      planted block and succeed or fail together, so the sequence is the unit.
+
+    Returns:
+        ``{"natural_loss", "natural_loss_ci95_lo", "natural_loss_ci95_hi", "copy_accuracy",
+        "copy_accuracy_ci95_lo", "copy_accuracy_ci95_hi"}``.
+    """
+    from headprobe.analyses.statistics import block_bootstrap_ci, mean_ci
+
+    nan = float("nan")
+    out = dict.fromkeys(
+        ("natural_loss", "natural_loss_ci95_lo", "natural_loss_ci95_hi", "copy_accuracy")
+        + ("copy_accuracy_ci95_lo", "copy_accuracy_ci95_hi"),
+        nan,
+    )
+    if a.natural_token_loss is not None and b.natural_token_loss is not None:
+        d = (a.natural_token_loss.double() - b.natural_token_loss.double()).numpy()  # [window, pos]
+        lo, hi = block_bootstrap_ci(d)
+        out.update(natural_loss=float(d.mean()), natural_loss_ci95_lo=float(lo), natural_loss_ci95_hi=float(hi))
+    if a.copy_hits is not None and b.copy_hits is not None:
+        per_seq = (a.copy_hits.double().mean(1) - b.copy_hits.double().mean(1)).numpy()  # [sequence]
+        lo, hi = mean_ci(per_seq)
+        out.update(
+            copy_accuracy=float(per_seq.mean()), copy_accuracy_ci95_lo=float(lo), copy_accuracy_ci95_hi=float(hi)
+        )
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -550,10 +624,13 @@ def curve_row(
 ) -> dict:
     """One row of the quality-memory curve: the policy's exact KV bytes
     (:func:`~headprobe.probe.layout.cost.policy_cost` at ``seq_len``, one sequence) and its quality
-    against the full cache's (increases in nats/token, accuracy drop in 0..1)."""
+    against the full cache's (increases in nats/token, accuracy drop in 0..1), with the 95% intervals
+    of the increase and the drop (:func:`paired_difference` of the policy and the full cache:
+    ``*_ci95_lo``/``*_ci95_hi``, NaN where a Quality lacks its per-token values)."""
     from headprobe.probe.layout.cost import policy_cost
 
     pc = policy_cost(layout, policy, seq_len)
+    d = paired_difference(quality, full)
     return {
         "policy": kind,
         "budget": budget,
@@ -567,6 +644,25 @@ def curve_row(
         "long_range_loss_increase": quality.long_range_loss - full.long_range_loss,
         "copy_accuracy": quality.copy_accuracy,
         "copy_accuracy_drop": full.copy_accuracy - quality.copy_accuracy,
+        "natural_loss_increase_ci95_lo": d["natural_loss_ci95_lo"],
+        "natural_loss_increase_ci95_hi": d["natural_loss_ci95_hi"],
+        "copy_accuracy_drop_ci95_lo": 0.0 - d["copy_accuracy_ci95_hi"],  # 0.0 - x: never -0.0
+        "copy_accuracy_drop_ci95_hi": 0.0 - d["copy_accuracy_ci95_lo"],
+    }
+
+
+COMPARED = ("uniform", "random_mean")
+"""The controls the chosen policy's row is compared with, token by token (:func:`compare_at`)."""
+
+
+def comparison_columns(control: str, d: dict[str, float]) -> dict[str, float]:
+    """The chosen row's columns of :func:`paired_difference` ``d`` (chosen minus ``control``):
+    ``natural_loss_minus_<control>`` (nats/token), ``copy_accuracy_minus_<control>`` (0..1), each
+    with ``_ci95_lo``/``_ci95_hi``."""
+    return {
+        f"{q}_minus_{control}{end}": d[f"{q}{end}"]
+        for q in ("natural_loss", "copy_accuracy")
+        for end in ("", "_ci95_lo", "_ci95_hi")
     }
 
 
@@ -586,7 +682,9 @@ def compare_at(
     """The chosen policy (``full_groups`` full, the other :func:`streaming_candidates` streaming),
     the same window on every candidate at the same memory (:func:`matched_uniform_policy`) and
     random candidates full at the same memory (:func:`matched_random_policy`, one per seed), each
-    measured exactly (:func:`evaluate`); rows as :func:`curve_row` with ``budget = label``."""
+    measured exactly (:func:`evaluate`); rows as :func:`curve_row` with ``budget = label``, the
+    chosen row with :func:`comparison_columns` against uniform and the random rows' mean (the
+    differences token by token, from the same evaluations)."""
     T = natural.shape[1]
     cands = streaming_candidates(layout, streaming)
     chosen = policy_with_full(layout, full_groups, streaming, cands)
@@ -595,11 +693,16 @@ def compare_at(
         ("uniform", None, matched_uniform_policy(layout, _positions(layout, chosen, T), streaming, cands, T)),
     ]
     policies += [("random", s, matched_random_policy(layout, full_groups, streaming, cands, T, s)) for s in seeds]
-    rows = []
+    rows, qualities = [], []
     for kind, seed, policy in policies:
-        rows.append(curve_row(kind, label, seed, policy, evaluate(model, natural, start, lr, policy), full, layout, T))
+        qualities.append(evaluate(model, natural, start, lr, policy))
+        rows.append(curve_row(kind, label, seed, policy, qualities[-1], full, layout, T))
         if progress is not None:
             progress()
+    chosen_q, uniform_q, random_q = qualities[0], qualities[1], qualities[2:]
+    rows[0].update(comparison_columns("uniform", paired_difference(chosen_q, uniform_q)))
+    if random_q:
+        rows[0].update(comparison_columns("random_mean", paired_difference(chosen_q, mean_quality(random_q))))
     return rows
 
 

@@ -13,7 +13,9 @@ warn it is too narrow in small samples).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import math
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -41,15 +43,16 @@ def mean_ci(per_unit: np.ndarray, level: float = LEVEL) -> np.ndarray:
         ``[2, ...]``: lower and upper bounds (same units as the values); NaN where fewer than
         :data:`MIN_N_FOR_CI` units (no interval). A constant column gives ``[value, value]``.
 
-    Source: Student (1908); the t quantile from :func:`scipy.stats.t.ppf`.
+    Source: Student (1908); the t quantile from :func:`scipy.special.stdtrit`, the function
+    :func:`scipy.stats.t.ppf` evaluates (equal to it; ``scipy.special`` imports in a fifth of the time).
     """
     x = np.asarray(per_unit, dtype=float)
     n = x.shape[0]
     if n < MIN_N_FOR_CI:
         return np.full((2, *x.shape[1:]), np.nan)
-    from scipy.stats import t
+    from scipy.special import stdtrit
 
-    half = t.ppf(0.5 + level / 2, n - 1) * x.std(axis=0, ddof=1) / np.sqrt(n)
+    half = stdtrit(n - 1, 0.5 + level / 2) * x.std(axis=0, ddof=1) / np.sqrt(n)
     m = x.mean(axis=0)
     return np.stack([m - half, m + half])
 
@@ -60,6 +63,111 @@ def no_interval_reason(n_sequences: int, units: str = "sequences") -> str | None
     if n_sequences >= MIN_N_FOR_CI:
         return None
     return f"undefined: an interval over {units} needs at least {MIN_N_FOR_CI} {units}, the task has {n_sequences}"
+
+
+# --- A block bootstrap for the mean of an autocorrelated per-token series --------------------------
+
+BOOTSTRAP_RESAMPLES = 10_000
+"""Resamples of :func:`block_bootstrap_ci` (the percentile bounds' Monte Carlo error is then about
+1% of the interval's width)."""
+BOOTSTRAP_SEED = 0
+"""The seed of :func:`block_bootstrap_ci`'s draws: a run's intervals are reproducible."""
+MIN_BLOCKS = 10
+"""The fewest blocks :func:`block_bootstrap_ci` gives an interval from: a percentile bootstrap of a
+mean over fewer units covers under 0.9 (this module's docstring: 0.88 at n = 8)."""
+
+
+def block_length(n_tokens: int) -> int:
+    """The block length of :func:`block_bootstrap_ci` for a window of ``n_tokens`` tokens:
+    ``ceil(n ** (1/3))`` (11 at 1,022 tokens, 4 at 46). Block length of order ``n^(1/3)`` minimises the
+    error of a block-bootstrap estimate of a mean's variance and of its two-sided distribution (Hall,
+    Horowitz & Jing 1995, Biometrika 82(3):561-574; Lahiri 2003, *Resampling Methods for Dependent
+    Data*, ch. 7): blocks long enough to keep a token's dependence on its neighbours, enough of them
+    to resample."""
+    return max(1, math.ceil(n_tokens ** (1 / 3) - 1e-9))
+
+
+def block_bootstrap_ci(
+    per_token: np.ndarray,
+    block_len: int | None = None,
+    n_boot: int = BOOTSTRAP_RESAMPLES,
+    level: float = LEVEL,
+    seed: int = BOOTSTRAP_SEED,
+) -> np.ndarray:
+    """Percentile block-bootstrap interval of the mean of an autocorrelated per-token series.
+
+    Each window (row) is cut into non-overlapping blocks of ``block_len`` contiguous tokens (its last
+    block shorter where ``block_len`` does not divide it; no block crosses a window); the blocks of
+    every window are pooled and ``n_blocks`` of them drawn with replacement ``n_boot`` times; each
+    resample's statistic is its mean over tokens (sum over the drawn blocks / their tokens); the
+    bounds are the resampled means' ``(1 -+ level) / 2`` quantiles (Carlstein 1986, Ann. Statist.
+    14(3):1171-1179; Efron & Tibshirani 1993, ch. 13). Tokens are autocorrelated, so resampling them one
+    by one would understate the variance; blocks keep the dependence within ``block_len``.
+
+    Args:
+        per_token: ``[window, pos]`` (or ``[pos]``: one window) values, e.g. paired per-token loss
+            differences in nats.
+        block_len: tokens per block (None: :func:`block_length` of ``pos``).
+        n_boot: resamples. level: confidence level. seed: of ``numpy.random.default_rng``.
+
+    Returns:
+        ``[2]``: lower and upper bounds (the values' units); NaN where fewer than :data:`MIN_BLOCKS`
+        blocks or a value is not finite. A constant series gives ``[c, c]``.
+    """
+    x = np.asarray(per_token, dtype=float)
+    x = x[None] if x.ndim == 1 else x
+    n_windows, n = x.shape
+    block_len = block_length(n) if block_len is None else block_len
+    starts = np.arange(0, n, block_len)
+    sums = np.add.reduceat(x, starts, axis=1).ravel() if n else np.zeros(0)  # [window * block]
+    sizes = np.tile(np.diff(np.append(starts, n)), n_windows).astype(float)
+    if len(sums) < MIN_BLOCKS or not np.isfinite(x).all():
+        return np.full(2, np.nan)
+    means = np.concatenate([counts @ sums / (counts @ sizes) for counts in _block_counts(len(sums), n_boot, seed)])
+    return np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+
+
+_COUNTS_CACHE_ENTRIES = 1 << 22
+"""The largest ``[resample, block]`` count matrix :func:`_block_counts` keeps (32 MiB of float64)."""
+
+
+def _block_counts(n_blocks: int, n_boot: int, seed: int) -> Iterator[np.ndarray]:
+    """:func:`block_bootstrap_ci`'s draws: ``[resample, block]`` counts of each block in each
+    resample (``n_blocks`` draws with replacement, ``numpy.random.default_rng(seed)``), in chunks of
+    at most :data:`_COUNTS_CACHE_ENTRIES` entries; one chunk is computed once per shape and seed and
+    shared (every series of a run has the same shape: the same draws, a matrix product each)."""
+    chunk = max(1, _COUNTS_CACHE_ENTRIES // n_blocks)
+    if n_boot <= chunk:
+        yield _cached_counts(n_blocks, n_boot, seed)
+        return
+    rng = np.random.default_rng(seed)
+    for a in range(0, n_boot, chunk):
+        yield _draw_counts(rng, n_blocks, min(chunk, n_boot - a))
+
+
+def _draw_counts(rng: np.random.Generator, n_blocks: int, n: int) -> np.ndarray:
+    idx = rng.integers(0, n_blocks, size=(n, n_blocks)) + n_blocks * np.arange(n)[:, None]  # [resample, draw]
+    return np.bincount(idx.ravel(), minlength=n * n_blocks).reshape(n, n_blocks).astype(float)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_counts(n_blocks: int, n_boot: int, seed: int) -> np.ndarray:
+    counts = _draw_counts(np.random.default_rng(seed), n_blocks, n_boot)
+    counts.flags.writeable = False
+    return counts
+
+
+def block_bootstrap_rule(n_tokens: int, n_windows: int) -> str:
+    """The one-line statement of :func:`block_bootstrap_ci` over ``n_windows`` windows of ``n_tokens``
+    scored tokens each, as outputs carry it."""
+    b = block_length(n_tokens)
+    blocks = n_windows * -(-n_tokens // b)
+    return (
+        f"95% percentile block bootstrap of the mean over {n_windows * n_tokens} tokens "
+        f"({n_windows} window{'s' if n_windows != 1 else ''} of {n_tokens}), paired by token: {blocks} non-overlapping "
+        f"blocks of {b} contiguous tokens (ceil(n^(1/3)), Hall, Horowitz & Jing 1995; none crosses a window) "
+        f"resampled {BOOTSTRAP_RESAMPLES} times, seed {BOOTSTRAP_SEED}; none from fewer than {MIN_BLOCKS} blocks"
+    )
 
 
 # --- Monte Carlo tests of a top-k effect against random control sets ------------------------------

@@ -161,8 +161,34 @@ def test_kv_run_on_the_zoo(case, method, tiny_tokenizer, text_file, tmp_path, ca
         return ("lower" if a < b else "higher" if a > b else "equal") + tie
 
     loss, acc = word("natural_loss_increase", 4), word("copy_accuracy", 3)
-    assert f"against uniform: natural loss {loss}, copy accuracy {acc}" in r.report()
-    assert s["beats_uniform"] == (not loss.startswith("higher") and not acc.startswith("lower"))
+    # a difference the words claim whose paired 95% interval covers 0 is not a win: the words say so
+    d = s["chosen_minus_uniform"]
+    claimed = [q for q, w in (("natural_loss", loss), ("copy_accuracy", acc)) if not w.startswith("equal")]
+    covers = [q for q in claimed if not (d[f"{q}_ci95"][0] > 0 or d[f"{q}_ci95"][1] < 0)]
+    prefix = "not distinguishable from uniform at this sample size: " if covers else ""
+    assert f"against uniform: {prefix}natural loss {loss}, copy accuracy {acc}" in r.report()
+    won = not loss.startswith("higher") and not acc.startswith("lower")
+    assert s["beats_uniform"] == (None if covers else won) and d["not_distinguishable"] == covers
+    # identities: the paired differences are the rows' differences, each interval holds its estimate
+    assert d["natural_loss"] == pytest.approx(ch["natural_loss_increase"] - u["natural_loss_increase"], abs=1e-6)
+    assert d["copy_accuracy"] == pytest.approx(ch["copy_accuracy"] - u["copy_accuracy"], abs=1e-9)
+    rnd = s["random"]["rows"]
+    assert s["chosen_minus_random_mean"]["natural_loss"] == pytest.approx(
+        ch["natural_loss_increase"] - s["random"]["natural_loss_increase_mean"], abs=1e-6
+    )
+    for row in [ch, u, *rnd]:
+        for q in ("natural_loss_increase", "copy_accuracy_drop"):
+            assert row[f"{q}_ci95_lo"] - 1e-9 <= row[q] <= row[f"{q}_ci95_hi"] + 1e-9, (q, row)
+    for key in ("chosen_minus_uniform", "chosen_minus_random_mean"):
+        for q in ("natural_loss", "copy_accuracy"):
+            lo, hi = s[key][f"{q}_ci95"]
+            assert lo - 1e-9 <= s[key][q] <= hi + 1e-9, (key, q)
+    # the report prints the chosen policy's interval beside its number (the table's digits)
+    table = next(x for x in r.report().splitlines() if x.lstrip().startswith("chosen "))
+    ci = f"{ch['natural_loss_increase']:.4f} [{ch['natural_loss_increase_ci95_lo']:+.4f}, "
+    assert ci + f"{ch['natural_loss_increase_ci95_hi']:+.4f}]" in table, table
+    drop = f"{ch['copy_accuracy_drop']:+.3f} [{ch['copy_accuracy_drop_ci95_lo']:+.3f}, {ch['copy_accuracy_drop_ci95_hi']:+.3f}]"
+    assert drop in table, table
     for acc in [
         s["full"]["copy_accuracy"],
         s["chosen"]["copy_accuracy"],
@@ -224,6 +250,15 @@ def test_kv_run_on_the_zoo(case, method, tiny_tokenizer, text_file, tmp_path, ca
     assert json.loads(capsys.readouterr().out)["policy"]["kv_bytes"] == summary["kv_bytes"]
     text = (out / "summary.json").read_text()
     assert "NaN" not in text and math.isfinite(summary["chosen"]["natural_loss"])
+    lo, hi = summary["chosen"]["natural_loss_increase_ci95_lo"], summary["chosen"]["natural_loss_increase_ci95_hi"]
+    assert (
+        lo - 1e-9 <= summary["chosen"]["natural_loss_increase"] <= hi + 1e-9
+    )  # the file's interval holds its estimate
+    assert "block bootstrap" in summary["definitions"]["intervals"]["natural_loss"]
+    csv_header = (out / "curve.csv").read_text().splitlines()[0].split(",")
+    assert {"natural_loss_increase_ci95_lo", "copy_accuracy_drop_ci95_hi", "natural_loss_minus_uniform_ci95_lo"} <= set(
+        csv_header
+    )
     assert (out / "kv_curve.png").stat().st_size > 0 and (out / "curve.csv").read_text().count("\n") == 1 + 1 + 3 * 4
 
 
@@ -320,23 +355,49 @@ def test_the_report_says_equal_when_every_policy_is_the_full_cache(llama, text_f
 
 
 @pytest.mark.parametrize(
-    "chosen, words, beats",
+    "chosen, uniform_ci, words, beats",
     [  # a loss 3e-5 higher and an accuracy 4e-4 lower than the random mean: both below the printed digits
-        (0.12344, ("natural loss equal at 4 digits, copy accuracy equal;", "lower, copy accuracy equal at 3"), True),
-        (0.12360, ("natural loss higher, copy accuracy equal;", "lower, copy accuracy equal at 3"), False),
+        (0.12344, (-1e-4, 1e-4), ("natural loss equal at 4 digits, copy accuracy equal (", "lower, copy"), True),
+        (
+            0.12360,
+            (1e-4, 3e-4),
+            ("natural loss higher, copy accuracy equal (", "lower, copy accuracy equal at 3"),
+            False,
+        ),
+        # the same higher loss, but its paired interval covers 0: no verdict, and the words say why
+        (
+            0.12360,
+            (-1e-4, 3e-4),
+            (
+                "not distinguishable from uniform at this sample size: natural loss higher, copy accuracy equal (",
+                "lower",
+            ),
+            None,
+        ),
     ],
 )
-def test_beats_and_the_reports_words_are_one_comparison(chosen, words, beats, llama, text_file):
+def test_beats_and_the_reports_words_are_one_comparison(chosen, uniform_ci, words, beats, llama, text_file):
     """Hand-made near ties: summary.json's beats_uniform / beats_random and the report's words say the
     same, at the digits the table prints (loss 4 decimals, copy accuracy 3), and the words say where
-    only the unrounded values differ."""
+    only the unrounded values differ; a difference at those digits whose 95% interval covers 0 is
+    not distinguishable (beats null), one whose interval excludes 0 is decided by the digits."""
     import dataclasses
 
     _, model = llama
     r = run(model, tiny_kv(text_file, "llama", kv_budget=0.5, budgets=(0.5,), n_random=2), progress=False)
     made = {"chosen": (chosen, 0.5), "uniform": (0.12341, 0.5), "random": (0.2, 0.5004)}
+    intervals = {  # the chosen row's paired intervals, made to match the made numbers
+        "natural_loss_minus_uniform_ci95_lo": uniform_ci[0],
+        "natural_loss_minus_uniform_ci95_hi": uniform_ci[1],
+        "natural_loss_minus_random_mean_ci95_lo": -0.09,
+        "natural_loss_minus_random_mean_ci95_hi": -0.07,
+    }
     rows = [
-        {**row, **dict(zip(("natural_loss_increase", "copy_accuracy"), made[row["policy"]], strict=True))}
+        {
+            **row,
+            **dict(zip(("natural_loss_increase", "copy_accuracy"), made[row["policy"]], strict=True)),
+            **(intervals if row["policy"] == "chosen" else {}),
+        }
         if row["policy"] in made
         else row
         for row in r.comparison
@@ -347,6 +408,33 @@ def test_beats_and_the_reports_words_are_one_comparison(chosen, words, beats, ll
     assert f"against uniform: {words[0]}" in line and f"against random (mean): natural loss {words[1]}" in line, line
     assert f"{chosen:>15.4f}" in report  # the table shows the loss the words are about
     assert (s["beats_uniform"], s["beats_random"]) == (beats, True)
+
+
+def test_too_few_tokens_or_sequences_give_null_intervals_with_reasons(llama, text_file):
+    """22 scored tokens (8 blocks of 3, fewer than 10) and one long-range sequence: no interval, null
+    with the reason in summary.json, ``[n/a]`` in the report, and no comparison called a win."""
+    _, model = llama
+    cfg = KVConfig(
+        model="llama",
+        seq_len=24,
+        block_len=6,
+        sink=2,
+        window=6,
+        text=str(text_file),
+        distances=(12,),
+        n_random=1,
+        budgets=(0.5,),
+    )
+    r = run(model, cfg, progress=False)
+    s, report = r.summary(), r.report()
+    why = s["interval_null_reasons"]
+    assert "22 tokens in blocks of 3 make 8" in why["natural_loss"] and "at least 2" in why["copy_accuracy"]
+    assert all(math.isnan(s["chosen"][k]) for k in ("natural_loss_increase_ci95_lo", "copy_accuracy_drop_ci95_hi"))
+    assert "[n/a]" in next(x for x in report.splitlines() if x.lstrip().startswith("chosen "))
+    for key, control in (("beats_uniform", "uniform"), ("beats_random", "random_mean")):
+        claims = s[f"chosen_minus_{control}"]["not_distinguishable"]
+        assert s[key] is None if claims else s[key] is not None
+    assert "nan" not in report.lower()
 
 
 def test_the_bridge_is_refused(tiny_llama_gqa):

@@ -16,7 +16,9 @@ caches only for its "retrieval heads"). The command
    with ``--loss-tolerance``, the fewest whose natural-text loss increase stays within it (a
    binary search, each step measured exactly);
 4. measures the chosen policy exactly (attention masked per KV group) against the same window on
-   every group and random groups at the same memory (``--n-random`` seeds), for ``--budgets``.
+   every group and random groups at the same memory (``--n-random`` seeds), for ``--budgets``,
+   each number with a paired 95% interval (a block bootstrap over the natural text's tokens, a t
+   interval over the long-range sequences; a comparison within the noise is not called a win).
 
 Outputs: ``policy.json`` (format in docs/kv.md; ``headprobe budget --policy`` reads it),
 ``policy_budget.json`` (its KV bytes, FLOPs and attention bytes), ``group_costs.csv``,

@@ -151,8 +151,11 @@ class KVResult(CompactRepr, WritesOutputs):
                     "natural_loss_increase_mean": _mean(r["natural_loss_increase"] for r in rnd),
                     "copy_accuracy_mean": _mean(r["copy_accuracy"] for r in rnd),
                 },
-                "beats_uniform": _beats(by["chosen"], [by["uniform"]]),
-                "beats_random": _beats(by["chosen"], rnd),
+                "beats_uniform": _beats(by["chosen"], [by["uniform"]], "uniform"),
+                "beats_random": _beats(by["chosen"], rnd, "random_mean"),
+                "chosen_minus_uniform": _difference(by["chosen"], [by["uniform"]], "uniform"),
+                "chosen_minus_random_mean": _difference(by["chosen"], rnd, "random_mean"),
+                **({"interval_null_reasons": why} if (why := self._interval_null_reasons()) else {}),
                 "sources": self.sources,
                 "windows": self.windows,
                 "natural_text_untrusted": self.untrusted,
@@ -168,7 +171,10 @@ class KVResult(CompactRepr, WritesOutputs):
                     "random": "as many groups full as the chosen policy, drawn at random",
                     "beats": "beats_uniform / beats_random: the chosen policy's natural loss increase no higher "
                     "and copy accuracy no lower than the other's (the random rows' mean), compared at the "
-                    f"report's digits ({' and '.join(map(str, TABLE_DIGITS.values()))} decimals), as its words",
+                    f"report's digits ({' and '.join(map(str, TABLE_DIGITS.values()))} decimals), as its words; "
+                    "null where a difference at those digits has a 95% interval (chosen_minus_*) that covers 0 "
+                    "or none: not distinguishable at this sample size",
+                    "intervals": self._interval_rules(),
                 },
             },
             model=self.spec.name,
@@ -178,6 +184,66 @@ class KVResult(CompactRepr, WritesOutputs):
             self_check=self.self_check,
             config=c,
             timings_s={"load_s": self.load_s, "run_s": self.seconds},
+        )
+
+    def _interval_rules(self) -> dict:
+        """summary.json's ``definitions.intervals``: how each 95% interval is made, on this run's counts."""
+        from headprobe.analyses.statistics import block_bootstrap_rule, interval_rule
+
+        nat, hits = self.full.natural_token_loss, self.full.copy_hits
+        return {
+            "columns": "*_ci95_lo / *_ci95_hi: the 95% interval of the quantity before it; every interval is of "
+            "a paired difference (the same tokens under both policies, from the evaluations that give the "
+            "numbers: no further forward pass); natural_loss_increase and copy_accuracy_drop are the policy "
+            "against the full cache, chosen_minus_* the chosen policy's natural loss and copy accuracy minus "
+            "the control's",
+            "natural_loss": "unavailable (no per-token losses)"
+            if nat is None
+            else block_bootstrap_rule(nat.shape[1], nat.shape[0]),
+            "copy_accuracy": "unavailable (no per-token hits)"
+            if hits is None
+            else interval_rule("long-range sequences") + f" ({hits.shape[0]} here, {hits.shape[1]} copied tokens "
+            "each; a sequence's copied tokens come from one planted block and succeed or fail together, so the "
+            "sequence is the unit)",
+            "random_mean": "the chosen policy minus the random policies' mean, token by token: given these "
+            f"{self.config.n_random} draws (the spread over draws is the random rows' range, not in the interval)",
+        }
+
+    def _interval_null_reasons(self) -> dict[str, str]:
+        """Why the natural-loss or copy-accuracy intervals are null (summary.json's
+        ``interval_null_reasons``, absent where every interval exists)."""
+        from headprobe.analyses.statistics import MIN_BLOCKS, block_length, no_interval_reason
+
+        nat, hits, out = self.full.natural_token_loss, self.full.copy_hits, {}
+        if nat is None:
+            out["natural_loss"] = "undefined: no per-token losses (a result built from numbers alone)"
+        elif (blocks := nat.shape[0] * -(-nat.shape[1] // (b := block_length(nat.shape[1])))) < MIN_BLOCKS:
+            out["natural_loss"] = (
+                f"undefined: the block bootstrap needs at least {MIN_BLOCKS} blocks; {nat.numel()} tokens in "
+                f"blocks of {b} make {blocks} (raise --seq-len or --n-natural)"
+            )
+        if hits is None:
+            out["copy_accuracy"] = "undefined: no per-token hits (a result built from numbers alone)"
+        elif why := no_interval_reason(hits.shape[0], "long-range sequences"):
+            out["copy_accuracy"] = f"{why} (raise --n-per-distance or give more --distances)"
+        return out
+
+    def _interval_line(self) -> str:
+        """The report's line on how the intervals were made (summary.json's ``definitions.intervals`` in full)."""
+        from headprobe.analyses.statistics import MIN_BLOCKS, MIN_N_FOR_CI, block_length
+
+        nat, hits = self.full.natural_token_loss, self.full.copy_hits
+        if nat is None or hits is None:
+            return "(no intervals: the full cache's Quality has no per-token values)"
+        b = block_length(nat.shape[1])
+        blocks = nat.shape[0] * -(-nat.shape[1] // b)
+        few = f", fewer than {MIN_BLOCKS}: no interval" if blocks < MIN_BLOCKS else ""
+        one = f", fewer than {MIN_N_FOR_CI}: no interval" if hits.shape[0] < MIN_N_FOR_CI else ""
+        return (
+            f"(95% CI of paired differences, same tokens under both policies: natural loss by a block bootstrap "
+            f"over its {nat.numel()} tokens, {blocks} blocks of {b}{few}; copy accuracy by Student t over its "
+            f"{hits.shape[0]} long-range sequence(s){one}, whose copied tokens succeed or fail together; random (mean): "
+            f"given these {self.config.n_random} draws; summary.json's definitions.intervals)"
         )
 
     def _sliding(self) -> dict:
@@ -208,16 +274,21 @@ class KVResult(CompactRepr, WritesOutputs):
             if excluded
             else f"policy: {len(s['full_groups'])} of {n_groups} KV groups full, the rest "
             f"sink {s['sink']} + window {s['window']}; KV cache {s['kv_fraction']:.3f} of full at {s['seq_len']} tokens",
-            f"{'':>10} {'natural loss +':>15} {'copy accuracy':>14} {'long-range loss':>16}",
-            _table_row("full", {**s["full"], "natural_loss_increase": 0.0}),
+            f"{'':>10} {'natural loss +':>15} {'[95% CI]':<20} {'copy accuracy':>14} {'drop [95% CI]':<24} "
+            f"{'long-range loss':>16}",
+            _table_row("full", {**s["full"], "natural_loss_increase": 0.0}, interval=False),
         ]
         lines += [_table_row(name, s[name]) for name in ("chosen", "uniform")]
         lines += [_table_row(f"random {r['seed']}", r) for r in s["random"]["rows"]]
         others = {"uniform": [s["uniform"]], "random (mean)": s["random"]["rows"]}
         lines.append(
             f"chosen ({s['method']} ranking) against "
-            + "; against ".join(f"{name}: {_comparison(s['chosen'], rows)}" for name, rows in others.items())
+            + "; against ".join(
+                f"{name}: {_comparison(s['chosen'], rows, control, name)}"
+                for (name, rows), control in zip(others.items(), ("uniform", "random_mean"), strict=True)
+            )
         )
+        lines.append(self._interval_line())
         c = s["config"]
         n = len(c["distances"]) * c["n_per_distance"] * (c["block_len"] - 1)
         lines.append(
@@ -278,11 +349,26 @@ TABLE_DIGITS = {"natural_loss_increase": 4, "copy_accuracy": 3}
 (the report's words and summary.json's ``beats_*``) is made at them."""
 
 
-def _table_row(name: str, r: dict) -> str:
+def _table_row(name: str, r: dict, interval: bool = True) -> str:
     """One row of the report's table: ``name``, then ``r``'s natural loss increase and copy accuracy at
-    their :data:`TABLE_DIGITS` decimals and its long-range loss at 3."""
+    their :data:`TABLE_DIGITS` decimals, each followed (``interval``) by the 95% interval of the
+    increase and of the accuracy drop against the full cache (:func:`~headprobe.analyses.kvpolicy.curve_row`'s
+    ``*_ci95_*``; ``[n/a]`` where there is none), and its long-range loss at 3."""
+    from headprobe.analyses.figures import format_interval
+
+    nan = float("nan")
     loss, acc = (f"{r[k]:>{w}.{TABLE_DIGITS[k]}f}" for k, w in (("natural_loss_increase", 15), ("copy_accuracy", 14)))
-    return f"{name:>10} {loss} {acc} {r['long_range_loss']:>16.3f}"
+    d = TABLE_DIGITS["natural_loss_increase"]
+    loss_ci = format_interval(
+        r.get("natural_loss_increase_ci95_lo", nan), r.get("natural_loss_increase_ci95_hi", nan), f"+.{d}f"
+    )
+    a = TABLE_DIGITS["copy_accuracy"]
+    drop = f"{r.get('copy_accuracy_drop', nan):+.{a}f} " + format_interval(
+        r.get("copy_accuracy_drop_ci95_lo", nan), r.get("copy_accuracy_drop_ci95_hi", nan), f"+.{a}f"
+    )
+    if not interval:
+        loss_ci = drop = ""
+    return f"{name:>10} {loss} {loss_ci:<20} {acc} {drop:<24} {r['long_range_loss']:>16.3f}"
 
 
 def _signs(chosen: dict, others: list[dict]) -> dict[str, tuple[int, bool]]:
@@ -296,22 +382,79 @@ def _signs(chosen: dict, others: list[dict]) -> dict[str, tuple[int, bool]]:
     return out
 
 
-def _comparison(chosen: dict, others: list[dict]) -> str:
+_DIFFERENCES = {"natural_loss_increase": "natural_loss", "copy_accuracy": "copy_accuracy"}
+"""Per quantity of :data:`TABLE_DIGITS`, the name of the chosen row's paired difference from a control
+(:func:`~headprobe.analyses.kvpolicy.comparison_columns`: ``<name>_minus_<control>[_ci95_lo|_hi]``)."""
+
+
+def _interval(chosen: dict, key: str, control: str) -> tuple[float, float]:
+    """The 95% interval of chosen minus ``control`` on ``key`` (a :data:`TABLE_DIGITS` quantity), NaN
+    where the row has none."""
+    name, nan = f"{_DIFFERENCES[key]}_minus_{control}", float("nan")
+    return chosen.get(f"{name}_ci95_lo", nan), chosen.get(f"{name}_ci95_hi", nan)
+
+
+def _undistinguished(chosen: dict, others: list[dict], control: str) -> list[str]:
+    """The quantities on which the report's words claim a difference from ``others`` (nonzero at the
+    table's digits, :func:`_signs`) while the 95% interval of chosen minus ``control`` covers 0 or is
+    undefined (NaN: too few blocks or sequences, or a row without per-token values)."""
+    signs = _signs(chosen, others)
+    out = []
+    for key in TABLE_DIGITS:
+        lo, hi = _interval(chosen, key, control)
+        if signs[key][0] != 0 and not (lo > 0 or hi < 0):
+            out.append(_DIFFERENCES[key])
+    return out
+
+
+def _difference(chosen: dict, others: list[dict], control: str) -> dict:
+    """summary.json's ``chosen_minus_<control>``: per quantity the paired difference and its 95%
+    interval, the quantities :func:`_undistinguished` names and the verdict: ``beats``, ``does not beat``
+    or ``not distinguishable at this sample size``."""
+    out: dict[str, Any] = {}
+    for key, name in _DIFFERENCES.items():
+        out[name] = chosen.get(f"{name}_minus_{control}", float("nan"))
+        out[f"{name}_ci95"] = list(_interval(chosen, key, control))
+    out["not_distinguishable"] = _undistinguished(chosen, others, control)
+    beats = _beats(chosen, others, control)
+    out["verdict"] = (
+        "not distinguishable at this sample size" if beats is None else ("beats" if beats else "does not beat")
+    )
+    return out
+
+
+def _comparison(chosen: dict, others: list[dict], control: str, name: str) -> str:
     """How ``chosen`` compares with the mean of ``others``, in words, at the digits the report's table
     prints: ``"natural loss lower|equal|higher, copy accuracy ..."``, ``"equal at N digits"`` where
-    only the unrounded values differ."""
+    only the unrounded values differ; prefixed ``"not distinguishable from <name> at this sample
+    size: "`` where a difference the words claim has a 95% interval covering 0
+    (:func:`_undistinguished`), and followed by the paired differences and their intervals."""
+    from headprobe.analyses.figures import format_interval
 
     def word(key: str) -> str:
         sign, sub_digit = _signs(chosen, others)[key]
         return ("lower", "equal", "higher")[sign + 1] + (f" at {TABLE_DIGITS[key]} digits" if sub_digit else "")
 
-    return f"natural loss {word('natural_loss_increase')}, copy accuracy {word('copy_accuracy')}"
+    nan = float("nan")
+    diffs = ", ".join(
+        f"{label} {chosen.get(f'{_DIFFERENCES[key]}_minus_{control}', nan):+.{TABLE_DIGITS[key]}f} "
+        + format_interval(*_interval(chosen, key, control), f"+.{TABLE_DIGITS[key]}f")
+        for key, label in (("natural_loss_increase", "natural loss"), ("copy_accuracy", "copy accuracy"))
+    )
+    words = f"natural loss {word('natural_loss_increase')}, copy accuracy {word('copy_accuracy')}"
+    prefix = (
+        f"not distinguishable from {name} at this sample size: " if _undistinguished(chosen, others, control) else ""
+    )
+    return f"{prefix}{words} (chosen - {name}: {diffs})"
 
 
-def _beats(chosen: dict, others: list[dict]) -> bool:
+def _beats(chosen: dict, others: list[dict], control: str) -> bool | None:
     """No higher natural-text loss increase and no lower copy accuracy than the mean of ``others``
     at the report's digits (:func:`_signs`, as its words; ties count, so a budget where both copy
-    perfectly is judged on loss)."""
+    perfectly is judged on loss); None (not distinguishable at this sample size) where a difference
+    at those digits has a 95% interval of chosen minus ``control`` that covers 0 (:func:`_undistinguished`)."""
+    if _undistinguished(chosen, others, control):
+        return None
     signs = _signs(chosen, others)
     return signs["natural_loss_increase"][0] <= 0 and signs["copy_accuracy"][0] >= 0
 

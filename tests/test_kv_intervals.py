@@ -1,0 +1,130 @@
+"""The intervals of ``headprobe kv``: the block bootstrap of a per-token mean against scipy's bootstrap
+on blocks cut by a loop, its known answers (identical losses, a constant shift, too few blocks), its
+coverage on an autocorrelated series where a token-by-token bootstrap under-covers, and the paired
+differences of two policies' per-token values (the copy accuracy's Student-t interval over sequences
+against scipy's). No model: numpy, scipy and hand-made Quality objects."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from headprobe.analyses import kvpolicy as kp
+from headprobe.analyses.statistics import MIN_BLOCKS, block_bootstrap_ci, block_length
+
+
+def ar1(n_series: int, n: int, phi: float, seed: int) -> np.ndarray:
+    """``[n_series, n]`` stationary AR(1) series of mean 0 and unit innovations (a token's loss change
+    carries over to its neighbours)."""
+    rng = np.random.default_rng(seed)
+    e = rng.normal(size=(n_series, n))
+    x = np.empty_like(e)
+    x[:, 0] = e[:, 0] / np.sqrt(1 - phi**2)
+    for t in range(1, n):
+        x[:, t] = phi * x[:, t - 1] + e[:, t]
+    return x
+
+
+def test_block_length_is_the_cube_root_rounded_up():
+    assert [block_length(n) for n in (1, 8, 9, 46, 1000, 1022, 4094)] == [1, 2, 3, 4, 10, 11, 16]
+
+
+def test_block_bootstrap_equals_scipys_bootstrap_of_the_blocks():
+    """Blocks cut by a loop (none crossing a window, the last one short), then scipy's percentile
+    bootstrap of sum / tokens over them (paired: a block's sum and size are drawn together). The two
+    draw different resamples, so they agree to the Monte Carlo error (about 1% of the width each)."""
+    from scipy.stats import bootstrap
+
+    x = ar1(2, 301, 0.6, seed=3) + 0.1  # 301 = 43 * 7: blocks of 7, none short; then blocks of 10 (31 short)
+    for block in (7, 10):
+        sums, sizes = [], []
+        for w in range(2):
+            for a in range(0, 301, block):
+                sums.append(x[w, a : a + block].sum())
+                sizes.append(len(x[w, a : a + block]))
+        ref = bootstrap(
+            (np.array(sums), np.array(sizes, dtype=float)),
+            lambda s, n, axis=-1: s.sum(axis) / n.sum(axis),
+            paired=True,
+            n_resamples=10_000,
+            method="percentile",
+            random_state=7,
+        ).confidence_interval
+        got = block_bootstrap_ci(x, block_len=block)
+        width = ref.high - ref.low
+        assert got == pytest.approx([ref.low, ref.high], abs=0.05 * width), (block, got, ref)
+    # blocks of one token: the ordinary bootstrap of the mean (scipy's, on the tokens themselves)
+    y = x[:1, :200]
+    ref = bootstrap((y[0],), np.mean, n_resamples=10_000, method="percentile", random_state=1).confidence_interval
+    assert block_bootstrap_ci(y, block_len=1) == pytest.approx([ref.low, ref.high], abs=0.05 * (ref.high - ref.low))
+
+
+def test_block_bootstrap_known_answers():
+    """Identical losses: a zero-width interval at 0; a constant shift: one at the shift; too few
+    blocks or a NaN: no interval (NaN, JSON null), never a made-up one."""
+    assert block_bootstrap_ci(np.zeros((1, 1022))).tolist() == [0.0, 0.0]
+    assert block_bootstrap_ci(np.full((3, 46), 0.0125)) == pytest.approx([0.0125, 0.0125], abs=1e-15)
+    n = MIN_BLOCKS * 4 - 1  # blocks of 4 (ceil(39^(1/3))): 10 blocks, the last short
+    assert np.isfinite(block_bootstrap_ci(np.ones(n))).all()
+    assert np.isnan(block_bootstrap_ci(np.ones(n), block_len=n // (MIN_BLOCKS - 1) + 1)).all()  # 9 blocks
+    x = np.ones(100)
+    x[5] = np.nan
+    assert np.isnan(block_bootstrap_ci(x)).all()
+    # the interval is of the mean over tokens: a shift moves both bounds by it exactly
+    z = ar1(1, 500, 0.5, seed=0)
+    assert block_bootstrap_ci(z + 2.0) == pytest.approx(block_bootstrap_ci(z) + 2.0, abs=1e-12)
+
+
+def test_blocks_keep_the_coverage_a_token_bootstrap_loses():
+    """300 AR(1) series (phi 0.5, 1,022 tokens, mean 0): the block bootstrap's 95% interval holds the
+    mean 0 in about 0.9 of them; resampling tokens one by one (blocks of 1) ignores the correlation
+    (variance ratio (1 + phi) / (1 - phi) = 3) and covers about P(|Z| < 1.96 / sqrt 3) = 0.74."""
+    x = ar1(300, 1022, 0.5, seed=11)
+    block = np.array([block_bootstrap_ci(s, n_boot=2000) for s in x])
+    token = np.array([block_bootstrap_ci(s, block_len=1, n_boot=2000) for s in x])
+    cover_block = np.mean((block[:, 0] <= 0) & (0 <= block[:, 1]))
+    cover_token = np.mean((token[:, 0] <= 0) & (0 <= token[:, 1]))
+    assert cover_block >= 0.86 and cover_token <= 0.82, (cover_block, cover_token)
+
+
+def _quality(nat: torch.Tensor, hits: torch.Tensor) -> kp.Quality:
+    return kp.Quality(float(nat.mean()), 0.0, float(hits.mean()), {}, nat, hits)
+
+
+def test_paired_difference_of_two_policies():
+    """The chosen minus a control, token by token: identical values give [0, 0]; a policy that loses
+    0.02 nats on every token gives [0.02, 0.02]; the copy accuracy's interval is scipy's t interval of
+    the per-sequence accuracy differences; against the random policies' mean (:func:`mean_quality`)
+    the difference is the mean of the differences. No interval without per-token values."""
+    from scipy.stats import ttest_1samp
+
+    g = torch.Generator().manual_seed(0)
+    nat = torch.rand(2, 60, generator=g) * 3
+    hits = (torch.rand(4, 5, generator=g) > 0.5).float()
+    a = _quality(nat, hits)
+    same = kp.paired_difference(a, _quality(nat.clone(), hits.clone()))
+    assert [same[k] for k in ("natural_loss_ci95_lo", "natural_loss_ci95_hi")] == [0.0, 0.0]
+    assert [same[k] for k in ("copy_accuracy_ci95_lo", "copy_accuracy_ci95_hi")] == [0.0, 0.0]
+    shifted = kp.paired_difference(_quality(nat + 0.02, hits), a)
+    assert shifted["natural_loss"] == pytest.approx(0.02, abs=1e-6)
+    assert [shifted["natural_loss_ci95_lo"], shifted["natural_loss_ci95_hi"]] == pytest.approx([0.02, 0.02], abs=1e-6)
+    other = (torch.rand(4, 5, generator=g) > 0.3).float()
+    d = kp.paired_difference(a, _quality(nat, other))
+    per_seq = (hits.mean(1) - other.mean(1)).double().numpy()
+    ref = ttest_1samp(per_seq, 0.0).confidence_interval(0.95)
+    assert d["copy_accuracy"] == pytest.approx(float(hits.mean() - other.mean()))
+    assert [d["copy_accuracy_ci95_lo"], d["copy_accuracy_ci95_hi"]] == pytest.approx([ref.low, ref.high])
+    b1, b2 = _quality(nat + 0.1, other), _quality(nat - 0.3, hits)
+    mean = kp.paired_difference(a, kp.mean_quality([b1, b2]))
+    one, two = kp.paired_difference(a, b1), kp.paired_difference(a, b2)
+    assert mean["natural_loss"] == pytest.approx((one["natural_loss"] + two["natural_loss"]) / 2, abs=1e-6)
+    assert mean["copy_accuracy"] == pytest.approx((one["copy_accuracy"] + two["copy_accuracy"]) / 2)
+    bare = kp.paired_difference(a, kp.Quality(1.0, 0.0, 0.5, {}))
+    assert all(np.isnan(v) for v in bare.values())
+    assert "natural_token_loss" not in a.to_dict() and set(a.to_dict()) == {
+        "natural_loss",
+        "long_range_loss",
+        "copy_accuracy",
+        "per_distance",
+    }
