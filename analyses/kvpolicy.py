@@ -43,6 +43,7 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
@@ -225,7 +226,8 @@ def paired_difference(a: Quality, b: Quality) -> dict[str, float]:
     * ``copy_accuracy``: the mean over long-range sequences of each sequence's accuracy difference
       (0..1) and its Student-t interval over the sequences
       (:func:`~headprobe.analyses.statistics.mean_ci`): a sequence's copied tokens come from one
-      planted block and succeed or fail together, so the sequence is the unit.
+      planted block and succeed or fail together, so the sequence is the unit; clipped to [-1, 1],
+      the range of a difference of two accuracies (a t interval over 3 or 4 sequences overshoots it).
 
     Returns:
         ``{"natural_loss", "natural_loss_ci95_lo", "natural_loss_ci95_hi", "copy_accuracy",
@@ -245,7 +247,7 @@ def paired_difference(a: Quality, b: Quality) -> dict[str, float]:
         out.update(natural_loss=float(d.mean()), natural_loss_ci95_lo=float(lo), natural_loss_ci95_hi=float(hi))
     if a.copy_hits is not None and b.copy_hits is not None:
         per_seq = (a.copy_hits.double().mean(1) - b.copy_hits.double().mean(1)).numpy()  # [sequence]
-        lo, hi = mean_ci(per_seq)
+        lo, hi = np.clip(mean_ci(per_seq), -1.0, 1.0)  # a difference of two accuracies lies in [-1, 1]
         out.update(
             copy_accuracy=float(per_seq.mean()), copy_accuracy_ci95_lo=float(lo), copy_accuracy_ci95_hi=float(hi)
         )

@@ -120,6 +120,11 @@ def test_paired_difference_of_two_policies():
     one, two = kp.paired_difference(a, b1), kp.paired_difference(a, b2)
     assert mean["natural_loss"] == pytest.approx((one["natural_loss"] + two["natural_loss"]) / 2, abs=1e-6)
     assert mean["copy_accuracy"] == pytest.approx((one["copy_accuracy"] + two["copy_accuracy"]) / 2)
+    # 3 sequences that differ by 1, 0 and 1: the t interval [-0.77, 2.10] overshoots what a difference
+    # of accuracies can be; the interval is clipped to [-1, 1] (the SmolLM2 run printed +1.456)
+    wide = kp.paired_difference(_quality(nat, torch.tensor([[1.0], [0.0], [1.0]])), _quality(nat, torch.zeros(3, 1)))
+    t = ttest_1samp([1.0, 0.0, 1.0], 0.0).confidence_interval(0.95)
+    assert t.high > 2 and [wide["copy_accuracy_ci95_lo"], wide["copy_accuracy_ci95_hi"]] == pytest.approx([t.low, 1.0])
     bare = kp.paired_difference(a, kp.Quality(1.0, 0.0, 0.5, {}))
     assert all(np.isnan(v) for v in bare.values())
     assert "natural_token_loss" not in a.to_dict() and set(a.to_dict()) == {
