@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Int
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from headprobe.analyses.ablation import task_loss, token_losses
@@ -255,6 +255,43 @@ def in_context_loss(losses: Tensor, early: float = 0.10, late: float = 0.98, win
     return around(late) - around(early)
 
 
+def in_context_losses(
+    losses: Float[Tensor, "batch pos"], early: float = 0.10, late: float = 0.98, window: int = 2
+) -> Float[Tensor, " batch"]:
+    """:func:`in_context_loss` of each sequence, ``[batch]`` (nats): its mean over the batch is
+    :func:`in_context_loss` (the same ``2 window + 1`` positions in every sequence)."""
+    n = losses.shape[1]
+
+    def around(frac: float) -> Tensor:
+        c = min(max(int(round(frac * n)), window), n - 1 - window)
+        return losses[:, c - window : c + window + 1].mean(dim=1)
+
+    return around(late) - around(early)
+
+
+def in_context_ci(losses: Float[Tensor, "batch pos"], mean: float) -> tuple[float, float]:
+    """The 95% Student-t interval of :func:`in_context_loss` over the sequences of ``losses``
+    (:func:`~headprobe.analyses.statistics.mean_ci` of :func:`in_context_losses`; NaN from one sequence),
+    after checking that the per-sequence values average to ``mean`` (the printed in-context loss)
+    within 1e-4 nats. A non-finite ``mean`` (a diverged model) gets NaN bounds, unchecked.
+
+    Raises:
+        HeadprobeError: they do not (the interval would not be the printed number's).
+    """
+    from headprobe.analyses.statistics import mean_ci
+
+    per_seq = in_context_losses(losses.double()).cpu().numpy()
+    if not math.isfinite(mean):  # diverged weights: train refuses the run itself, naming the step
+        return float("nan"), float("nan")
+    if not abs(float(per_seq.mean()) - mean) <= 1e-4:
+        raise HeadprobeError(
+            f"the per-sequence in-context losses average to {per_seq.mean():+.6f} nats, the in-context loss "
+            f"is {mean:+.6f}: no interval is written for a number it does not belong to"
+        )
+    lo, hi = mean_ci(per_seq)
+    return float(lo), float(hi)
+
+
 @torch.inference_mode()
 def evaluate(loaded: LoadedModel, held_out: Tensor, repeated, held_out_text: Tensor | None = None) -> dict[str, object]:
     """Scores of every head and the evaluation losses.
@@ -267,7 +304,8 @@ def evaluate(loaded: LoadedModel, held_out: Tensor, repeated, held_out_text: Ten
 
     Returns:
         ``{"induction": [layer, head], "previous_token": [layer, head], "repeated_loss",
-        "eval_loss", "in_context_loss"}`` (losses in nats/token). ``eval_loss`` is the mean loss
+        "eval_loss", "in_context_loss", "in_context_loss_ci95"}`` (losses in nats/token;
+        ``in_context_loss_ci95``: ``(lo, hi)`` over the ``held_out`` sequences, :func:`in_context_ci`). ``eval_loss`` is the mean loss
         on ``held_out_text`` when given (then ``"text_in_context_loss"``, the in-context loss on
         that text, is added), else on ``held_out``; ``in_context_loss`` is always on ``held_out``.
     """
@@ -282,12 +320,14 @@ def evaluate(loaded: LoadedModel, held_out: Tensor, repeated, held_out_text: Ten
     logits = patterns_by_layer(loaded, repeated.tokens, on_pattern)
     rep_loss = task_loss(logits, repeated.tokens.to(logits.device), "repeated", repeated.start, repeated.period)
     losses = token_losses(loaded.forward(held_out), held_out)
+    icl = in_context_loss(losses)
     out = {
         "induction": ind,
         "previous_token": prev,
         "repeated_loss": rep_loss,
         "eval_loss": float(losses.mean()),
-        "in_context_loss": in_context_loss(losses),
+        "in_context_loss": icl,
+        "in_context_loss_ci95": in_context_ci(losses, icl),
     }
     if held_out_text is not None:
         text_losses = token_losses(loaded.forward(held_out_text), held_out_text)
@@ -546,6 +586,8 @@ def _log_row(step: int, running: list[float], ev: dict, heads: list[str], text: 
         "train_loss": float(np.mean(running)) if running else float("nan"),
         "eval_loss": ev["eval_loss"],
         "in_context_loss": ev["in_context_loss"],
+        "in_context_loss_ci95_low": ev["in_context_loss_ci95"][0],
+        "in_context_loss_ci95_high": ev["in_context_loss_ci95"][1],
         **({"text_in_context_loss": ev["text_in_context_loss"]} if text else {}),
         "repeated_loss": ev["repeated_loss"],
         "max_induction": float(ev["induction"].max()),

@@ -399,6 +399,7 @@ def test_checkpoint_from_when_the_repeated_task_was_called_induction_resumes(tin
     old = states[-1]
     old["induction"] = old.pop("repeated")
     old["induction"]["loss"]["1.2"] = old["induction"]["clean"] + 7.0
+    old["induction"]["seq"]["1.2"] = [x + 7.0 for x in old["induction"]["clean_seq"]]  # their mean is the loss
     resumed = ablate_core.run(model, AblateConfig(**data), resume=old, progress=False)
     assert resumed.tasks["repeated"].effect[1, 2] == pytest.approx(7.0, abs=1e-5)
     assert resumed.swept == 0 and set(resumed.tasks) == {"natural", "repeated"}
@@ -487,3 +488,70 @@ def test_the_encoder_group_of_the_families_is_their_encoder_flag():
     from headprobe.probe.model.families import FAMILIES, is_encoder_type
 
     assert {t for t in FAMILIES if is_encoder_type(t)} == {t for t in FAMILIES if FAMILIES.get(t).encoder} == {"bert"}
+
+
+def test_ablate_effect_intervals_equal_a_hooked_reference(tiny_dir, tmp_path):
+    """Each head's loss increase carries the 95% Student-t interval over the task's sequences (it
+    was printed bare, and a top-heads list from 8 sequences read as a finding). The reference: each
+    sequence's scored loss with the head zero-ablated through hooks on a full forward pass (not the
+    sweep's resumed forward), and scipy's t interval; the summary's top heads and the report carry it."""
+    from scipy import stats
+
+    import headprobe
+    from headprobe.commands.ablate import AblateConfig
+    from headprobe.commands.ablate import core as ablate_core
+    from headprobe.probe.backends.base import scored_loss
+    from headprobe.probe.hooks.ablation import head_ablation_hooks
+
+    model = headprobe.load_model(str(tiny_dir), device="cpu")
+    cfg = AblateConfig(
+        model=str(tiny_dir), text=_text(tmp_path), seq_len=16, n_natural=4, n_repeated=3, period=6, device="cpu"
+    )
+    r = ablate_core.run(model, cfg, progress=False)
+    _, _, sets, _ = ablate_core._task_sets(model, r.config)
+    summary, report = r.summary(), r.report()
+    for task, (tokens, first, _) in sets.items():
+        with torch.no_grad():
+            clean = scored_loss(model.forward(tokens), tokens, first).double()
+            ablated = {
+                (layer, head): scored_loss(
+                    model.forward(tokens, fwd_hooks=head_ablation_hooks([(layer, head)], "zero")), tokens, first
+                ).double()
+                for layer, head in [(0, 4), (1, 1), (1, 6)]
+            }
+        for (layer, head), loss in ablated.items():
+            d = (loss - clean).numpy()
+            lo, hi = stats.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
+            row = r.table[(r.table["layer"] == layer) & (r.table["head"] == head)].iloc[0]
+            assert row[f"{task}_loss_delta"] == pytest.approx(d.mean(), abs=1e-5)
+            assert row[f"{task}_loss_delta_ci95_low"] == pytest.approx(lo, abs=1e-5)
+            assert row[f"{task}_loss_delta_ci95_high"] == pytest.approx(hi, abs=1e-5)
+        top = summary["top_heads_by_loss_delta"][task][0]
+        layer, head = map(int, top["head"].split("."))
+        row = r.table[(r.table["layer"] == layer) & (r.table["head"] == head)].iloc[0]
+        want = [round(row[f"{task}_loss_delta_ci95_low"], 5), round(row[f"{task}_loss_delta_ci95_high"], 5)]
+        assert top["ci95"] == pytest.approx(want, abs=1e-5)
+        line = next(x for x in report.splitlines() if x.startswith(task))
+        assert f"{top['head']} (+{top['loss_delta']:.3f} [{want[0]:+.3f}, {want[1]:+.3f}])" in line, line
+    assert "Student-t" in summary["interval_rule"]
+
+
+def test_ablate_refuses_per_sequence_losses_that_do_not_average_to_the_effect(tiny_dir, tmp_path):
+    """The identity behind the interval: the mean over sequences of each head's per-sequence loss
+    increase is its printed effect. A checkpoint whose per-sequence losses disagree with its mean
+    (here one head's shifted by 0.5 nats) is refused in one line, not printed beside a wrong interval."""
+    import headprobe
+    from headprobe.commands.ablate import AblateConfig
+    from headprobe.commands.ablate import core as ablate_core
+    from headprobe.probe.core.errors import HeadprobeError
+
+    model = headprobe.load_model(str(tiny_dir), device="cpu")
+    cfg = AblateConfig(
+        model=str(tiny_dir), text=_text(tmp_path), seq_len=16, n_natural=3, n_repeated=2, period=6, device="cpu"
+    )
+    states = []
+    ablate_core.run(model, cfg, on_save=lambda s: states.append(json.loads(json.dumps(s))), progress=False)
+    bad = states[-1]
+    bad["natural"]["seq"]["1.2"] = [x + 0.5 for x in bad["natural"]["seq"]["1.2"]]
+    with pytest.raises(HeadprobeError, match=r"natural task: head 1\.2's per-sequence loss increases average to"):
+        ablate_core.run(model, cfg, resume=bad, progress=False)

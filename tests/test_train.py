@@ -589,3 +589,38 @@ def test_atlas_docs_train_command_is_the_toy_models_settings():
     config = config_from_args(build_parser().parse_args(argv))
     expected = TrainConfig(**{**TOY_TRAIN, "n_words": 96, "steps": 1200, "save_every": 100})
     assert config == expected
+
+
+def test_in_context_loss_carries_its_t_interval_over_the_held_out_sequences():
+    """The final in-context loss, on which train calls a model copying or not, was printed bare from
+    --n-eval sequences. Its 95% interval, against a reference by hand: each held-out sequence's mean
+    loss at positions 27-31 minus 1-5 (seq_len 33: 32 predictions, +-2 around 0.98 and 0.10 of them,
+    clamped) and scipy's t interval; a mean the per-sequence values do not average to is refused."""
+    from scipy import stats
+
+    import headprobe
+    from headprobe.analyses.ablation import token_losses
+    from headprobe.analyses.train import _eval_data
+    from headprobe.probe.core.errors import HeadprobeError
+
+    result = headprobe.train(
+        steps=20, eval_every=10, d_model=16, n_eval=6, seq_len=33, max_period=12, eval_period=8, device="cpu"
+    )
+    held_out = _eval_data(result.config, result.loaded, "cpu")[0]
+    with torch.no_grad():
+        losses = token_losses(result.loaded.forward(held_out), held_out).double().numpy()
+    assert losses.shape == (6, 32)
+    d = losses[:, 27:32].mean(axis=1) - losses[:, 1:6].mean(axis=1)
+    lo, hi = stats.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
+    s = result.summary()
+    assert s["final"]["in_context_loss"] == pytest.approx(d.mean(), abs=1e-4)
+    assert s["final"]["in_context_loss_ci95"] == pytest.approx([lo, hi], abs=1e-4)
+    last = result.log.iloc[-1]
+    assert [last["in_context_loss_ci95_low"], last["in_context_loss_ci95_high"]] == pytest.approx([lo, hi], abs=1e-6)
+    assert (
+        f"in-context loss {d.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] (95% CI over 6 held-out sequences)" in result.report()
+    )
+    from headprobe.analyses.train import in_context_ci  # the identity check behind the interval
+
+    with pytest.raises(HeadprobeError, match="per-sequence in-context losses average to"):
+        in_context_ci(torch.as_tensor(losses), float(d.mean()) + 0.01)

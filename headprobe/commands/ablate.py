@@ -181,7 +181,7 @@ def main(args: argparse.Namespace, config: AblateConfig) -> int:
     model loads) -> resumable run -> save -> print."""
 
     def resumed(saved: dict) -> str:
-        return f"{sum(len(t['loss']) for t in saved.values())} head ablations done"
+        return f"{sum(len(t.get('seq', {})) for t in saved.values())} head ablations done"
 
     return options.run_command(args, config, options.Run("headprobe.commands.ablate_core", resumed=resumed))
 

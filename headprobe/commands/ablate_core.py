@@ -33,6 +33,7 @@ from headprobe.analyses.attribution import atp_star, estimate_plan, forward_equi
 from headprobe.analyses.data import TokenSet, left_out_notes, window_counts
 from headprobe.analyses.outputs import WritesOutputs
 from headprobe.analyses.scoring import score_plan, score_tokens
+from headprobe.analyses.statistics import interval_rule, no_interval_reason
 from headprobe.commands.ablate import ESTIMATES, NEEDS_CAUSAL, TASKS, AblateConfig
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core import ablation_kinds
@@ -60,6 +61,9 @@ class TaskResult:
         sweep_s, gradient_s: seconds spent on the sweep and on the gradient scores.
         estimated: with ``--estimate``: the estimate of each head's effect (``effect`` is then all NaN:
             nothing was swept); None otherwise.
+        effect_ci: ``[2, layer, head]`` the 95% Student-t interval of ``effect`` over the task's
+            sequences (:func:`~headprobe.analyses.statistics.mean_ci`; NaN where not swept or from
+            one sequence); None with ``--estimate``.
     """
 
     clean_loss: float
@@ -69,6 +73,7 @@ class TaskResult:
     sweep_s: float
     gradient_s: float
     estimated: np.ndarray | None = None
+    effect_ci: np.ndarray | None = None
 
     @property
     def estimate(self) -> np.ndarray:
@@ -96,9 +101,11 @@ def checkpointed_sweep(
     progress: bool = True,
 ) -> SweepResult:
     """:func:`~headprobe.analyses.ablation.exact_sweep` in chunks of :data:`CHUNK_LAYERS` layers, recording
-    each chunk's losses in ``done`` (``{"clean": float, "loss": {"layer.head": float}}``) and
-    calling ``save()`` after it; heads already in ``done`` are skipped. Every chunk is
-    deterministic, so a resumed sweep equals an uninterrupted one.
+    each chunk's losses in ``done`` (``{"clean": float, "loss": {"layer.head": float}, "clean_seq":
+    [float], "seq": {"layer.head": [float]}}``: means and per-sequence losses) and calling ``save()``
+    after it; heads already in ``done["seq"]`` are skipped (a checkpoint written before per-sequence
+    losses were kept is swept again). Every chunk is deterministic, so a resumed sweep equals an
+    uninterrupted one. The result holds the per-sequence losses (``per_sequence``, ``clean_per_sequence``).
 
     Under ``torchrun`` (:mod:`headprobe.analyses.distributed`) each rank sweeps its slice
     (:func:`~headprobe.analyses.distributed.shard_of`) of the heads not yet in ``done`` (which
@@ -108,7 +115,8 @@ def checkpointed_sweep(
     from headprobe.probe.core.progress import progress_bar
 
     spec = model.spec
-    todo = [h for h in heads if format_head(h) not in done["loss"]]
+    done.setdefault("seq", {})
+    todo = [h for h in heads if format_head(h) not in done["seq"]]
     mine = set(distributed.shard_of(todo))
     layers = sorted({layer for layer, _ in heads})
     chunks = [
@@ -125,20 +133,30 @@ def checkpointed_sweep(
             source_tokens=source_tokens,
             first=first,
             max_batch=max_batch,
+            per_sequence=True,
         )
+        assert part.per_sequence is not None and part.clean_per_sequence is not None  # per_sequence=True
         done["clean"] = part.clean_loss
+        done["clean_seq"] = part.clean_per_sequence.tolist()
         done["loss"].update({format_head(h): float(part.loss[h]) for h in chunk})
+        done["seq"].update({format_head(h): part.per_sequence[h].tolist() for h in chunk})
         save()
     if distributed.active():
         parts = distributed.all_gather_objects(done)
         for part in parts:
             done["loss"].update(part["loss"])
+            done["seq"].update(part.get("seq", {}))
         done["clean"] = next((p["clean"] for p in parts if p["clean"] is not None), None)
+        done["clean_seq"] = next((p["clean_seq"] for p in parts if p.get("clean_seq") is not None), None)
     loss = torch.full((spec.n_layers, spec.n_heads), float("nan"))
+    clean_seq = torch.tensor(done["clean_seq"], dtype=torch.float) if done.get("clean_seq") is not None else None
+    seq = torch.full((spec.n_layers, spec.n_heads, len(done.get("clean_seq") or ())), float("nan"))
     for name, value in done["loss"].items():
         layer, head = map(int, name.split("."))
         loss[layer, head] = float("nan") if value is None else value  # a checkpoint holds NaN as null
-    return SweepResult(done["clean"], loss, kind)
+        if name in done["seq"]:
+            seq[layer, head] = torch.tensor([float("nan") if x is None else x for x in done["seq"][name]])
+    return SweepResult(done["clean"], loss, kind, seq, clean_seq)
 
 
 def merge_states(states: list[dict]) -> dict:
@@ -148,10 +166,13 @@ def merge_states(states: list[dict]) -> dict:
     merged: dict = {}
     for state in states:
         for task, done in state.items():
-            into = merged.setdefault(task, {"clean": None, "loss": {}})
+            into = merged.setdefault(task, {"clean": None, "loss": {}, "clean_seq": None, "seq": {}})
             into["loss"].update(done.get("loss", {}))
+            into["seq"].update(done.get("seq", {}))
             if into["clean"] is None:
                 into["clean"] = done.get("clean")
+            if into["clean_seq"] is None:
+                into["clean_seq"] = done.get("clean_seq")
     return merged
 
 
@@ -173,6 +194,20 @@ def _rank_correlation(a, b, names: tuple[str, str] = ("one ranking", "the other"
     if flat:
         return None, f"undefined: {' and '.join(flat)} {'is' if len(flat) == 1 else 'are'} the same for every head"
     return spearman(a, b), None
+
+
+def _rounded_ci(ci: np.ndarray | None, head: tuple[int, int]) -> list[float] | None:
+    """``[lo, hi]`` of ``ci`` (``[2, layer, head]``) at ``head``, rounded to 5 decimals; None (JSON null) where
+    there is none (one sequence)."""
+    if ci is None or not np.isfinite(ci[:, head[0], head[1]]).all():
+        return None
+    return [round(float(x), 5) for x in ci[:, head[0], head[1]]]
+
+
+def _interval_text(ci: list[float] | None) -> str:
+    """``[lo, hi]`` of a summary's ``ci95`` on screen, ``[n/a]`` for None (:func:`~headprobe.analyses.figures.format_interval`)."""
+    lo, hi = ci if ci is not None else (None, None)
+    return figs.format_interval(lo, hi, "+.3f")
 
 
 def _rank_correlations(tasks: dict, induction_score) -> dict[str, tuple[float | None, str | None]]:
@@ -245,11 +280,18 @@ class AblateResult(CompactRepr, WritesOutputs):
                 "units": "nats/token",
                 "top_heads_by_loss_delta": {
                     t: [
-                        {"head": format_head(h), "loss_delta": round(float(r.effect[h]), 5)}
+                        {
+                            "head": format_head(h),
+                            "loss_delta": round(float(r.effect[h]), 5),
+                            "ci95": _rounded_ci(r.effect_ci, h),
+                        }
                         for h in top_heads(torch.as_tensor(r.effect), TOP_N)
                     ]
                     for t, r in results.items()
                 },
+                "interval_rule": interval_rule() + ": ci95 of each head's loss increase, and the "
+                "<task>_loss_delta_ci95_low/high columns of head_ablation.csv",
+                **({"interval_null_reasons": no_ci} if (no_ci := self._interval_null_reasons()) else {}),
                 # importance is unsigned (E|dL/dxi|): compared with the effect's size, and with the signed effect
                 "spearman_with_exact_sweep": {
                     t: {
@@ -269,6 +311,11 @@ class AblateResult(CompactRepr, WritesOutputs):
                 **{f"{t}_gradient": r.gradient_s for t, r in results.items()},
             },
         )
+
+    def _interval_null_reasons(self) -> dict[str, str]:
+        """Task -> why its intervals are null (fewer than 2 sequences: ``--n-natural 1``, ``--n-repeated 1``)."""
+        n = {"natural": self.config.n_natural, "repeated": int(self.repeated.tokens.shape[0])}
+        return {t: why for t, k in n.items() if (why := no_interval_reason(k))}
 
     def _envelope(self, body: dict, timings: dict[str, float]) -> dict:
         """``body`` in the summary envelope (:func:`~headprobe.probe.core.io.summary_envelope`), with
@@ -422,7 +469,10 @@ class AblateResult(CompactRepr, WritesOutputs):
             *_removed_lines(s["removed_heads"]),
         ]
         for task in TASKS:
-            tops = ", ".join(f"{e['head']} ({e['loss_delta']:+.3f})" for e in s["top_heads_by_loss_delta"][task][:5])
+            tops = ", ".join(
+                f"{e['head']} ({e['loss_delta']:+.3f} {_interval_text(e['ci95'])})"
+                for e in s["top_heads_by_loss_delta"][task][:5]
+            )
             rho = s["spearman_with_exact_sweep"][task]
             r = {k: "n/a" if v is None else f"{v:.2f}" for k, v in rho.items()}
             reasons = dict.fromkeys(
@@ -434,7 +484,7 @@ class AblateResult(CompactRepr, WritesOutputs):
             )
             why = f" (n/a: {'; '.join(reasons)})" if reasons else ""
             lines.append(
-                f"{task:<10} top heads by Δ loss: {tops}; Spearman with exact sweep: importance vs |Δ| "
+                f"{task:<10} top heads by Δ loss [95% CI]: {tops}; Spearman with exact sweep: importance vs |Δ| "
                 f"{r['gradient_importance_vs_abs_effect']} (signed {r['gradient_importance']}), "
                 f"attribution {r['attribution_patching']}{why}"
             )
@@ -654,11 +704,47 @@ def _sweep_task(
         progress=progress,
     )
     t1 = time.perf_counter()
+    effect_ci = _effect_ci(model, task, sweep)
     grad = head_importance(model, tokens, first, kind=cfg.kind, mean_z=mean_z, source_tokens=src)
     t2 = time.perf_counter()
     return TaskResult(
-        sweep.clean_loss, sweep.effect.numpy(), grad.importance.numpy(), grad.attribution.numpy(), t1 - t0, t2 - t1
+        sweep.clean_loss,
+        sweep.effect.numpy(),
+        grad.importance.numpy(),
+        grad.attribution.numpy(),
+        t1 - t0,
+        t2 - t1,
+        effect_ci=effect_ci,
     )
+
+
+def _effect_ci(model: LoadedModel, task: str, sweep: SweepResult) -> np.ndarray:
+    """``[2, layer, head]``: the 95% Student-t interval of each swept head's loss increase over the
+    task's sequences (:func:`~headprobe.analyses.statistics.mean_ci` of ``per_sequence -
+    clean_per_sequence``), after checking the identity that makes it the effect's interval: the mean of
+    each head's per-sequence increases equals its effect ``loss - clean_loss``, within
+    :func:`~headprobe.analyses.circuit.baseline_tolerance` (1e-4 nats in float32).
+
+    Raises:
+        HeadprobeError: the identity fails (e.g. a checkpoint whose per-sequence losses are not its means').
+    """
+    from headprobe.analyses.circuit import baseline_tolerance
+    from headprobe.analyses.statistics import mean_ci
+
+    assert sweep.per_sequence is not None and sweep.clean_per_sequence is not None  # checkpointed_sweep keeps them
+    deltas = (sweep.per_sequence.double() - sweep.clean_per_sequence.double()).permute(2, 0, 1).numpy()
+    effect = sweep.effect.double().numpy()
+    tol, rule = baseline_tolerance(model, float(sweep.clean_loss))
+    gap = np.abs(deltas.mean(axis=0) - effect)
+    bad = np.isfinite(effect) & ~(gap <= tol)  # a NaN mean (a head without per-sequence losses) fails too
+    if bad.any():
+        layer, head = map(int, np.argwhere(bad)[0])
+        raise HeadprobeError(
+            f"{task} task: head {layer}.{head}'s per-sequence loss increases average to "
+            f"{deltas[:, layer, head].mean():+.6f} nats/token, its effect is {effect[layer, head]:+.6f} "
+            f"(tolerance {rule}): the interval would not be the effect's; rerun with --overwrite"
+        )
+    return mean_ci(deltas)
 
 
 def _induction_score(model: LoadedModel, repeated: TokenSet) -> np.ndarray:
@@ -720,7 +806,7 @@ def run(
             results[task] = _estimate(model, cfg.estimate, tokens, first, cfg.kind, mean_z, src, heads, cfg.n_probes)
             continue
         done = saved.setdefault(task, {"clean": None, "loss": {}})
-        swept += sum(format_head(h) not in done["loss"] for h in heads)
+        swept += sum(format_head(h) not in done.get("seq", {}) for h in heads)
         results[task] = _sweep_task(model, cfg, task, (tokens, first, src), heads, mean_z, done, save, progress)
 
     induction_score = _induction_score(model, repeated)
@@ -787,6 +873,7 @@ def _blank_removed(
             importance=blank(r.importance),
             attribution=blank(r.attribution),
             estimated=None if r.estimated is None else blank(r.estimated),
+            effect_ci=None if r.effect_ci is None else np.stack([blank(b) for b in r.effect_ci]),
         )
         for t, r in results.items()
     }
@@ -813,6 +900,9 @@ def _head_table(
     else:
         for task, r in results.items():
             cols[f"{task}_loss_delta"] = r.effect.ravel()
+        for task, r in results.items():
+            ci = r.effect_ci if r.effect_ci is not None else np.full((2, *r.effect.shape), np.nan)
+            cols[f"{task}_loss_delta_ci95_low"], cols[f"{task}_loss_delta_ci95_high"] = ci[0].ravel(), ci[1].ravel()
         for task, r in results.items():
             cols[f"{task}_importance"] = r.importance.ravel()
             cols[f"{task}_attribution"] = r.attribution.ravel()

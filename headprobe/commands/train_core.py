@@ -35,6 +35,7 @@ import numpy as np
 
 from headprobe.analyses import figures
 from headprobe.analyses.outputs import WritesOutputs
+from headprobe.analyses.statistics import interval_rule
 from headprobe.analyses.train import (
     COPIES_IN_CONTEXT,
     INDUCTION_FORMED,
@@ -84,6 +85,7 @@ class TrainResult(CompactRepr, TrainRun, WritesOutputs):
                     "train_loss": round(float(last["train_loss"]), 4),
                     "eval_loss": round(float(last["eval_loss"]), 4),
                     "in_context_loss": round(float(last["in_context_loss"]), 4),
+                    "in_context_loss_ci95": _ci95(last),
                     "repeated_loss": round(float(last["repeated_loss"]), 4),
                     "top_induction_head": format_head((int(top[0]), int(top[1]))),
                     "top_induction_score": round(float(self.final_scores["induction"].max()), 4),
@@ -103,6 +105,8 @@ class TrainResult(CompactRepr, TrainRun, WritesOutputs):
                 "induction_formed": bool(self.final_scores["induction"].max() > INDUCTION_FORMED),
                 "copies_in_context": bool(last["in_context_loss"] <= copying_floor(cfg.n_words)),
                 "copies_in_context_rule": f"final in-context loss at or below -{COPIES_IN_CONTEXT} ln(n_words) nats",
+                "interval_rule": interval_rule(f"the {cfg.n_eval} held-out copy sequences")
+                + ": final.in_context_loss_ci95, and train_log.csv's in_context_loss_ci95_low/high",
                 "seed": cfg.seed,
                 "dtype": str(self.loaded.dtype).removeprefix("torch."),
                 **cpu_kernels(self.device),
@@ -189,10 +193,24 @@ class TrainResult(CompactRepr, TrainRun, WritesOutputs):
         return (
             f"trained {s['n_params']} parameters in {self.seconds:.1f} s on {s['device']}; final loss "
             f"{s['final']['train_loss']:.3f} (chance {s['chance_loss_nats']:.3f}), in-context loss "
-            f"{s['final']['in_context_loss']:+.3f}\n"
+            f"{s['final']['in_context_loss']:+.3f} {_interval_text(s['final']['in_context_loss_ci95'])}"
+            f" (95% CI over {self.config.n_eval} held-out sequences)\n"
             f"top induction head {s['final']['top_induction_head']} (layer.head), induction score "
             f"{s['final']['top_induction_score']:.2f}; {formed}"
         )
+
+
+def _ci95(row) -> list[float] | None:
+    """``[lo, hi]`` of a log row's in-context-loss interval, 4 decimals; None (JSON null) where there
+    is none (one evaluation sequence, or a log written before the interval was)."""
+    lo, hi = (row.get(f"in_context_loss_ci95_{b}", float("nan")) for b in ("low", "high"))
+    return [round(float(lo), 4), round(float(hi), 4)] if np.isfinite([lo, hi]).all() else None
+
+
+def _interval_text(ci: list[float] | None) -> str:
+    """``[lo, hi]`` on screen, ``[n/a]`` for None."""
+    lo, hi = ci if ci is not None else (None, None)
+    return figures.format_interval(lo, hi, "+.3f")
 
 
 CHECKPOINTS = "checkpoints"
