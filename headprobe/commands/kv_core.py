@@ -274,7 +274,7 @@ class KVResult(CompactRepr, WritesOutputs):
             if excluded
             else f"policy: {len(s['full_groups'])} of {n_groups} KV groups full, the rest "
             f"sink {s['sink']} + window {s['window']}; KV cache {s['kv_fraction']:.3f} of full at {s['seq_len']} tokens",
-            f"{'':>10} {'natural-loss Δ':>15} {'[95% CI]':<20} {'copy accuracy':>14} {'its drop [95% CI]':<24} "
+            f"{'':>10} {'natural-loss Δ':>15} {'[95% CI]':<20} {'copy accuracy':>14} {'drop [95% CI]':<24} "
             f"{'long-range loss':>16}",
             _table_row("full", {**s["full"], "natural_loss_increase": 0.0}, interval=False),
         ]
