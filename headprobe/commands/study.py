@@ -231,9 +231,12 @@ class StudyConfig:
                 f"--seq-len must be at least {2 * MAX_PERIOD + 1} (BOS and a copied segment of up to "
                 f"{MAX_PERIOD} tokens shown twice), got {self.seq_len}"
             )
-        for _, cfg in self.variants():
-            cfg.validate()
-            cfg.model_config()
+        for label, cfg in self.variants():
+            try:
+                cfg.validate()
+                cfg.model_config()
+            except HeadprobeError as e:  # before any variant trains (16 heads of d_model 16 died after the others)
+                raise HeadprobeError(f"the {label} variant cannot be built: {e}") from None
 
 
 def layout_of(cfg: TrainConfig) -> AttentionLayout:

@@ -285,6 +285,11 @@ class TransformerConfig:
         check_layer_rope(self)
         if self.rotary_dim is not None and not (0 < self.rotary_dim <= self.d_qk and self.rotary_dim % 2 == 0):
             raise HeadprobeError(f"rotary_dim must be even and in (0, d_qk={self.d_qk}], got {self.rotary_dim}")
+        if self.positional == "rotary" and self.rotary_dim is None and not self.is_mla and self.d_qk % 2:
+            raise HeadprobeError(
+                f"rotary positions rotate pairs of dimensions: the head dimension d_qk={self.d_qk} must be even "
+                f"(d_model {self.d_model} and {self.n_heads} heads give it; choose an even d_model / n_heads)"
+            )
         if self.sliding_window is not None and self.sliding_window < 1:
             raise HeadprobeError(f"sliding_window must be positive, got {self.sliding_window}")
         if self.sliding_layers is not None and any(not 0 <= l < self.n_layers for l in self.sliding_layers):
