@@ -41,6 +41,7 @@ from torch import Tensor
 from headprobe.probe.backends.devicemap import aligned
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.registry import did_you_mean
+from headprobe.probe.core.vocabulary import CAPABILITIES as CAPABILITIES  # re-exported: the flags of LoadedModel
 from headprobe.probe.core.vocabulary import lacks_line
 from headprobe.probe.hooks.names import block_hook, norm_hook
 from headprobe.probe.hooks.selfcheck import SelfCheck
@@ -81,18 +82,6 @@ def cross_entropy_inplace(logits: Float[Tensor, "n d_vocab"], target: Int[Tensor
     top = logits.amax(dim=1, keepdim=True)
     return logits.sub_(top).exp_().sum(dim=1).log_() + top[:, 0] - picked
 
-
-CAPABILITIES: tuple[str, ...] = (
-    "streams_statistics",
-    "kv_policies",
-    "path_patching",
-    "half_precision",
-    "native_weights",
-    "splits_after_load",
-    "removes_heads",
-)
-"""The capability flags of :class:`LoadedModel` (class attributes, False there; each backend sets
-those it has). Features check a flag, never a backend's name."""
 
 HYBRID_LACKS: tuple[str, ...] = ("streams_statistics", "kv_policies", "path_patching", "removes_heads")
 """The capabilities a hybrid model (linear-attention layers without heads, ``AttentionLayout.head_layers``)

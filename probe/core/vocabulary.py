@@ -4,7 +4,7 @@ is refused before torch loads): the backends (a :class:`~headprobe.probe.core.re
 
 Commands' flags, the loader (:func:`headprobe.probe.backends.loading.wrap`) and
 :mod:`headprobe.probe.backends.devicemap` read these; nothing else spells them. What a backend can do is
-asked of its class's capability flags (:data:`~headprobe.probe.backends.base.CAPABILITIES`), by name only
+asked of its class's capability flags (:data:`CAPABILITIES`), by name only
 here (:func:`backend_class`, :func:`backend_with`, :func:`backend_lacks`); before the load, torch-free,
 from the flags declared beside the registry (:data:`BACKEND_CAPABILITIES`).
 """
@@ -25,21 +25,23 @@ backend whose :meth:`~headprobe.probe.backends.base.LoadedModel.supports` accept
 BACKEND_REGISTRY.register("native", "headprobe.probe.backends.native:NativeModel")
 BACKEND_REGISTRY.register("transformer-lens", "headprobe.probe.backends.bridge:BridgeModel")
 
+CAPABILITIES: tuple[str, ...] = (
+    "streams_statistics",
+    "kv_policies",
+    "path_patching",
+    "half_precision",
+    "native_weights",
+    "splits_after_load",
+    "removes_heads",
+)
+"""The capability flags of :class:`~headprobe.probe.backends.base.LoadedModel` (class attributes, False
+there; each backend sets those it has). Features check a flag, never a backend's name."""
+
 BACKEND_CAPABILITIES: dict[str, frozenset[str]] = {
-    "native": frozenset(
-        (
-            "streams_statistics",
-            "kv_policies",
-            "path_patching",
-            "half_precision",
-            "native_weights",
-            "splits_after_load",
-            "removes_heads",
-        )
-    ),
+    "native": frozenset(CAPABILITIES),
     "transformer-lens": frozenset(),
 }
-"""Registered backend name -> the capability flags (:data:`~headprobe.probe.backends.base.CAPABILITIES`)
+"""Registered backend name -> the capability flags (:data:`CAPABILITIES`)
 its class sets True, declared here so that a command can refuse ``--backend X`` for a feature before
 torch loads (:func:`backend_has`); ``tests/test_where_to_add.py`` checks each equals its class's own
 flags. A backend registered without an entry here has its class imported and asked instead."""
@@ -87,7 +89,7 @@ def backend_class(name: str, hf_config: Callable[[], Any]) -> Any:
 
 def backend_with(name: str, capability: str) -> Any:
     """The class ``--backend name`` gives a model where ``capability`` (a
-    :data:`~headprobe.probe.backends.base.CAPABILITIES` flag) decides: the named backend's class if it has
+    :data:`CAPABILITIES` flag) decides: the named backend's class if it has
     the flag, else None; for ``auto`` the first registered backend that has it (imported on first use).
 
     Raises:
