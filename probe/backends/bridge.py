@@ -381,9 +381,17 @@ def boot_bridge(hf_name: str, hf_model: Any, tokenizer: Any) -> TransformerBridg
     Raises:
         HeadprobeError: TransformerLens has no adapter for the architecture.
     """
+    import copy
+
     from transformer_lens.model_bridge import TransformerBridge
 
-    # TransformerLens re-reads the tokenizer from `name_or_path`; a tokenizer built in memory has none.
+    # TransformerLens re-reads a tokenizer without `add_bos_token` from its `name_or_path` (a folder or a
+    # Hub name): a tokenizer built in memory has none, and its model's class name sent it to the Hub
+    # (HEAD https://huggingface.co/LlamaForCausalLM/..., 5 retries, then an OSError). headprobe tokenizes
+    # itself and hands the bridge token ids, so the bridge's tokenizer is never used to tokenize: it
+    # gets a copy marked add_bos_token, which it keeps as it is (and may change: padding side, pad token).
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.init_kwargs["add_bos_token"] = True
     tokenizer.init_kwargs.setdefault("name_or_path", getattr(tokenizer, "name_or_path", "") or hf_name)
     try:
         with warnings.catch_warnings():
