@@ -492,6 +492,17 @@ def test_a_flags_spelling_names_its_setting(keyword, said):
         headprobe.scan("smollm2-135m", **{keyword: True})
 
 
+@pytest.mark.parametrize("call", ["scan", "ablate"])
+def test_a_no_switchs_stem_names_its_setting(call):
+    """The README's rule "a --no-X switch is X=False" predicts ``bos=False`` for ``--no-bos``, whose
+    setting is ``prepend_bos``: the TypeError said no more than "unknown setting 'bos'"."""
+    function = getattr(headprobe, call)
+    with pytest.raises(TypeError) as e:
+        function("smollm2-135m", bos=False)
+    said = str(e.value).split(" (settings:")[0]
+    assert said == f"{call}() got an unknown setting 'bos'; the flag --no-bos is the setting prepend_bos=False", said
+
+
 def test_load_model_has_the_commands_defaults_and_takes_their_dtype(tiny_dir, monkeypatch):
     """``headprobe.load_model`` loads as the commands' flags do: its device, dtype and backend
     defaults are every model config's (``--device auto``: CUDA when present; it was ``cpu``), and it
