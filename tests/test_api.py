@@ -611,3 +611,43 @@ def test_import_heads_is_the_import_commands_function():
     root = Path(__file__).resolve().parents[1]
     for text in ((root / "README.md").read_text(), (root / "docs/api.md").read_text(), headprobe.__doc__):
         assert "headprobe.import_heads" in text and 'getattr(headprobe, "import")' not in text
+
+
+def test_the_api_page_says_what_each_result_has():
+    """docs/api.md promised every result a ``table``, ``summary()`` and ``save(out)``; five lack a table,
+    three a summary, four a save. Its table of results (between ``<!-- result-members -->`` markers)
+    must match the classes: each command once, its result class as the page's ``:::`` entry names it,
+    yes/no read off the class (a dataclass field or attribute ``table``; callable ``summary``, ``save``),
+    and every name the last column gives is the class's."""
+    import dataclasses
+    import importlib
+    import re
+    from pathlib import Path
+
+    from headprobe.commands import COMMANDS
+
+    page = (Path(__file__).parents[1] / "docs" / "api.md").read_text(encoding="utf-8")
+    block = page.split("<!-- result-members -->")[1].split("<!-- /result-members -->")[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in block.strip().splitlines()[2:]]
+    assert [r[0] for r in rows] == list(COMMANDS.names())
+    classes = {p.rsplit(".", 1)[1]: p for p in re.findall(r"^::: (headprobe\.commands\.\S+Result)$", page, re.M)}
+    for command, returns, table, summary, save, otherwise in rows:
+        name = returns.strip("`")
+        if name == "Path":  # view: the page it wrote
+            assert (command, table, summary, save) == ("view", "no", "no", "no")
+            continue
+        module, _, cls_name = classes[name].rpartition(".")
+        cls = getattr(importlib.import_module(module), cls_name)
+        fields = {f.name for f in dataclasses.fields(cls)}
+
+        def has(attr, cls=cls, fields=fields):
+            return attr in fields or hasattr(cls, attr)
+
+        actual = (
+            "yes" if has("table") else "no",
+            "yes" if callable(getattr(cls, "summary", None)) else "no",
+            "yes" if callable(getattr(cls, "save", None)) else "no",
+        )
+        assert (table, summary, save) == actual, (command, name, actual)
+        for attr in re.findall(r"`(\w+)(?:\(\))?`", otherwise):
+            assert attr in {"out", "dir", "json"} or has(attr), (command, attr)
