@@ -243,3 +243,15 @@ def test_analysis_results_have_the_compact_repr():
         text = repr(result)
         assert len(text) <= LIMIT and text.startswith(f"{type(result).__name__}("), text[:300]
         assert all(s in text for s in shown), text
+
+
+def test_a_scans_dtype_is_the_name_summary_json_gives(tiny_dir, text_file, tmp_path):
+    """ScanResult's repr said ``dtype='torch.float32'`` while summary.json (and the docstring) say
+    ``float32``: the field is torch's name without the module now, the same as the file's."""
+    model = headprobe.load_model(str(tiny_dir), device="cpu", quiet=True)
+    scan = headprobe.scan(
+        model, text=str(text_file), types="induction", verify=False, metrics=False, pattern_len=0, **DATA
+    )
+    assert scan.dtype == "float32" and "dtype='float32'" in repr(scan)
+    scan.save(tmp_path / "s", formats="none")
+    assert json.loads((tmp_path / "s" / "summary.json").read_text())["dtype"] == scan.dtype
