@@ -245,6 +245,20 @@ class LoadedModel:
             for capability in HYBRID_LACKS:
                 setattr(self, capability, False)
 
+    def __repr__(self) -> str:
+        """One line: ``NativeModel(name='smollm2-135m', backend='native', layers=30, heads=9,
+        layout='GQA, 3 kv heads', device='cpu', dtype='float32')`` (``layers``: all of them, ``heads``:
+        query heads per layer; ``layout``: MHA, MQA, MLA, or GQA with its key/value heads; ``(split)``
+        after the device where :meth:`dispatch` split the model)."""
+        spec = self.spec
+        layout = spec.kind if spec.kind != "GQA" else f"{spec.kind}, {spec.layout.n_kv_heads} kv heads"
+        device = f"{self.device}" + (" (split)" if self._main_device is not None else "")
+        dtype = str(self.dtype).removeprefix("torch.")
+        return (
+            f"{type(self).__name__}(name={spec.name!r}, backend={self.backend!r}, layers={spec.n_layers}, "
+            f"heads={spec.n_heads}, layout={layout!r}, device={device!r}, dtype={dtype!r})"
+        )
+
     def lacks(self, capability: str, what: str) -> HeadprobeError:
         """The one-line refusal of ``what`` (a sentence naming the feature) on this model, which
         lacks ``capability`` (one of :data:`CAPABILITIES`): the flag and the backend named, or the
