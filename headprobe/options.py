@@ -879,11 +879,17 @@ def accepted_keywords(function: Callable, config_cls, positional: tuple[str, ...
 
 def _flag_hint(name: str, config_cls, valid: list[str]) -> str | None:
     """``; the flag --fixed-draws is the setting sequential=False`` where ``name`` spells a flag
-    (``fixed_draws``, ``no_bos``, ``top_k``) of a setting in ``valid`` that has another name; None otherwise."""
+    (``fixed_draws``, ``no_bos``, ``top_k``) of a setting in ``valid`` that has another name, or is the
+    ``X`` of a ``--no-X`` switch whose setting is not ``X`` (``bos``: ``--no-bos`` is ``prepend_bos=False``);
+    None otherwise."""
     from headprobe.settings import flag_spellings, switch_value
 
+    def spells(flag: str, field_name: str) -> bool:
+        underscored = flag.lstrip("-").replace("-", "_")
+        return underscored == name or (underscored == f"no_{name}" and switch_value(config_cls, field_name) == "=False")
+
     for field_name, flags in flag_spellings(config_cls).items():
-        flag = next((x for x in flags if x.lstrip("-").replace("-", "_") == name), None)
+        flag = next((x for x in flags if spells(x, field_name)), None)
         if flag is not None and field_name in valid:
             return f"; the flag {flag} is the setting {field_name}{switch_value(config_cls, field_name)}"
     return None

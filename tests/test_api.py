@@ -492,6 +492,17 @@ def test_a_flags_spelling_names_its_setting(keyword, said):
         headprobe.scan("smollm2-135m", **{keyword: True})
 
 
+@pytest.mark.parametrize("call", ["scan", "ablate"])
+def test_a_no_switchs_stem_names_its_setting(call):
+    """The README's rule "a --no-X switch is X=False" predicts ``bos=False`` for ``--no-bos``, whose
+    setting is ``prepend_bos``: the TypeError said no more than "unknown setting 'bos'"."""
+    function = getattr(headprobe, call)
+    with pytest.raises(TypeError) as e:
+        function("smollm2-135m", bos=False)
+    said = str(e.value).split(" (settings:")[0]
+    assert said == f"{call}() got an unknown setting 'bos'; the flag --no-bos is the setting prepend_bos=False", said
+
+
 def test_load_model_has_the_commands_defaults_and_takes_their_dtype(tiny_dir, monkeypatch):
     """``headprobe.load_model`` loads as the commands' flags do: its device, dtype and backend
     defaults are every model config's (``--device auto``: CUDA when present; it was ``cpu``), and it
@@ -600,3 +611,43 @@ def test_import_heads_is_the_import_commands_function():
     root = Path(__file__).resolve().parents[1]
     for text in ((root / "README.md").read_text(), (root / "docs/api.md").read_text(), headprobe.__doc__):
         assert "headprobe.import_heads" in text and 'getattr(headprobe, "import")' not in text
+
+
+def test_the_api_page_says_what_each_result_has():
+    """docs/api.md promised every result a ``table``, ``summary()`` and ``save(out)``; five lack a table,
+    three a summary, four a save. Its table of results (between ``<!-- result-members -->`` markers)
+    must match the classes: each command once, its result class as the page's ``:::`` entry names it,
+    yes/no read off the class (a dataclass field or attribute ``table``; callable ``summary``, ``save``),
+    and every name the last column gives is the class's."""
+    import dataclasses
+    import importlib
+    import re
+    from pathlib import Path
+
+    from headprobe.commands import COMMANDS
+
+    page = (Path(__file__).parents[1] / "docs" / "api.md").read_text(encoding="utf-8")
+    block = page.split("<!-- result-members -->")[1].split("<!-- /result-members -->")[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in block.strip().splitlines()[2:]]
+    assert [r[0] for r in rows] == list(COMMANDS.names())
+    classes = {p.rsplit(".", 1)[1]: p for p in re.findall(r"^::: (headprobe\.commands\.\S+Result)$", page, re.M)}
+    for command, returns, table, summary, save, otherwise in rows:
+        name = returns.strip("`")
+        if name == "Path":  # view: the page it wrote
+            assert (command, table, summary, save) == ("view", "no", "no", "no")
+            continue
+        module, _, cls_name = classes[name].rpartition(".")
+        cls = getattr(importlib.import_module(module), cls_name)
+        fields = {f.name for f in dataclasses.fields(cls)}
+
+        def has(attr, cls=cls, fields=fields):
+            return attr in fields or hasattr(cls, attr)
+
+        actual = (
+            "yes" if has("table") else "no",
+            "yes" if callable(getattr(cls, "summary", None)) else "no",
+            "yes" if callable(getattr(cls, "save", None)) else "no",
+        )
+        assert (table, summary, save) == actual, (command, name, actual)
+        for attr in re.findall(r"`(\w+)(?:\(\))?`", otherwise):
+            assert attr in {"out", "dir", "json"} or has(attr), (command, attr)

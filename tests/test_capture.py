@@ -216,3 +216,36 @@ def test_capture_and_patterns_by_layer_refuse_bad_indices_by_name(tiny_llama_gqa
     ref = capture_heads(model, tokens, layers=1)["pattern"][1]
     assert list(seen) == [1] and torch.allclose(seen[1], ref, atol=1e-6)
     assert torch.allclose(seen[1].sum(-1), torch.ones(()), atol=1e-5)
+
+
+@pytest.mark.parametrize("fixture", ["tiny_gpt2", "tiny_gpt2_native"])
+def test_a_layer_out_of_range_is_the_capture_line_for_every_weight(fixture, request):
+    """``model.W_O(30)`` raised torch's bare ``IndexError: index 30 is out of range`` (the bridge: a
+    ``ModuleList`` error; ``sink_logits(99)`` returned None) where ``capture_heads(layers=99)`` says which
+    layers there are: each per-layer accessor now refuses as capture does; a negative layer counts
+    from the end, as there (layer -1 is layer 1 of the 2)."""
+    from headprobe.probe.core.errors import HeadprobeError
+
+    model = request.getfixturevalue(fixture)
+    n = model.spec.n_layers
+    accessors = {
+        "W_O": model.W_O,
+        "W_Q": model.W_Q,
+        "W_K": model.W_K,
+        "W_V": model.W_V,
+        "b_O": model.b_O,
+        "sink_logits": model.sink_logits,
+        "norm_weights": model.norm_weights,
+    }
+    for name, get in accessors.items():
+        for layer in (n, 99, -n - 1):
+            with pytest.raises(HeadprobeError) as e:
+                get(layer)
+            said = f"layer {layer} is out of range: there are {n} (0 .. {n - 1}, or -{n} .. -1 from the end)"
+            assert str(e.value) == said, (name, str(e.value))
+        last, by_end = get(n - 1), get(-1)
+        if isinstance(last, torch.Tensor):
+            assert torch.equal(last, by_end), name
+    with pytest.raises(HeadprobeError) as e:
+        capture_heads(model, torch.zeros(1, 3, dtype=torch.long), layers=99)
+    assert str(e.value) == f"layer 99 is out of range: there are {n} (0 .. {n - 1}, or -{n} .. -1 from the end)"

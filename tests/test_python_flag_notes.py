@@ -355,3 +355,22 @@ def test_a_checkpoint_of_other_settings_spells_overwrite_for_python_too(tmp_path
     assert cli.main(["atlas", "--models", "toy", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err == f"headprobe: error: {e.value}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == [".headprobe-checkpoint.json"]
+
+
+def test_a_save_into_a_folder_that_is_not_empty_is_as_the_api_page_says(saved_runs, tmp_path):
+    """docs/api.md said every refusal of ``result.save(...)`` carries a note in ``e.__notes__``; the most
+    common one, a folder that is not empty, spells ``overwrite=True`` in its message and has none
+    (``__notes__`` absent). The page now quotes that message; this pins it to what save raises."""
+    from pathlib import Path
+
+    _, results = saved_runs
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(HeadprobeError) as e:
+        results["train"].save(out)
+    assert getattr(e.value, "__notes__", None) is None
+    page = " ".join((Path(__file__).parents[1] / "docs" / "api.md").read_text(encoding="utf-8").split())
+    quoted = "a folder that is not empty is `" + str(e.value).replace(str(out), "out") + "`"
+    assert quoted in page, str(e.value)
+    assert (out / "notes.txt").read_text() == "mine" and [p.name for p in out.iterdir()] == ["notes.txt"]

@@ -243,3 +243,37 @@ def test_analysis_results_have_the_compact_repr():
         text = repr(result)
         assert len(text) <= LIMIT and text.startswith(f"{type(result).__name__}("), text[:300]
         assert all(s in text for s in shown), text
+
+
+@pytest.mark.parametrize(
+    ("fixture", "cls", "backend", "layout"),
+    [
+        ("tiny_gpt2", "BridgeModel", "transformer-lens", "MHA"),
+        ("tiny_gpt2_native", "NativeModel", "native", "MHA"),
+        ("tiny_llama_gqa", "BridgeModel", "transformer-lens", "GQA, 2 kv heads"),
+        ("tiny_llama_gqa_native", "NativeModel", "native", "GQA, 2 kv heads"),
+    ],
+)
+def test_a_loaded_model_has_a_one_line_repr(fixture, cls, backend, layout, request):
+    """``print(model)`` showed ``<headprobe.probe.backends.native.NativeModel object at 0x...>``: now one
+    line with the name, backend, layers and heads (the Hugging Face config's), layout, device and dtype."""
+    model = request.getfixturevalue(fixture)
+    hf = request.getfixturevalue(fixture.removesuffix("_native") + "_checkpoint").hf_model.config
+    name = request.getfixturevalue(fixture.removesuffix("_native") + "_checkpoint").name
+    said = (
+        f"{cls}(name={name!r}, backend={backend!r}, layers={hf.num_hidden_layers}, "
+        f"heads={hf.num_attention_heads}, layout={layout!r}, device='cpu', dtype='float32')"
+    )
+    assert repr(model) == said and str(model) == said
+
+
+def test_a_scans_dtype_is_the_name_summary_json_gives(tiny_dir, text_file, tmp_path):
+    """ScanResult's repr said ``dtype='torch.float32'`` while summary.json (and the docstring) say
+    ``float32``: the field is torch's name without the module now, the same as the file's."""
+    model = headprobe.load_model(str(tiny_dir), device="cpu", quiet=True)
+    scan = headprobe.scan(
+        model, text=str(text_file), types="induction", verify=False, metrics=False, pattern_len=0, **DATA
+    )
+    assert scan.dtype == "float32" and "dtype='float32'" in repr(scan)
+    scan.save(tmp_path / "s", formats="none")
+    assert json.loads((tmp_path / "s" / "summary.json").read_text())["dtype"] == scan.dtype

@@ -413,7 +413,7 @@ def run(
         examples,
         timings,
         device=str(model.device),
-        dtype=str(model.dtype),
+        dtype=str(model.dtype).removeprefix("torch."),
         self_check=model.self_check.to_dict(),
         warnings=warnings,
         score_ci95=_score_ci95(per_seq, scores),

@@ -234,6 +234,20 @@ class LoadedModel:
             for capability in HYBRID_LACKS:
                 setattr(self, capability, False)
 
+    def __repr__(self) -> str:
+        """One line: ``NativeModel(name='smollm2-135m', backend='native', layers=30, heads=9,
+        layout='GQA, 3 kv heads', device='cpu', dtype='float32')`` (``layers``: all of them, ``heads``:
+        query heads per layer; ``layout``: MHA, MQA, MLA, or GQA with its key/value heads; ``(split)``
+        after the device where :meth:`dispatch` split the model)."""
+        spec = self.spec
+        layout = spec.kind if spec.kind != "GQA" else f"{spec.kind}, {spec.layout.n_kv_heads} kv heads"
+        device = f"{self.device}" + (" (split)" if self._main_device is not None else "")
+        dtype = str(self.dtype).removeprefix("torch.")
+        return (
+            f"{type(self).__name__}(name={spec.name!r}, backend={self.backend!r}, layers={spec.n_layers}, "
+            f"heads={spec.n_heads}, layout={layout!r}, device={device!r}, dtype={dtype!r})"
+        )
+
     def lacks(self, capability: str, what: str) -> HeadprobeError:
         """The one-line refusal of ``what`` (a sentence naming the feature) on this model, which
         lacks ``capability`` (one of :data:`CAPABILITIES`): the flag and the backend named, or the
@@ -640,8 +654,26 @@ class LoadedModel:
         the ``with`` body; removed on exit, also when the body raises."""
         return self.model.hooks(fwd_hooks=list(fwd_hooks), bwd_hooks=list(bwd_hooks))
 
+    def layer_index(self, layer: int) -> int:
+        """``layer`` as an index into the model's ``spec.n_layers`` layers (``-1``: the last), checked as
+        :func:`headprobe.capture_heads` checks its ``layers``: what every per-layer weight (:meth:`W_O`,
+        :meth:`W_Q`, :meth:`b_O`, ...) takes.
+
+        Raises:
+            HeadprobeError: ``layer 30 is out of range: there are 30 (0 .. 29, or -30 .. -1 from the end)``,
+                or not an integer (one line).
+        """
+        from headprobe.probe.core.heads import indices
+
+        return indices([layer], self.spec.n_layers, "layer")[0]
+
     def b_O(self, layer: int) -> Float[Tensor, " d_model"] | None:
-        """Layer ``layer``'s output bias (None for models without one, e.g. Llama)."""
+        """Layer ``layer``'s output bias (None for models without one, e.g. Llama).
+
+        Raises:
+            HeadprobeError: ``layer`` out of range (:meth:`layer_index`).
+        """
+        layer = self.layer_index(layer)
         with self._aligned(self.model.blocks[layer]):
             return self.model.blocks[layer].attn.b_O
 
@@ -656,8 +688,10 @@ class LoadedModel:
         special case). ``centers``: ``N`` ignores a constant added to its input (LayerNorm subtracts the mean).
 
         Raises:
-            HeadprobeError: an odd ``d_model`` (the probe needs a mean-zero +-1 vector).
+            HeadprobeError: an odd ``d_model`` (the probe needs a mean-zero +-1 vector), ``layer`` out of
+                range (:meth:`layer_index`).
         """
+        layer = None if layer is None else self.layer_index(layer)
         module = (
             getattr(self.model, "ln_final", None) if layer is None else getattr(self.model.blocks[layer], "ln1", None)
         )
@@ -736,13 +770,29 @@ class LoadedModel:
         raise NotImplementedError
 
     def W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
-        """Layer ``layer``'s output projection split by head: ``result_h = z_h @ W_O[h]``."""
+        """Layer ``layer``'s output projection split by head: ``result_h = z_h @ W_O[h]``.
+
+        Raises:
+            HeadprobeError: ``layer`` out of range (:meth:`layer_index`).
+        """
+        return self._W_O(self.layer_index(layer))
+
+    def _W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
+        """What each backend implements behind :meth:`W_O` (``layer`` checked, ``0 .. n_layers-1``)."""
         raise NotImplementedError
 
     def sink_logits(self, layer: int) -> Float[Tensor, " head"] | None:
         """Layer ``layer``'s learned attention-sink logits (GPT-OSS's ``self_attn.sinks``: the
         softmax runs over ``[scores, sink]`` and the sink's column is dropped, so a pattern row
-        sums to ``1 - sink mass``), float32; None where the model has none."""
+        sums to ``1 - sink mass``), float32; None where the model has none.
+
+        Raises:
+            HeadprobeError: ``layer`` out of range (:meth:`layer_index`).
+        """
+        return self._sink_logits(self.layer_index(layer))
+
+    def _sink_logits(self, layer: int) -> Float[Tensor, " head"] | None:
+        """What a backend with sinks implements behind :meth:`sink_logits` (``layer`` checked)."""
         return None
 
     def scored_losses(
@@ -762,9 +812,10 @@ class LoadedModel:
         QK-norm; the pre-attention norm not folded in).
 
         Raises:
-            HeadprobeError: latent attention (MLA), which has no per-head W_Q/W_K/W_V.
+            HeadprobeError: latent attention (MLA), which has no per-head W_Q/W_K/W_V; ``layer`` out of
+                range (:meth:`layer_index`).
         """
-        return self._projection(layer, "q")
+        return self._projection(self.layer_index(layer), "q")
 
     def W_K(self, layer: int) -> Float[Tensor, "kv_head d_model d_head"]:
         """Layer ``layer``'s key projection split by key/value head (query head h reads ``h // group_size``).
@@ -772,7 +823,7 @@ class LoadedModel:
         Raises:
             HeadprobeError: as :meth:`W_Q`.
         """
-        return self._projection(layer, "k")
+        return self._projection(self.layer_index(layer), "k")
 
     def W_V(self, layer: int) -> Float[Tensor, "kv_head d_model d_head"]:
         """Layer ``layer``'s value projection split by key/value head (``v = x @ W_V[kv_head]``).
@@ -780,7 +831,7 @@ class LoadedModel:
         Raises:
             HeadprobeError: as :meth:`W_Q`.
         """
-        return self._projection(layer, "v")
+        return self._projection(self.layer_index(layer), "v")
 
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
         """The token embedding matrix (without Gemma's ``sqrt(d_model)`` factor)."""

@@ -166,7 +166,7 @@ class BridgeModel(LoadedModel):
         masked keys as ``-inf``, as in :meth:`forward`."""
         return self.model.hooks(fwd_hooks=_scores_with_neg_inf(fwd_hooks), bwd_hooks=list(bwd_hooks))
 
-    def W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
+    def _W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
         """Layer ``layer``'s output projection split by head: ``result_h = z_h @ W_O[h]``."""
         attn = self.model.blocks[layer].attn
         with self._aligned(self.model.blocks[layer]):  # weights offloaded by a device map: real inside
@@ -176,7 +176,7 @@ class BridgeModel(LoadedModel):
                 weight = attn.o.original_component.weight  # nn.Linear [d_model, head * d_v]
                 return weight.T.unflatten(0, (self.spec.n_heads, weight.shape[1] // self.spec.n_heads))
 
-    def sink_logits(self, layer: int) -> Float[Tensor, " head"] | None:
+    def _sink_logits(self, layer: int) -> Float[Tensor, " head"] | None:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.sink_logits`: the Hugging Face attention
         module's ``sinks`` (GPT-OSS), read off the wrapped model (the bridge nests each module it
         wraps as ``_original_component``)."""
@@ -381,9 +381,17 @@ def boot_bridge(hf_name: str, hf_model: Any, tokenizer: Any) -> TransformerBridg
     Raises:
         HeadprobeError: TransformerLens has no adapter for the architecture.
     """
+    import copy
+
     from transformer_lens.model_bridge import TransformerBridge
 
-    # TransformerLens re-reads the tokenizer from `name_or_path`; a tokenizer built in memory has none.
+    # TransformerLens re-reads a tokenizer without `add_bos_token` from its `name_or_path` (a folder or a
+    # Hub name): a tokenizer built in memory has none, and its model's class name sent it to the Hub
+    # (HEAD https://huggingface.co/LlamaForCausalLM/..., 5 retries, then an OSError). headprobe tokenizes
+    # itself and hands the bridge token ids, so the bridge's tokenizer is never used to tokenize: it
+    # gets a copy marked add_bos_token, which it keeps as it is (and may change: padding side, pad token).
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.init_kwargs["add_bos_token"] = True
     tokenizer.init_kwargs.setdefault("name_or_path", getattr(tokenizer, "name_or_path", "") or hf_name)
     try:
         with warnings.catch_warnings():

@@ -98,13 +98,13 @@ class NativeModel(LoadedModel):
         with self.hooks(fwd_hooks):
             return self.model(tokens.to(self.device), return_type="resid", **kwargs)
 
-    def W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
+    def _W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
         """Layer ``layer``'s output projection split by head (a view of ``o_proj.weight``, on the
         device its block computes on)."""
         with self._aligned(self.model.blocks[layer]):
             return self.model.blocks[layer].attn.W_O
 
-    def sink_logits(self, layer: int) -> Float[Tensor, " head"] | None:
+    def _sink_logits(self, layer: int) -> Float[Tensor, " head"] | None:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.sink_logits` (``attn.sinks``)."""
         sinks = self.model.blocks[layer].attn.sinks
         return None if sinks is None else sinks.detach().float()

@@ -180,3 +180,29 @@ def heads_text(value: object, what: str = "heads") -> str | None:
         HeadprobeError, TypeError: as :func:`read_heads`.
     """
     return None if value is None else ",".join(format_head(h) for h in read_heads(value, what=what))
+
+
+def indices(values: Sequence[int], n: int, what: str) -> list[int]:
+    """``values`` as indices into ``n`` items (layers, heads, rows), negative ones counted from the end as
+    Python does: the one check of a layer index (:func:`headprobe.capture_heads`' ``layers``,
+    ``LoadedModel.W_O(layer)`` and the other per-layer weights).
+
+    Raises:
+        HeadprobeError: an index outside ``-n .. n-1`` or not an integer (one line).
+    """
+    import operator
+
+    out = []
+    for v in values:
+        try:
+            if isinstance(v, bool):
+                raise TypeError
+            v = operator.index(v)  # ints, numpy and 0-d integer torch scalars; not 0.9
+        except TypeError:
+            raise HeadprobeError(f"{what} {v!r} is not an integer index") from None
+        if not -n <= v < n:
+            raise HeadprobeError(
+                f"{what} {v} is out of range: there are {n} (0 .. {n - 1}, or -{n} .. -1 from the end)"
+            )
+        out.append(v % n)
+    return out

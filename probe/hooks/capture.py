@@ -25,6 +25,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from headprobe.probe.core.errors import HeadprobeError, InputValueError, one_line_repr
+from headprobe.probe.core.heads import indices
 from headprobe.probe.core.padding import padding_mask
 from headprobe.probe.hooks.ablation import HookCounter
 from headprobe.probe.hooks.names import attn_hook, block_hook
@@ -77,7 +78,7 @@ def patterns_by_layer(
     check_capture_inputs(model, tokens, attention_mask)
     chosen: Sequence[int] = model.spec.attention_layers  # a hybrid's linear layers have no pattern
     if layers is not None:
-        chosen = _indices(_as_list(layers, "layers") or [], model.spec.n_layers, "layer")
+        chosen = indices(_as_list(layers, "layers") or [], model.spec.n_layers, "layer")
         without = [layer for layer in chosen if layer not in model.spec.attention_layers]
         if without:
             raise HeadprobeError(f"layer {without[0]} has no attention pattern (a linear-attention layer)")
@@ -242,30 +243,6 @@ def post_norm_factor(
     return w * s
 
 
-def _indices(values: Sequence[int], n: int, what: str) -> list[int]:
-    """``values`` as indices into ``n`` items, negative ones counted from the end as Python does.
-
-    Raises:
-        HeadprobeError: an index outside ``-n .. n-1`` or not an integer (one line).
-    """
-    import operator
-
-    out = []
-    for v in values:
-        try:
-            if isinstance(v, bool):
-                raise TypeError
-            v = operator.index(v)  # ints, numpy and 0-d integer torch scalars; not 0.9
-        except TypeError:
-            raise HeadprobeError(f"{what} {v!r} is not an integer index") from None
-        if not -n <= v < n:
-            raise HeadprobeError(
-                f"{what} {v} is out of range: there are {n} (0 .. {n - 1}, or -{n} .. -1 from the end)"
-            )
-        out.append(v % n)
-    return out
-
-
 def check_capture_inputs(model: Any, tokens: Any, attention_mask: Any = None) -> None:
     """Refuse what :func:`capture_heads` cannot run, in one line naming the argument, before a hook is set.
 
@@ -309,7 +286,7 @@ def check_capture_inputs(model: Any, tokens: Any, attention_mask: Any = None) ->
 
 def _as_list(values: Any, name: str) -> Sequence[int] | None:
     """One index as a list of one (``layers=18``, or a 0-d integer tensor, as ``[18]``); None and
-    a sequence as given (their items are checked by :func:`_indices`, which refuses a bool).
+    a sequence as given (their items are checked by :func:`~headprobe.probe.core.heads.indices`, which refuses a bool).
 
     Raises:
         TypeError: ``values`` neither an index nor a sequence (``layers=1.0``, a string), naming ``name``.
@@ -408,9 +385,9 @@ def capture_heads(
     model.self_check.require_decomposition("per-head results (capture_heads)")
     spec = model.spec
     layers, heads, rows = _as_list(layers, "layers"), _as_list(heads, "heads"), _as_list(rows, "rows")
-    layers = None if layers is None else _indices(layers, spec.n_layers, "layer")
-    heads = None if heads is None else _indices(heads, spec.n_heads, "head")
-    rows = None if rows is None else _indices(rows, tokens.shape[-1], "row (query position)")
+    layers = None if layers is None else indices(layers, spec.n_layers, "layer")
+    heads = None if heads is None else indices(heads, spec.n_heads, "head")
+    rows = None if rows is None else indices(rows, tokens.shape[-1], "row (query position)")
     stream = rows is not None and model.streams_statistics and attention_mask is None
     out = capture_internal(model, tokens, layers, attention_mask=attention_mask, patterns=not stream)
     out.pop("norm_in", None)
