@@ -111,3 +111,41 @@ def test_an_error_after_a_log_bar_starts_on_its_own_line_without_a_blank_one():
     assert _own_line("headprobe: error: x") == "\nheadprobe: error: x"
     live.close()
     log_bar.close()
+
+
+_KERNEL_WITHOUT_IPYWIDGETS = """
+import sys, types
+sys.modules["ipykernel.zmqshell"] = types.ModuleType("ipykernel.zmqshell")  # what tqdm.autonotebook looks for
+ipython = types.ModuleType("IPython")
+ipython.get_ipython = type("ZMQInteractiveShell", (), {})  # a Jupyter kernel's shell
+sys.modules["IPython"] = ipython
+sys.modules["ipywidgets"] = None  # not installed: import fails
+"""
+
+
+def _in_a_kernel(code: str) -> tuple[str, str]:
+    """(stdout, stderr) of ``code`` run in a new process that looks like a Jupyter kernel without ipywidgets."""
+    import subprocess
+    import sys
+
+    p = subprocess.run(
+        [sys.executable, "-W", "default", "-c", _KERNEL_WITHOUT_IPYWIDGETS + code],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return p.stdout, p.stderr
+
+
+def test_a_notebook_without_ipywidgets_gets_line_bars_and_no_ipywidgets_warning():
+    """In Jupyter without ipywidgets, ``tqdm.auto`` warns ``IProgress not found`` at its first import
+    (huggingface_hub's, when transformers loads) and chooses tqdm's plain bar; after ``import
+    headprobe`` no warning, and a bar on the kernel's stderr (no terminal) is a LineBar."""
+    _, err = _in_a_kernel("import huggingface_hub.utils.tqdm")
+    assert "IProgress not found" in err  # the simulated kernel does warn: the check below can fail
+    code = "import headprobe, huggingface_hub.utils.tqdm\n"
+    code += "from headprobe.probe.core.progress import progress_bar\n"
+    code += "bar = progress_bar(total=2, desc='phase'); bar.update(2); bar.close(); print(type(bar).__name__)"
+    out, err = _in_a_kernel(code)
+    assert "IProgress" not in err and "Warning" not in err, err
+    assert out.split() == ["LineBar"] and err.startswith("phase: 100%") and " 2/2 [" in err, (out, err)

@@ -5,9 +5,11 @@ per phase of a bar and one when it closes (:class:`LineBar`)."""
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
+from tqdm.std import TqdmWarning
 from tqdm.std import tqdm as _std_tqdm
 
 
@@ -75,13 +77,30 @@ def is_terminal(stream: Any) -> bool:
         return False
 
 
+def auto_tqdm() -> type[_std_tqdm]:
+    """``tqdm.auto``'s bar class, imported without the ``TqdmWarning: IProgress not found`` it gives
+    (once, at its first import) in a Jupyter kernel without ipywidgets; it then chooses tqdm's plain
+    bar, which :func:`progress_bar` replaces with a :class:`LineBar` (a kernel's stderr is no terminal)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="IProgress not found", category=TqdmWarning)
+        from tqdm.auto import tqdm as auto
+    return auto
+
+
+def quiet_notebook_tqdm() -> None:
+    """In a Jupyter kernel, import ``tqdm.auto`` now (:func:`auto_tqdm`), before transformers'
+    huggingface_hub does so with the ipywidgets warning; elsewhere nothing (``import headprobe``
+    stays light)."""
+    if "ipykernel.zmqshell" in sys.modules and "tqdm.auto" not in sys.modules:
+        auto_tqdm()
+
+
 def progress_bar(iterable: Iterable | None = None, *, progress: bool = True, file: Any = None, **kwargs: Any) -> Any:
     """A progress bar over ``iterable`` (or counted with ``update``) on ``file`` (default stderr):
     ``tqdm.auto``'s live bar on a terminal or in a notebook, a :class:`LineBar` (one line when it
     closes, nothing for a nested bar) on anything else, a silent one without ``progress``. The
     ``kwargs`` are tqdm's (``total``, ``desc``, ``unit``, ...); ``file``: a text stream (``write``)."""
-    from tqdm.auto import tqdm as auto
-
+    auto = auto_tqdm()
     stream = file if file is not None else sys.stderr
     notebook = auto.__module__.startswith("tqdm.notebook")  # tqdm.auto's widget in Jupyter
     live = notebook or is_terminal(stream)
