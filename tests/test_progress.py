@@ -149,3 +149,42 @@ def test_a_notebook_without_ipywidgets_gets_line_bars_and_no_ipywidgets_warning(
     out, err = _in_a_kernel(code)
     assert "IProgress" not in err and "Warning" not in err, err
     assert out.split() == ["LineBar"] and err.startswith("phase: 100%") and " 2/2 [" in err, (out, err)
+
+
+def _counted_on_a_fake_clock(monkeypatch, steps: int, seconds_a_step: float, total: int | None) -> list[str]:
+    """The lines of a log's bar counted ``steps`` times, ``seconds_a_step`` apart on tqdm's clock."""
+    import tqdm.std
+
+    from headprobe.probe.core.progress import LineBar, progress_bar
+
+    now = [1000.0]
+    monkeypatch.setattr(tqdm.std, "time", lambda: now[0])  # every bar's clock (tqdm's _time, set at its start)
+    log = io.StringIO()
+    bar = progress_bar(total=total, desc="phase", unit="set", file=log)
+    assert isinstance(bar, LineBar)
+    for _ in range(steps):
+        now[0] += seconds_a_step
+        bar.update(1)
+    bar.close()
+    text = log.getvalue()
+    assert "\r" not in text and "\x1b" not in text, repr(text)
+    return text.splitlines()
+
+
+def test_a_long_phase_in_a_log_writes_a_line_every_30_s_and_10_percent(monkeypatch):
+    """A sign of life in a long phase: a line once both 30 s and 10% of the total have passed since
+    the last one, with count/total, elapsed time and rate; the last line at the end as before."""
+    lines = _counted_on_a_fake_clock(monkeypatch, 100, 1.0, total=100)  # 100 s: the seconds decide
+    counts = [line.split("| ")[1].split(" [")[0] for line in lines]
+    assert counts == ["30/100", "60/100", "90/100", "100/100"], lines
+    assert lines[0].startswith("phase:  30%") and "[00:30<01:10" in lines[0] and "1.00set/s]" in lines[0], lines
+    assert lines[-1].startswith("phase: 100%") and "[01:40<00:00" in lines[-1], lines
+    lines = _counted_on_a_fake_clock(monkeypatch, 20, 10.0, total=100)  # a line per 10 s: 10% decides
+    assert [line.split("| ")[1].split(" [")[0] for line in lines] == ["10/100", "20/100"], lines
+    lines = _counted_on_a_fake_clock(monkeypatch, 10, 10.0, total=None)  # no total: every 30 s
+    assert [line.split(" [")[0] for line in lines] == ["phase: 3set", "phase: 6set", "phase: 9set", "phase: 10set"]
+
+
+def test_a_short_phase_in_a_log_still_writes_exactly_one_line(monkeypatch):
+    lines = _counted_on_a_fake_clock(monkeypatch, 100, 0.25, total=100)  # 25 s
+    assert len(lines) == 1 and lines[0].startswith("phase: 100%") and " 100/100 [00:25<00:00" in lines[0], lines
