@@ -60,9 +60,9 @@ def test_notebook_runs(path):
     ]
     assert not errors
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
-    assert TINY_MODEL in output_text(code[0])
+    assert TINY_MODEL in output_text(code[0])  # what test_committed_outputs_are_the_real_settings looks for
     warned = [i for i, cell in enumerate(code) if "Warning" in output_text(cell)]  # e.g. tqdm's IProgress one
-    assert not warned, [output_text(code[i]) for i in warned]  # what test_committed_outputs_are_the_real_settings looks for
+    assert not warned, [output_text(code[i]) for i in warned]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
