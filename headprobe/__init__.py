@@ -46,6 +46,11 @@ def _find_floors_beside() -> None:
 
 _find_floors_beside()
 
+if "ipykernel.zmqshell" in __import__("sys").modules:  # a Jupyter kernel: tqdm.auto without its ipywidgets warning
+    from headprobe.probe.core.progress import quiet_notebook_tqdm
+
+    quiet_notebook_tqdm()
+
 _EXPORTS = {
     # name: (module, attribute); the commands' functions come from headprobe.commands.COMMANDS
     "path_patch": ("headprobe.analyses.circuit", "path_patch"),

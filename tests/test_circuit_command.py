@@ -251,6 +251,26 @@ def test_the_default_budget_is_capped_on_a_cpu_only(llama_dir, monkeypatch, no_s
     assert circuit_analysis.plan_rows(model, 8, 4096) == want and want[0] == 8
 
 
+def test_circuit_help_states_its_own_memory_budget(llama_dir, monkeypatch, no_stated_budget, capsys):
+    """``circuit --help``'s --memory-budget said the shared "80 percent of the device's free memory",
+    while circuit takes at most 1 GiB of it on a CPU (DEFAULT_BUDGET) and a stated budget as stated:
+    its help names the cap and --memory-gb, and a stated 2 GiB plans beyond the cap."""
+    import re
+
+    from headprobe.analyses import circuit as circuit_analysis
+    from headprobe.probe.core import memory
+
+    assert main(["circuit", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    flag = re.search(r"--memory-budget SIZE (.*?) --out OUT", text).group(1)
+    assert f"on a CPU at most {circuit_analysis.DEFAULT_BUDGET / 2**30:g} GiB" in flag and "--memory-gb wins" in flag
+    model = headprobe.load_model(str(llama_dir), device="cpu")
+    scoring, _ = circuit_analysis.row_bytes(model, 4096)
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 100 * 2**30)
+    memory.set_budget("3GiB")
+    assert circuit_analysis.plan_rows(model, 8, 4096)[0] == int(3 * 2**30 // scoring) >= 2
+
+
 def test_scoring_in_chunks_equals_the_whole_batch(llama_dir):
     """RunChunks (one sequence at a time) gives the batch's EAP-IG scores, exact effects and sweeps:
     the per-sequence mean metric makes every quantity a weighted sum over chunks."""

@@ -709,3 +709,20 @@ def test_model_help_names_the_weights_cache_where_cache_root_puts_it(monkeypatch
     assert cache_root() == Path(str(tmp_path / "xdg") + said.group(2))
     monkeypatch.setenv(ENV_VAR, "off")
     assert cache_root() is None
+
+
+def test_no_help_page_or_the_readme_cites_a_lesson_the_reader_has_not_seen():
+    """``budget --as-mha`` said "as the lesson's table does": a newcomer has never seen the lesson
+    (the project's seed texts). Every command's --help, the top-level one and the README say what a
+    flag does in the field's terms instead."""
+    import re
+    from pathlib import Path
+
+    from headprobe.cli import build_parser
+
+    pages = {name: parser.format_help() for name, parser in _subcommand_parsers()}
+    pages["headprobe"] = build_parser().format_help()
+    pages["README.md"] = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert len(pages) > 10 and "budget" in pages and "--as-mha" in pages["budget"]
+    cited = {name: re.findall(r".{40}\blesson.{20}", " ".join(text.split()), re.I) for name, text in pages.items()}
+    assert not {name: found for name, found in cited.items() if found}, cited

@@ -7,6 +7,7 @@ committed notebooks keep the outputs of their real settings, which
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import pytest
@@ -60,6 +61,8 @@ def test_notebook_runs(path):
     assert not errors
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
     assert TINY_MODEL in output_text(code[0])  # what test_committed_outputs_are_the_real_settings looks for
+    warned = [i for i, cell in enumerate(code) if "Warning" in output_text(cell)]  # e.g. tqdm's IProgress one
+    assert not warned, [output_text(code[i]) for i in warned]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -83,3 +86,39 @@ def test_a_failing_cell_fails(tmp_path):
     nbformat.write(nb, path)
     with pytest.raises(CellExecutionError, match="ZeroDivisionError"):
         execute(path)
+
+
+def _saves(tiny: Path, out: Path) -> dict[str, Any]:
+    """Per output folder a notebook's text names (``curve.save("prune-out/")``), the call that writes it
+    into ``out``/that folder at tiny settings, with every optional output on (``save_pruned``)."""
+    import headprobe
+
+    return {
+        "prune-out": lambda: headprobe.prune(
+            str(tiny), methods="random", n_natural=2, n_repeated=2, seq_len=64, period=24, n_seeds=1,
+            step_fraction=0.5, save_pruned=True, progress=False,
+        ).save(out / "prune-out"),
+        "kv-out": lambda: headprobe.kv(
+            str(tiny), kv_budget=0.5, seq_len=96, block_len=8, n_random=2, budgets=(0.5,), progress=False
+        ).save(out / "kv-out"),
+    }  # fmt: skip
+
+
+def test_each_saved_output_a_notebook_names_is_one_its_command_writes(tmp_path):
+    """A path under a notebook's output folder (``prune-out/pruned_model``, ``kv-out/policy.json``) names
+    a file or folder the result's ``save`` really writes there, as written at tiny settings."""
+    import re
+
+    named: dict[str, set[str]] = {}
+    for path in NOTEBOOKS:
+        text = "\n".join(cell.source for cell in nbformat.read(path, as_version=4).cells)
+        for folder in re.findall(r"\.save\(\"([\w-]+)/\"\)", text):
+            named.setdefault(folder, set()).update(re.findall(rf"(?<![\w-]){re.escape(folder)}/([\w.-]+)", text))
+    named = {folder: names for folder, names in named.items() if names}  # scan.save("out/") names no path in it
+    saves = _saves(ROOT / TINY_MODEL, tmp_path)
+    assert set(named) <= set(saves), named  # a notebook saving elsewhere: add its call to _saves
+    assert named["prune-out"] and named["kv-out"], named  # the check below can fail
+    for folder, names in named.items():
+        saves[folder]()
+        missing = sorted(n for n in names if not (tmp_path / folder / n).exists())
+        assert not missing, (folder, missing, sorted(p.name for p in (tmp_path / folder).iterdir()))

@@ -111,3 +111,80 @@ def test_an_error_after_a_log_bar_starts_on_its_own_line_without_a_blank_one():
     assert _own_line("headprobe: error: x") == "\nheadprobe: error: x"
     live.close()
     log_bar.close()
+
+
+_KERNEL_WITHOUT_IPYWIDGETS = """
+import sys, types
+sys.modules["ipykernel.zmqshell"] = types.ModuleType("ipykernel.zmqshell")  # what tqdm.autonotebook looks for
+ipython = types.ModuleType("IPython")
+ipython.get_ipython = type("ZMQInteractiveShell", (), {})  # a Jupyter kernel's shell
+sys.modules["IPython"] = ipython
+sys.modules["ipywidgets"] = None  # not installed: import fails
+"""
+
+
+def _in_a_kernel(code: str) -> tuple[str, str]:
+    """(stdout, stderr) of ``code`` run in a new process that looks like a Jupyter kernel without ipywidgets."""
+    import subprocess
+    import sys
+
+    p = subprocess.run(
+        [sys.executable, "-W", "default", "-c", _KERNEL_WITHOUT_IPYWIDGETS + code],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return p.stdout, p.stderr
+
+
+def test_a_notebook_without_ipywidgets_gets_line_bars_and_no_ipywidgets_warning():
+    """In Jupyter without ipywidgets, ``tqdm.auto`` warns ``IProgress not found`` at its first import
+    (huggingface_hub's, when transformers loads) and chooses tqdm's plain bar; after ``import
+    headprobe`` no warning, and a bar on the kernel's stderr (no terminal) is a LineBar."""
+    _, err = _in_a_kernel("import huggingface_hub.utils.tqdm")
+    assert "IProgress not found" in err  # the simulated kernel does warn: the check below can fail
+    code = "import headprobe, huggingface_hub.utils.tqdm\n"
+    code += "from headprobe.probe.core.progress import progress_bar\n"
+    code += "bar = progress_bar(total=2, desc='phase'); bar.update(2); bar.close(); print(type(bar).__name__)"
+    out, err = _in_a_kernel(code)
+    assert "IProgress" not in err and "Warning" not in err, err
+    assert out.split() == ["LineBar"] and err.startswith("phase: 100%") and " 2/2 [" in err, (out, err)
+
+
+def _counted_on_a_fake_clock(monkeypatch, steps: int, seconds_a_step: float, total: int | None) -> list[str]:
+    """The lines of a log's bar counted ``steps`` times, ``seconds_a_step`` apart on tqdm's clock."""
+    import tqdm.std
+
+    from headprobe.probe.core.progress import LineBar, progress_bar
+
+    now = [1000.0]
+    monkeypatch.setattr(tqdm.std, "time", lambda: now[0])  # every bar's clock (tqdm's _time, set at its start)
+    log = io.StringIO()
+    bar = progress_bar(total=total, desc="phase", unit="set", file=log)
+    assert isinstance(bar, LineBar)
+    for _ in range(steps):
+        now[0] += seconds_a_step
+        bar.update(1)
+    bar.close()
+    text = log.getvalue()
+    assert "\r" not in text and "\x1b" not in text, repr(text)
+    return text.splitlines()
+
+
+def test_a_long_phase_in_a_log_writes_a_line_every_30_s_and_10_percent(monkeypatch):
+    """A sign of life in a long phase: a line once both 30 s and 10% of the total have passed since
+    the last one, with count/total, elapsed time and rate; the last line at the end as before."""
+    lines = _counted_on_a_fake_clock(monkeypatch, 100, 1.0, total=100)  # 100 s: the seconds decide
+    counts = [line.split("| ")[1].split(" [")[0] for line in lines]
+    assert counts == ["30/100", "60/100", "90/100", "100/100"], lines
+    assert lines[0].startswith("phase:  30%") and "[00:30<01:10" in lines[0] and "1.00set/s]" in lines[0], lines
+    assert lines[-1].startswith("phase: 100%") and "[01:40<00:00" in lines[-1], lines
+    lines = _counted_on_a_fake_clock(monkeypatch, 20, 10.0, total=100)  # a line per 10 s: 10% decides
+    assert [line.split("| ")[1].split(" [")[0] for line in lines] == ["10/100", "20/100"], lines
+    lines = _counted_on_a_fake_clock(monkeypatch, 10, 10.0, total=None)  # no total: every 30 s
+    assert [line.split(" [")[0] for line in lines] == ["phase: 3set", "phase: 6set", "phase: 9set", "phase: 10set"]
+
+
+def test_a_short_phase_in_a_log_still_writes_exactly_one_line(monkeypatch):
+    lines = _counted_on_a_fake_clock(monkeypatch, 100, 0.25, total=100)  # 25 s
+    assert len(lines) == 1 and lines[0].startswith("phase: 100%") and " 100/100 [00:25<00:00" in lines[0], lines

@@ -133,7 +133,8 @@ class BudgetConfig:
         dtype: number format of cache and activations: fp32, bf16, fp16, fp8, int8 or torch's names.
         compare: MHA, every GQA group count and MQA of the same heads (their key and value widths) side by side.
         flops_table: FLOPs of one layer at these lengths (an empty tuple: the lesson's lengths); None: off.
-        as_mha: with flops_table, count the K/V projections as MHA, as the lesson's table does.
+        as_mha: with flops_table, count the K/V projections as MHA (one K/V head per query head; GQA's
+            are group-size times cheaper): ``8 * T * D**2`` per layer with ``n_heads * d_head == D``.
         recommend: propose a layout for params or d_model, seq_len, kv_limit and target.
         params: recommend: parameter budget without embeddings, a count or text such as "135M".
         kv_limit: recommend: KV-cache limit per request, bytes or text such as "2GiB".
@@ -226,7 +227,11 @@ class BudgetConfig:
         metavar="T",
     )
     as_mha: bool = setting(
-        False, "--flops-table: count K/V projections as MHA, as the lesson's table does", action="store_true"
+        False,
+        "--flops-table: count the K and V projections as in multi-head attention (MHA: one K and V head "
+        "per query head), the textbook 8*T*D^2 projection FLOPs of a layer when n_heads*d_head = D; "
+        "without it a GQA or MQA model's K and V projections cost group-size times less",
+        action="store_true",
     )
     recommend: bool = setting(
         False, "propose a head layout for --params/--d-model, --seq-len, --kv-limit, --target", action="store_true"

@@ -145,11 +145,17 @@ class CircuitConfig(ModelSettings):
         None, "path patch every earlier head into these, e.g. 18.6:k,17.3:k,logits (default: none)"
     )
     qk_head: str | None = setting(None, "explain this head's attention by QK attribution, e.g. 18.6 (default: none)")
+    memory_budget: str | None = shared(
+        ModelSettings,
+        "memory_budget",
+        help="working memory the scoring chunks and path-patched forwards may fill beyond the weights, e.g. "
+        "4GiB or 500MB (default: $HEADPROBE_MEMORY_BUDGET, else 80 percent of the device's free memory, on a "
+        "CPU at most 1 GiB); --memory-gb wins over it; the header prints the chunks, and a budget above the "
+        "free memory or one sequence that does not fit is refused before it starts",
+    )  # the CPU cap: headprobe.analyses.circuit.DEFAULT_BUDGET (plan_rows)
     memory_gb: float | None = setting(
         None,
-        "working memory beyond the weights, GiB; wins over --memory-budget (default: --memory-budget's "
-        "budget if stated, else 80 percent of the device's free memory, on a CPU at most 1); sequences are "
-        "scored in chunks that fit, and a run whose one sequence does not fit is refused before it starts",
+        "the same budget in GiB; wins over --memory-budget (default: --memory-budget's)",
         type=_gib,
     )
 

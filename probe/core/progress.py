@@ -1,28 +1,42 @@
 """Progress bars on stderr (:func:`progress_bar`): tqdm's live bar on a terminal or in a notebook;
 on a stream that is not a terminal (``2>log``, a pipe, a captured stream) whole lines only: one
-per phase of a bar and one when it closes (:class:`LineBar`)."""
+per phase of a bar, one when it closes and, in a long phase, one at most every 30 s and 10% of it
+(:class:`LineBar`)."""
 
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
+from tqdm.std import TqdmWarning
 from tqdm.std import tqdm as _std_tqdm
 
 
 class LineBar(_std_tqdm):
     """A tqdm bar that draws nothing while it runs and writes whole lines instead: one when a phase
-    ends (its description changes, :meth:`set_description`, after it counted something) and one
-    when it closes. In a log a live bar's redraws are ``\\r``-separated fragments of lines, and a
-    nested bar's cursor moves are escape codes. A bar opened inside another (tqdm's ``pos`` > 0) or
-    with ``leave=False`` writes nothing at all. Counting, ``total``, ``tqdm.write`` and the rest of
-    tqdm's interface work as for any tqdm bar."""
+    ends (its description changes, :meth:`set_description`, after it counted something), one when
+    it closes and, in a long phase, a sign of life: a line (count/total, elapsed time, rate, as
+    tqdm's ``format_meter`` writes them) once both :attr:`INTERVAL_S` seconds have passed and
+    :attr:`STEP_FRACTION` of ``total`` more has been counted since the last line (without a
+    ``total``, the seconds alone); a phase shorter than that writes its one line. The check runs
+    when the bar is counted (``update``), so a single step never interrupts itself. In a log a
+    live bar's redraws are ``\\r``-separated fragments of lines, and a nested bar's cursor moves are
+    escape codes. A bar opened inside another (tqdm's ``pos`` > 0) or with ``leave=False`` writes
+    nothing at all. Counting, ``total``, ``tqdm.write`` and the rest of tqdm's interface work as
+    for any tqdm bar."""
+
+    INTERVAL_S = 30.0  # seconds, at least, between two lines of one phase
+    STEP_FRACTION = 0.1  # of total, at least, counted between two lines of one phase
 
     leave: bool | None  # tqdm's (set in its __init__), declared for the type checker
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._written_n: float | None = None  # the count at the last line written (None: none yet)
+        self._written_t: float | None = None  # tqdm's clock at the last line written (None: none yet)
+        self._closing = False
+        self._beat: tuple[float, str] | None = None  # (count, description) of the last sign of life
         super().__init__(*args, **kwargs)
 
     def _writes(self) -> bool:
@@ -33,9 +47,26 @@ class LineBar(_std_tqdm):
         self.fp.write(str(self) + "\n")
         getattr(self.fp, "flush", lambda: None)()
         self._written_n = self.n
+        self._written_t = self._time()
+
+    def _due(self) -> bool:
+        """Whether a long phase is due a line (see the class): both the seconds and the fraction
+        of ``total`` since the last line (or the bar's start)."""
+        start = getattr(self, "start_t", None)  # None: tqdm's __init__ is still running
+        if start is None or self._closing:
+            return False
+        since_t = self._time() - (self._written_t if self._written_t is not None else start)
+        since_n = self.n - (self._written_n if self._written_n is not None else self.initial)
+        if since_t < self.INTERVAL_S or since_n <= 0:
+            return False
+        return not self.total or since_n >= self.STEP_FRACTION * self.total
 
     def display(self, msg: str | None = None, pos: int | None = None) -> bool:
-        """Never drawn while running (False: tqdm's close then writes no clearing ``\\r``)."""
+        """Never drawn while running, only a whole line when a long phase is due one (:meth:`_due`);
+        False: tqdm's close then writes no clearing ``\\r``."""
+        if self._writes() and self._due():
+            self._write_line()
+            self._beat = (self.n, self.desc)
         return False
 
     def clear(self, nolock: bool = False) -> None:
@@ -55,15 +86,17 @@ class LineBar(_std_tqdm):
         super().set_description(desc, refresh)
 
     def close(self) -> None:
-        """Write the last line (see :meth:`_writes`), then close as tqdm does."""
+        """Close as tqdm does, then write the last line (see :meth:`_writes`) unless a sign of life
+        just wrote this count."""
         if self.disable:
             return
         writes = self._writes()
         if writes:
             self._ema_dt = lambda: None  # the overall rate, as tqdm's own close reports it
         self.leave = False  # tqdm's close then draws nothing
+        self._closing = True  # nor a sign of life from its display
         super().close()
-        if writes:
+        if writes and self._beat != (self.n, self.desc):  # not the sign of life's line again
             self._write_line()
 
 
@@ -75,13 +108,30 @@ def is_terminal(stream: Any) -> bool:
         return False
 
 
+def auto_tqdm() -> type[_std_tqdm]:
+    """``tqdm.auto``'s bar class, imported without the ``TqdmWarning: IProgress not found`` it gives
+    (once, at its first import) in a Jupyter kernel without ipywidgets; it then chooses tqdm's plain
+    bar, which :func:`progress_bar` replaces with a :class:`LineBar` (a kernel's stderr is no terminal)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="IProgress not found", category=TqdmWarning)
+        from tqdm.auto import tqdm as auto
+    return auto
+
+
+def quiet_notebook_tqdm() -> None:
+    """In a Jupyter kernel, import ``tqdm.auto`` now (:func:`auto_tqdm`), before transformers'
+    huggingface_hub does so with the ipywidgets warning; elsewhere nothing (``import headprobe``
+    stays light)."""
+    if "ipykernel.zmqshell" in sys.modules and "tqdm.auto" not in sys.modules:
+        auto_tqdm()
+
+
 def progress_bar(iterable: Iterable | None = None, *, progress: bool = True, file: Any = None, **kwargs: Any) -> Any:
     """A progress bar over ``iterable`` (or counted with ``update``) on ``file`` (default stderr):
     ``tqdm.auto``'s live bar on a terminal or in a notebook, a :class:`LineBar` (one line when it
     closes, nothing for a nested bar) on anything else, a silent one without ``progress``. The
     ``kwargs`` are tqdm's (``total``, ``desc``, ``unit``, ...); ``file``: a text stream (``write``)."""
-    from tqdm.auto import tqdm as auto
-
+    auto = auto_tqdm()
     stream = file if file is not None else sys.stderr
     notebook = auto.__module__.startswith("tqdm.notebook")  # tqdm.auto's widget in Jupyter
     live = notebook or is_terminal(stream)
