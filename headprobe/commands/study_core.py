@@ -16,7 +16,7 @@ from headprobe.analyses.outputs import WritesOutputs
 from headprobe.analyses.train_config import INDUCTION_FORMED, TrainConfig
 from headprobe.commands.study import CONTEXT, StudyConfig, layout_of
 from headprobe.options import check_fields, config_inputs, notes_flags
-from headprobe.probe.core.io import cpu_kernels, summary_envelope
+from headprobe.probe.core.io import cpu_kernels, models_self_check, summary_envelope
 from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.layout.cost import attention_params_per_layer, kv_bytes_per_request, kv_bytes_per_token
 
@@ -203,11 +203,18 @@ class StudyResult(CompactRepr, WritesOutputs):
         base = dataclasses.asdict(c.base())
         if c.which == "heads":
             del base["n_heads"]  # each variant's own: n_heads_list
-        self_check = {
-            "all_ok": bool(table["self_check_ok"].all()),
-            "max_relative_error": float(f"{table['self_check_max_relative_error'].max():.3g}"),
-            "what": "per trained model: patterns and the per-head W_O decomposition (headprobe.probe.hooks.selfcheck)",
-        }
+        self_check = models_self_check(
+            {
+                f"{r.variant} seed {r.seed}": {
+                    "ok": bool(r.self_check_ok),
+                    "max_relative_error": None
+                    if pd.isna(r.self_check_max_relative_error)
+                    else float(r.self_check_max_relative_error),
+                }
+                for r in table.itertuples()
+            },
+            "per trained model: patterns and the per-head W_O decomposition (headprobe.probe.hooks.selfcheck)",
+        )
         return summary_envelope(
             {
                 "which": c.which,
