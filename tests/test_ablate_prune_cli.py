@@ -26,9 +26,10 @@ SMALL = ["--seq-len", "16", "--n-natural", "3", "--n-repeated", "2", "--period",
 
 
 @pytest.mark.all_figure_formats  # checks the PDF/SVG files
-def test_ablate_cli(tiny_dir, tmp_path):
+def test_ablate_cli(tiny_dir, tmp_path, capsys):
     out = tmp_path / "ablate"
     assert main(["ablate", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), *SMALL]) == 0
+    stdout = capsys.readouterr().out
     table = pd.read_csv(out / "head_ablation.csv")
     assert len(table) == 16
     assert {
@@ -50,7 +51,45 @@ def test_ablate_cli(tiny_dir, tmp_path):
     imp, delta = table["natural_importance"], table["natural_loss_delta"]
     assert abs(rho["gradient_importance_vs_abs_effect"] - spearmanr(imp, delta.abs()).statistic) < 0.05
     assert abs(rho["gradient_importance"] - spearmanr(imp, delta).statistic) < 0.05
+    # each rho carries its 95% interval (Fisher z, Bonett-Wright variance), recomputed from rho and the 16 heads
+    ci = summary["spearman_with_exact_sweep_ci95"]["natural"]
+    for name, r in rho.items():
+        np.testing.assert_allclose(ci[name], _bonett_wright(r, 16), atol=1e-3, err_msg=name)
+    assert "Fisher" in summary["spearman_interval_rule"]
+    lo, hi = ci["attribution_patching"]
+    line = next(x for x in stdout.splitlines() if x.startswith("natural "))
+    assert f"attribution {rho['attribution_patching']:.2f} [{lo:.2f}, {hi:.2f}]" in line, line
     assert (out / "ablation_effect.png").is_file() and (out / "ablation_effect.pdf").is_file()
+
+
+def _bonett_wright(rho: float, n: int) -> list[float]:
+    """Bonett & Wright's (2000) Spearman interval, written out: Fisher's z = atanh(rho) +- z_0.975
+    sqrt((1 + rho^2 / 2) / (n - 3)), back through tanh."""
+    from scipy.stats import norm
+
+    half = norm.ppf(0.975) * np.sqrt((1 + rho**2 / 2) / (n - 3))
+    return list(np.tanh(np.arctanh(rho) + np.array([-half, half])))
+
+
+def test_spearman_ci_is_fishers_interval_of_the_ranks_widened_by_bonett_wright():
+    """statistics.spearman_ci against scipy: pearsonr of the ranks (Spearman's rho) gives Fisher's
+    interval, variance 1 / (n - 3); Bonett & Wright's multiplies that variance by 1 + rho^2 / 2, so
+    the half-width in z is sqrt(1 + rho^2 / 2) times scipy's. Too few heads or |rho| = 1: no interval."""
+    from scipy.stats import pearsonr, rankdata
+
+    from headprobe.analyses.statistics import spearman_ci
+
+    g = np.random.default_rng(0)
+    for n, mix in ((12, 0.3), (60, 0.9), (270, 0.6)):
+        a = g.standard_normal(n)
+        b = mix * a + (1 - mix) * g.standard_normal(n)
+        res = pearsonr(rankdata(a), rankdata(b))
+        z_lo, z_hi = np.arctanh(res.confidence_interval(0.95))
+        r = float(res.statistic)
+        z = np.arctanh(r)
+        want = np.tanh(z + (np.array([z_lo, z_hi]) - z) * np.sqrt(1 + r**2 / 2))
+        np.testing.assert_allclose(spearman_ci(r, n), want, rtol=1e-9, err_msg=str(n))
+    assert np.isnan(spearman_ci(0.5, 3)).all() and np.isnan(spearman_ci(1.0, 40)).all()
 
 
 FAST_L0 = ["--l0-steps", "12", "--l0-lambdas", "10,100", "--n-seeds", "2"]

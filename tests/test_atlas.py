@@ -723,3 +723,22 @@ def test_a_toy_atlas_marks_and_names_its_layers_on_the_depth_axis():
     mixed = atlas.depth_plot(table, "induction")
     assert len(dividers(mixed.axes[0])) == sum(n - 1 for n in table.groupby("model")["n_layers"].first())
     assert not mixed.axes[0].child_axes
+
+
+def test_atlas_summary_states_each_models_self_check(atlas_run):
+    """summary.json's ``self_check`` gives, per scanned model, which identity checks held (patterns,
+    per-head W_O decomposition), read against each model's own scan summary.json, and all_ok over
+    them (it was null although every scan had one). A failed model has no scan and is not listed."""
+    out, models, _ = atlas_run
+    summary = json.loads((out / "summary.json").read_text())
+    got = summary["self_check"]
+    scans = {
+        m: json.loads((out / summary["models"][m]["dir"] / "summary.json").read_text())["self_check"]
+        for m in (models[0], models[2])
+    }
+    assert set(got["models"]) == set(scans)
+    for m, ref in scans.items():
+        want = {k: ref[k] for k in ("ok", "patterns_ok", "decomposition_ok", "max_relative_error")}
+        assert got["models"][m] == want, m
+    assert got["all_ok"] is all(ref["ok"] for ref in scans.values())
+    assert got["max_relative_error"] == max(ref["max_relative_error"] for ref in scans.values())

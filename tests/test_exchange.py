@@ -787,3 +787,41 @@ def test_export_refuses_a_full_out_folder_before_reading_the_source(tmp_path, ca
     with pytest.raises(HeadprobeError, match="is not empty; pass --overwrite"):
         headprobe.export(str(src), str(full))
     assert [p.name for p in full.iterdir()] == ["kept.txt"] and not (src / "e").exists()
+
+
+def test_import_report_prints_the_effects_interval_as_scans_table_does():
+    """import's effect line carries the top-k effect's 95% interval over sequences, as scan's table
+    prints it (it printed the effect alone). Reference: scipy's Student-t interval of made-up
+    per-sequence effects; one sequence has none (``[n/a]``, never ``[+nan, +nan]``)."""
+    from scipy import stats
+
+    from headprobe.analyses.ablation import Verification
+    from headprobe.analyses.exchange import HeadFile
+    from headprobe.commands.import_heads_core import ImportConfig, ImportResult
+
+    per_seq = np.array([-0.031, -0.012, -0.027, -0.019])
+    lo, hi = stats.t.interval(0.95, len(per_seq) - 1, loc=per_seq.mean(), scale=stats.sem(per_seq))
+
+    def row(task, ci):
+        return Verification(
+            "imported",
+            "mean",
+            task,
+            2,
+            ["0.1", "1.0"],
+            5.0,
+            5.0,
+            per_seq.mean(),
+            [0.0],
+            -0.0036,
+            0.0,
+            None,
+            top_effect_ci95=ci,
+            draws=1,
+        )
+
+    rows = [row("repeated", [lo, hi]), row("natural", [float("nan")] * 2)]
+    hf = HeadFile("list", [(0, 1), (1, 0)], "listed")
+    lines = ImportResult(ImportConfig(heads_file="h.txt"), hf, hf.heads, rows, {}).report().splitlines()
+    assert f"effect {per_seq.mean():+.4f} [{lo:+.4f}, {hi:+.4f}] vs random -0.0036" in lines[1], lines[1]
+    assert f"effect {per_seq.mean():+.4f} [n/a] vs random" in lines[2], lines[2]

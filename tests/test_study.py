@@ -362,3 +362,58 @@ def test_the_layouts_legend_names_induction_and_speaks_of_bars_only_over_seeds(s
     else:
         assert title == "bars: range over 2 seeds" and "in every seed" in texts[0] and "in some seed" in texts[1]
         assert bars
+
+
+def _layouts_table(seeds, mha, mla, mha_ic, mla_ic):
+    """A hand-made layouts results table: MHA (128 B/token) and one MLA rank below 1/8 of it (8 B)."""
+    n = len(seeds)
+    return pd.DataFrame(
+        {
+            "variant": ["MHA"] * n + ["MLA r=2"] * n,
+            "seed": [*seeds, *seeds],
+            "kv_bytes_per_token": [128] * n + [8] * n,
+            "eval_loss": [*mha, *mla],
+            "in_context_loss": [*mha_ic, *mla_ic],
+            "max_induction": [0.9] * (2 * n),
+            "seconds": 1.0,
+        }
+    )
+
+
+def test_the_mla_gap_carries_the_interval_of_its_paired_seed_gaps():
+    """mla_below_one_eighth's gaps come with the 95% Student-t interval of the seed-by-seed paired
+    gaps (scipy's t.interval as reference; it carried MHA's seed sd only), over "seeds", and say the
+    variant was picked on the same evaluations; one seed gives null and the reason."""
+    from scipy import stats
+
+    from headprobe.commands.study_core import headline
+
+    mha, mla = [3.00, 3.20, 3.05], [3.10, 3.24, 3.21]
+    mha_ic, mla_ic = [1.0, 1.3, 1.1], [1.4, 1.2, 1.6]
+    got = headline("layouts", _layouts_table([0, 1, 2], mha, mla, mha_ic, mla_ic))["mla_below_one_eighth"]
+    for key, a, b in (("loss_gap_vs_mha", mla, mha), ("in_context_loss_gap_vs_mha", mla_ic, mha_ic)):
+        gaps = np.subtract(a, b)
+        want = stats.t.interval(0.95, len(gaps) - 1, loc=gaps.mean(), scale=stats.sem(gaps))
+        np.testing.assert_allclose(got[f"{key}_ci95"], want, atol=1e-4, err_msg=key)
+        assert got[key] == pytest.approx(gaps.mean(), abs=1e-4)
+    assert got["n_paired_seeds"] == 3 and "seeds" in got["interval_rule"]
+    assert "same evaluations" in got["selection"]
+    one = headline("layouts", _layouts_table([0], mha[:1], mla[:1], mha_ic[:1], mla_ic[:1]))["mla_below_one_eighth"]
+    assert one["loss_gap_vs_mha_ci95"] is None and one["in_context_loss_gap_vs_mha_ci95"] is None
+    assert "2 seeds" in one["ci95_null_reason"]
+
+
+def test_study_report_gives_the_seed_spread_where_there_are_two_seeds():
+    """report() prints each variant's seed sd beside its mean (numpy's ddof=1 sd as reference) where
+    there are 2+ seeds, and no sd column from one seed."""
+    from headprobe.commands.study import StudyConfig
+    from headprobe.commands.study_core import StudyResult
+
+    mha, mla = [3.00, 3.20, 3.05], [3.10, 3.24, 3.21]
+    table = _layouts_table([0, 1, 2], mha, mla, [1.0, 1.3, 1.1], [1.4, 1.2, 1.6])
+    text = StudyResult(StudyConfig("layouts"), table).report()
+    assert "eval_loss_sd" in text and "in_context_loss_sd" in text, text
+    mha_row = next(line for line in text.splitlines() if line.startswith("MHA"))
+    assert f"{np.std(mha, ddof=1):.3f}" in mha_row.split(), text
+    one = StudyResult(StudyConfig("layouts"), _layouts_table([0], mha[:1], mla[:1], [1.0], [1.4])).report()
+    assert "_sd" not in one, one

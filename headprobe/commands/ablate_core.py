@@ -33,7 +33,7 @@ from headprobe.analyses.attribution import atp_star, estimate_plan, forward_equi
 from headprobe.analyses.data import TokenSet, left_out_notes, window_counts
 from headprobe.analyses.outputs import WritesOutputs
 from headprobe.analyses.scoring import score_plan, score_tokens
-from headprobe.analyses.statistics import interval_rule, no_interval_reason
+from headprobe.analyses.statistics import SPEARMAN_INTERVAL_RULE, interval_rule, no_interval_reason, spearman_ci
 from headprobe.commands.ablate import ESTIMATES, NEEDS_CAUSAL, TASKS, AblateConfig
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core import ablation_kinds
@@ -181,19 +181,25 @@ MIN_RANKED_HEADS = 8
 0.9 arises by chance with probability ~0.04 and is no finding (``--heads 18.6,17.3,...``)."""
 
 
-def _rank_correlation(a, b, names: tuple[str, str] = ("one ranking", "the other")) -> tuple[float | None, str | None]:
-    """:func:`spearman` of ``a`` and ``b`` (named ``names``) over the heads finite in both, and None;
-    or None (JSON null, ``n/a`` on screen) and the reason: fewer than :data:`MIN_RANKED_HEADS`
+def _rank_correlation(
+    a, b, names: tuple[str, str] = ("one ranking", "the other")
+) -> tuple[float | None, str | None, list[float] | None]:
+    """:func:`spearman` of ``a`` and ``b`` (named ``names``) over the heads finite in both, None, and
+    its 95% interval over those heads (:func:`~headprobe.analyses.statistics.spearman_ci`, rounded to
+    3 decimals; None at ``|rho| = 1``); or None (JSON null, ``n/a`` on screen), the reason and None: fewer than :data:`MIN_RANKED_HEADS`
     such heads (too few to rank), or one side equal on all of them (Spearman's rho divides by its
     zero spread; a model whose W_O is zero has no effect at all)."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     ok = np.isfinite(a) & np.isfinite(b)
     if ok.sum() < MIN_RANKED_HEADS:
-        return None, f"fewer than {MIN_RANKED_HEADS} heads swept, too few to rank"
+        return None, f"fewer than {MIN_RANKED_HEADS} heads swept, too few to rank", None
     flat = [name for name, x in zip(names, (a[ok], b[ok])) if x.min() == x.max()]
     if flat:
-        return None, f"undefined: {' and '.join(flat)} {'is' if len(flat) == 1 else 'are'} the same for every head"
-    return spearman(a, b), None
+        why = f"undefined: {' and '.join(flat)} {'is' if len(flat) == 1 else 'are'} the same for every head"
+        return None, why, None
+    rho = spearman(a, b)
+    ci = spearman_ci(rho, int(ok.sum()))
+    return rho, None, None if np.isnan(ci).any() else [round(float(x), 3) for x in ci]
 
 
 def _rounded_ci(ci: np.ndarray | None, head: tuple[int, int]) -> list[float] | None:
@@ -210,9 +216,15 @@ def _interval_text(ci: list[float] | None) -> str:
     return figs.format_interval(lo, hi, "+.3f")
 
 
-def _rank_correlations(tasks: dict, induction_score) -> dict[str, tuple[float | None, str | None]]:
+def _rho_interval_text(ci: list[float] | None) -> str:
+    """``[lo, hi]`` of a rank correlation's ``ci95`` on screen, ``[n/a]`` for None (:func:`~headprobe.analyses.figures.format_interval`)."""
+    lo, hi = ci if ci is not None else (None, None)
+    return figs.format_interval(lo, hi, ".2f")
+
+
+def _rank_correlations(tasks: dict, induction_score) -> dict[str, tuple[float | None, str | None, list[float] | None]]:
     """summary.json's rank correlations, keyed ``<task>.<name>`` and ``induction_score_vs_repeated_loss_delta``:
-    ``(rho, None)`` or ``(None, why)`` (:func:`_rank_correlation`)."""
+    ``(rho, None, ci95)`` or ``(None, why, None)`` (:func:`_rank_correlation`)."""
     out = {}
     for t, r in tasks.items():
         out[f"{t}.gradient_importance_vs_abs_effect"] = _rank_correlation(
@@ -303,8 +315,19 @@ class AblateResult(CompactRepr, WritesOutputs):
                 "top_induction_score_heads": [
                     format_head(h) for h in top_heads(torch.as_tensor(self.induction_score), TOP_N)
                 ],
+                "spearman_with_exact_sweep_ci95": {
+                    t: {
+                        name: rho[f"{t}.{name}"][2]
+                        for name in ("gradient_importance_vs_abs_effect", "gradient_importance", "attribution_patching")
+                    }
+                    for t in results
+                },
                 "spearman_induction_score_vs_repeated_loss_delta": rho["induction_score_vs_repeated_loss_delta"][0],
-                "spearman_null_reasons": {k: why for k, (_, why) in rho.items() if why},
+                "spearman_induction_score_vs_repeated_loss_delta_ci95": rho["induction_score_vs_repeated_loss_delta"][
+                    2
+                ],
+                "spearman_interval_rule": SPEARMAN_INTERVAL_RULE,
+                "spearman_null_reasons": {k: why for k, (_, why, _) in rho.items() if why},
             },
             {
                 **{f"{t}_sweep": r.sweep_s for t, r in results.items()},
@@ -474,7 +497,8 @@ class AblateResult(CompactRepr, WritesOutputs):
                 for e in s["top_heads_by_loss_delta"][task][:5]
             )
             rho = s["spearman_with_exact_sweep"][task]
-            r = {k: "n/a" if v is None else f"{v:.2f}" for k, v in rho.items()}
+            cis = s["spearman_with_exact_sweep_ci95"][task]
+            r = {k: "n/a" if v is None else f"{v:.2f} {_rho_interval_text(cis[k])}" for k, v in rho.items()}
             reasons = dict.fromkeys(
                 "undefined: one side is the same for every head (spearman_null_reasons in summary.json)"
                 if why.startswith("undefined")
@@ -488,6 +512,7 @@ class AblateResult(CompactRepr, WritesOutputs):
                 f"{r['gradient_importance_vs_abs_effect']} (signed {r['gradient_importance']}), "
                 f"attribution {r['attribution_patching']}{why}"
             )
+        lines.append(f"(Spearman rho [lo, hi]: {s['spearman_interval_rule']})")
         resumed = sum(len(r.effect[np.isfinite(r.effect)]) for r in t.values()) - self.swept
         lines.append(
             f"head ablations (one per head and task): {self.swept} swept on {self.ranks} rank{'s' * (self.ranks > 1)}, "

@@ -39,7 +39,14 @@ from headprobe.commands.atlas import (  # noqa: F401 - the light module's names,
     snapshot_dirs,
 )
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.io import RunCheckpoint, prepare_output_dir, run_inputs, summary_envelope, write_json
+from headprobe.probe.core.io import (
+    RunCheckpoint,
+    models_self_check,
+    prepare_output_dir,
+    run_inputs,
+    summary_envelope,
+    write_json,
+)
 from headprobe.probe.core.reprs import CompactRepr
 
 if TYPE_CHECKING:
@@ -61,6 +68,9 @@ class AtlasResult(CompactRepr):
         out: the output directory.
         seconds: the whole run's.
         rules: the :class:`~headprobe.analyses.verdicts.VerdictRule` of each scan with verdicts.
+        self_checks: label -> the self-check its scan's summary.json records (None where it has
+            none), of each model not failed; summary.json's ``self_check`` aggregates them
+            (:func:`~headprobe.probe.core.io.models_self_check`).
     """
 
     config: AtlasConfig
@@ -70,6 +80,7 @@ class AtlasResult(CompactRepr):
     seconds: float = 0.0
     files: list[Path] = field(default_factory=list)
     rules: list = field(default_factory=list)
+    self_checks: dict[str, dict | None] = field(default_factory=dict)
 
     def figures(self) -> dict[str, Figure]:
         """``atlas`` (every type), ``atlas_<type>`` (one per type) and, with checkpoints, ``over_training``."""
@@ -103,7 +114,9 @@ class AtlasResult(CompactRepr):
             model=None,
             precision=None,
             device=self.config.device,
-            self_check=None,
+            self_check=models_self_check(
+                self.self_checks, "per scanned model: patterns and the per-head W_O decomposition at its load"
+            ),
             config=self.config,
             timings_s={"run_s": self.seconds},
         )
@@ -311,6 +324,7 @@ def run(
     ckpt.save({})  # from now on the directory is resumable without --overwrite
     records: dict[str, dict] = {}
     parts, rules = [], []
+    checks: dict[str, dict | None] = {}
     for label, name, step in models:
         counter = f"[{len(records) + 1}/{len(models)}]"
         rec = records[label] = _model_record(config, out, (label, name, step), counter, progress, formats)
@@ -320,11 +334,18 @@ def run(
             rec.update(_window_record(summary.get("tokens", {})))
             parts.append(atlas_lib.atlas_rows(pd.read_csv(d / "head_scores.csv"), summary, label, rec["family"], step))
             rules.append(atlas_lib.scan_rule(summary))
+            checks[label] = summary.get("self_check")
     if records and all(r["status"] == "failed" for r in records.values()):
         _all_failed(out, before, records)
     table = atlas_lib.atlas_table(parts) if parts else pd.DataFrame(columns=list(atlas_lib.ID_COLUMNS))
     result = AtlasResult(
-        config, table, records, out, seconds=time.perf_counter() - t_start, rules=[r for r in rules if r is not None]
+        config,
+        table,
+        records,
+        out,
+        seconds=time.perf_counter() - t_start,
+        rules=[r for r in rules if r is not None],
+        self_checks=checks,
     )
     # --out was checked when the run began; it now holds the models' directories
     produced = [

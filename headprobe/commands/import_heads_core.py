@@ -12,6 +12,7 @@ from typing import cast
 from headprobe import options
 from headprobe.analyses import exchange as ex
 from headprobe.analyses.ablation import Verification
+from headprobe.analyses.statistics import interval_rule
 from headprobe.analyses.verdicts import verdict_counts
 from headprobe.commands import scan_core
 from headprobe.commands.import_heads import HELP, ImportConfig, check_policy_span, policy_span, refuse_unused  # noqa: F401 - the light module's names, re-exported
@@ -70,7 +71,10 @@ class ImportResult(CompactRepr):
                 verdict = f"{evidence_text(row)} {label(v.confirmed)}" + (f" ({short})" if short else "")
             random = f"random {v.random_mean:+.4f}" if v.draws else "no control set (none ablated)"
             unit = UNITS[row.get("metric") or "loss"]
-            lines.append(f"{v.kind}-ablation on {v.task}: effect {v.top_effect:+.4f} vs {random} {unit}; {verdict}")
+            effect = scan_core.top_effect_text(v, 4)
+            lines.append(f"{v.kind}-ablation on {v.task}: effect {effect} vs {random} {unit}; {verdict}")
+        if self.verifications:
+            lines.append(f"(effect [lo, hi]: {interval_rule()}; [n/a]: none)")
         if rule is not None and any(v.tested for v in self.verifications):
             lines.append(f"(the rule: a verdict is CONFIRMED when {rule.condition()})")
         for r in self.kv or []:

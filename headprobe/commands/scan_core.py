@@ -930,6 +930,15 @@ def write_outputs(
     )
 
 
+def top_effect_text(v: Verification, digits: int, width: int = 0) -> str:
+    """A verification's top-k effect and its 95% interval over sequences (``top_effect_ci95``), as
+    scan's table and import's report print them: ``-0.0235 [-0.0301, -0.0169]``, ``[n/a]`` where there
+    is none (fewer than 2 sequences). ``digits`` after the point; ``width`` pads the effect (0: none)."""
+    lo, hi = v.top_effect_ci95
+    effect = f"{v.top_effect:+{width}.{digits}f}" if width else f"{v.top_effect:+.{digits}f}"
+    return f"{effect} {figs.format_interval(lo, hi, f'+.{digits}f')}"
+
+
 def format_report(result: ScanResult) -> str:
     """The short terminal table: top heads per type and the ablation verdicts."""
     spec = result.spec
@@ -963,7 +972,6 @@ def format_report(result: ScanResult) -> str:
     metric = scan_metric(spec)
     d = 2 if metric is LOSS_METRIC else 3  # 1 - cos effects are small numbers
     for v in result.verifications:
-        lo, hi = v.top_effect_ci95
         p_adj = f"{v.p_adjusted:7.4f}" if v.p_adjusted is not None else f"{'-':>7}"
         # a type without a verdict says so on its tested kind's row; the other kind is reported as ever
         decided = v.tested or (v.no_verdict and v.kind == design.get("primary_kind"))
@@ -971,8 +979,7 @@ def format_report(result: ScanResult) -> str:
         clean = f"{v.clean_loss:6.2f}" if v.clean_loss is not None else f"{'-':>6}"  # an encoder measures no loss
         controls = f"{v.random_mean:+9.{d}f}/{v.random_max:+.{d}f}" if v.draws else f"{'none':>9}/{'-':<{d + 2}}"
         lines.append(
-            f"{v.head_type + ' ' + v.kind:<22} {v.task:<9} {clean} {v.top_effect:+8.{d}f} "
-            f"{figs.format_interval(lo, hi, f'+.{d}f')} {controls} {v.draws:>4} "
+            f"{v.head_type + ' ' + v.kind:<22} {v.task:<9} {clean} {top_effect_text(v, d, 8)} {controls} {v.draws:>4} "
             f"{'≤' if v.p_value_is_bound else ' '}{v.p_value:6.4f} {p_adj}  {verdict}"
         )
     lines += [

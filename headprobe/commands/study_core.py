@@ -13,10 +13,11 @@ import pandas as pd
 
 from headprobe.analyses import figures
 from headprobe.analyses.outputs import WritesOutputs
+from headprobe.analyses.statistics import interval_rule, mean_ci, no_interval_reason
 from headprobe.analyses.train_config import INDUCTION_FORMED, TrainConfig
 from headprobe.commands.study import CONTEXT, StudyConfig, layout_of
 from headprobe.options import check_fields, config_inputs, notes_flags
-from headprobe.probe.core.io import cpu_kernels, summary_envelope
+from headprobe.probe.core.io import cpu_kernels, models_self_check, summary_envelope
 from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.layout.cost import attention_params_per_layer, kv_bytes_per_request, kv_bytes_per_token
 
@@ -106,6 +107,7 @@ def headline(which: str, table: pd.DataFrame) -> dict:
         small = mla[mla["kv_bytes_per_token"] < mha["kv_bytes_per_token"] / 8]
         if len(small):
             best = small["eval_loss"].idxmin()
+            paired = _paired_gaps(table, best, "MHA")
             out["mla_below_one_eighth"] = {
                 "variant": best,
                 "kv_fraction_of_mha": round(
@@ -117,6 +119,12 @@ def headline(which: str, table: pd.DataFrame) -> dict:
                 # the held-out loss alone hides a missing induction circuit: report the in-context loss too
                 "in_context_loss_gap_vs_mha": round(
                     float(small.loc[best, "in_context_loss"] - mha["in_context_loss"]), 4
+                ),
+                **paired,
+                "selection": (
+                    "the variant of lowest mean held-out loss among the ranks below 1/8, picked on the same "
+                    "evaluations its gaps are measured on: the gaps lean in its favour and their intervals "
+                    "do not account for the choice"
                 ),
                 "induction_formed": bool(small.loc[best, "min_max_induction"] > INDUCTION_FORMED),
                 "every_rank_below": {
@@ -135,6 +143,27 @@ def headline(which: str, table: pd.DataFrame) -> dict:
                 f"({float(mha['kv_bytes_per_token']) / 8:g} bytes per token)"
             )
     return out
+
+
+def _paired_gaps(table: pd.DataFrame, variant: str, reference: str) -> dict:
+    """The 95% Student-t intervals (:func:`~headprobe.analyses.statistics.mean_ci` over seeds) of
+    ``variant``'s held-out and in-context loss gaps to ``reference``, paired seed by seed (the seeds
+    both ran): ``loss_gap_vs_mha_ci95``, ``in_context_loss_gap_vs_mha_ci95`` (nats, None from fewer
+    than 2 seeds, with ``ci95_null_reason``), ``n_paired_seeds`` and ``interval_rule``."""
+    cols = ["eval_loss", "in_context_loss"]
+    a = table[table["variant"] == variant].set_index("seed")[cols]
+    b = table[table["variant"] == reference].set_index("seed")[cols]
+    gaps = (a - b).dropna()  # seed by seed, on the seeds both ran
+    ci = mean_ci(gaps.to_numpy())
+    reason = no_interval_reason(len(gaps), "seeds")
+    rounded = [None if reason else [round(float(x), 4) for x in ci[:, j]] for j in range(len(cols))]
+    return {
+        "loss_gap_vs_mha_ci95": rounded[0],
+        "in_context_loss_gap_vs_mha_ci95": rounded[1],
+        **({"ci95_null_reason": reason} if reason else {}),
+        "n_paired_seeds": len(gaps),
+        "interval_rule": "of the per-seed gaps (the variant's loss minus MHA's, same seed): " + interval_rule("seeds"),
+    }
 
 
 def study_figure(which: str, table: pd.DataFrame, title: str):
@@ -203,11 +232,18 @@ class StudyResult(CompactRepr, WritesOutputs):
         base = dataclasses.asdict(c.base())
         if c.which == "heads":
             del base["n_heads"]  # each variant's own: n_heads_list
-        self_check = {
-            "all_ok": bool(table["self_check_ok"].all()),
-            "max_relative_error": float(f"{table['self_check_max_relative_error'].max():.3g}"),
-            "what": "per trained model: patterns and the per-head W_O decomposition (headprobe.probe.hooks.selfcheck)",
-        }
+        self_check = models_self_check(
+            {
+                f"{r.variant} seed {r.seed}": {
+                    "ok": bool(r.self_check_ok),
+                    "max_relative_error": None
+                    if pd.isna(r.self_check_max_relative_error)
+                    else float(r.self_check_max_relative_error),
+                }
+                for r in table.itertuples()
+            },
+            "per trained model: patterns and the per-head W_O decomposition (headprobe.probe.hooks.selfcheck)",
+        )
         return summary_envelope(
             {
                 "which": c.which,
@@ -245,9 +281,19 @@ class StudyResult(CompactRepr, WritesOutputs):
         )
 
     def report(self) -> str:
-        """The per-variant means ``headprobe study`` prints."""
+        """The per-variant means ``headprobe study`` prints, with the losses' standard deviation over
+        seeds (:func:`headline`'s ``_sd``) where a variant ran 2+ seeds."""
         cols = ["eval_loss", "in_context_loss", "max_induction", "kv_bytes_per_token"]
-        return str(self.table.groupby("variant", sort=False)[cols].mean().round(3))
+        means = self.table.groupby("variant", sort=False)[cols].mean()
+        per = headline(self.config.which, self.table)["per_variant"]  # its sd: None from one seed
+        sd = pd.DataFrame([per[v] for v in means.index], index=means.index)[["eval_loss_sd", "in_context_loss_sd"]]
+        if sd.notna().any().any():
+            for c in ("in_context_loss", "eval_loss"):
+                means.insert(means.columns.get_loc(c) + 1, f"{c}_sd", sd[f"{c}_sd"].astype(float))
+            n = self.table.groupby("variant", sort=False)["seed"].nunique()
+            seeds = f"{n.min()}" if n.min() == n.max() else f"{n.min()}-{n.max()}"
+            return f"{means.round(3).to_string(na_rep='n/a')}\n(_sd: standard deviation over {seeds} seeds)"
+        return str(means.round(3))
 
 
 def run(config: StudyConfig, progress: bool = False) -> StudyResult:

@@ -579,6 +579,34 @@ def summary_envelope(
     }
 
 
+SELF_CHECK_KEYS = ("ok", "patterns_ok", "decomposition_ok", "max_relative_error")
+"""What :func:`models_self_check` keeps of each model's self-check record (those it holds)."""
+
+
+def models_self_check(checks: dict[str, dict | None], what: str) -> dict:
+    """summary.json's ``self_check`` for a command of many models (a study's trained runs, an
+    atlas's scans), from each model's self-check record (``SelfCheck.to_dict``, or the part of it a
+    command kept), keyed by the model's label.
+
+    Returns:
+        ``all_ok`` (True: every model's checks held; False: one's failed; None: none failed but one
+        recorded none), ``max_relative_error`` (the largest per-head decomposition error, relative,
+        3 significant digits; None where none was recorded), ``what`` and ``models``: label -> the
+        :data:`SELF_CHECK_KEYS` its record holds (``patterns_ok``, ``decomposition_ok``: which
+        identity held), or None where it recorded none.
+    """
+    per = {m: None if c is None else {k: c[k] for k in SELF_CHECK_KEYS if k in c} for m, c in checks.items()}
+    oks = [None if c is None else c.get("ok") for c in per.values()]
+    errors = [float(c["max_relative_error"]) for c in per.values() if c and c.get("max_relative_error") is not None]
+    errors = [e for e in errors if math.isfinite(e)]
+    return {
+        "all_ok": False if False in oks else (None if None in oks else bool(oks)),
+        "max_relative_error": float(f"{max(errors):.3g}") if errors else None,
+        "what": what,
+        "models": per,
+    }
+
+
 def cpu_kernels(devices: str | list[str] | None) -> dict:
     """``{"cpu_threads", "cpu_capability"}`` (torch's intra-op threads and the vector kernels it
     picked, e.g. ``AVX512``) where ``devices`` (one or several runs' devices) include the CPU, else
