@@ -1025,6 +1025,11 @@ def format_interval(lo: float | None, hi: float | None, spec: str, prefix: str =
     return f"[{prefix}{lo:{spec}}, {hi:{spec}}]"
 
 
+def format_ci(ci: Sequence[float] | None, spec: str) -> str:
+    """:func:`format_interval` of a summary.json ``ci95`` pair ``[lo, hi]``, or None (JSON null: ``[n/a]``)."""
+    return format_interval(None, None, spec) if ci is None else format_interval(ci[0], ci[1], spec)
+
+
 def ablation_caption(rows: Sequence[dict], design: dict, rule: VerdictRule | None = None) -> str:
     """The numbers a paper's caption of ``ablation.png`` needs, as plain text: the design (k, the
     control, draws, the family), the verdict rule (``rule``; None: the design's ``verdict_rule``, else

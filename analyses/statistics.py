@@ -117,6 +117,12 @@ def block_length(n_tokens: int) -> int:
     return max(1, math.ceil(n_tokens ** (1 / 3) - 1e-9))
 
 
+def n_blocks(n_tokens: int, n_windows: int = 1) -> int:
+    """The blocks :func:`block_bootstrap_ci` cuts ``n_windows`` windows of ``n_tokens`` tokens into
+    (:func:`block_length` tokens each, a window's last block shorter)."""
+    return n_windows * -(-n_tokens // block_length(n_tokens))
+
+
 def block_bootstrap_ci(
     per_token: np.ndarray,
     block_len: int | None = None,
@@ -190,8 +196,7 @@ def _cached_counts(n_blocks: int, n_boot: int, seed: int) -> np.ndarray:
 def block_bootstrap_rule(n_tokens: int, n_windows: int) -> str:
     """The one-line statement of :func:`block_bootstrap_ci` over ``n_windows`` windows of ``n_tokens``
     scored tokens each, as outputs carry it."""
-    b = block_length(n_tokens)
-    blocks = n_windows * -(-n_tokens // b)
+    b, blocks = block_length(n_tokens), n_blocks(n_tokens, n_windows)
     return (
         f"95% percentile block bootstrap of the mean over {n_windows * n_tokens} tokens "
         f"({n_windows} window{'s' if n_windows != 1 else ''} of {n_tokens}), paired by token: {blocks} non-overlapping "

@@ -244,22 +244,17 @@ def in_context_loss(losses: Tensor, early: float = 0.10, late: float = 0.98, win
     0.10 are about 500/512 and 50/512).
 
     ``losses`` is ``[batch, pos - 1]`` from :func:`headprobe.analyses.ablation.token_losses` (index i
-    predicts token i + 1). Negative when later tokens are predicted better.
+    predicts token i + 1). Negative when later tokens are predicted better. The mean over the batch of
+    :func:`in_context_losses`.
     """
-    n = losses.shape[1]
-
-    def around(frac: float) -> float:
-        c = min(max(int(round(frac * n)), window), n - 1 - window)
-        return float(losses[:, c - window : c + window + 1].mean())
-
-    return around(late) - around(early)
+    return float(in_context_losses(losses, early, late, window).mean())
 
 
 def in_context_losses(
     losses: Float[Tensor, "batch pos"], early: float = 0.10, late: float = 0.98, window: int = 2
 ) -> Float[Tensor, " batch"]:
-    """:func:`in_context_loss` of each sequence, ``[batch]`` (nats): its mean over the batch is
-    :func:`in_context_loss` (the same ``2 window + 1`` positions in every sequence)."""
+    """:func:`in_context_loss` of each sequence, ``[batch]`` (nats): the loss over the ``2 window + 1``
+    positions around the ``late`` fraction minus that around ``early``, the same positions in every sequence."""
     n = losses.shape[1]
 
     def around(frac: float) -> Tensor:

@@ -210,18 +210,6 @@ def _rounded_ci(ci: np.ndarray | None, head: tuple[int, int]) -> list[float] | N
     return [round(float(x), 5) for x in ci[:, head[0], head[1]]]
 
 
-def _interval_text(ci: list[float] | None) -> str:
-    """``[lo, hi]`` of a summary's ``ci95`` on screen, ``[n/a]`` for None (:func:`~headprobe.analyses.figures.format_interval`)."""
-    lo, hi = ci if ci is not None else (None, None)
-    return figs.format_interval(lo, hi, "+.3f")
-
-
-def _rho_interval_text(ci: list[float] | None) -> str:
-    """``[lo, hi]`` of a rank correlation's ``ci95`` on screen, ``[n/a]`` for None (:func:`~headprobe.analyses.figures.format_interval`)."""
-    lo, hi = ci if ci is not None else (None, None)
-    return figs.format_interval(lo, hi, ".2f")
-
-
 def _rank_correlations(tasks: dict, induction_score) -> dict[str, tuple[float | None, str | None, list[float] | None]]:
     """summary.json's rank correlations, keyed ``<task>.<name>`` and ``induction_score_vs_repeated_loss_delta``:
     ``(rho, None, ci95)`` or ``(None, why, None)`` (:func:`_rank_correlation`)."""
@@ -493,12 +481,12 @@ class AblateResult(CompactRepr, WritesOutputs):
         ]
         for task in TASKS:
             tops = ", ".join(
-                f"{e['head']} ({e['loss_delta']:+.3f} {_interval_text(e['ci95'])})"
+                f"{e['head']} ({e['loss_delta']:+.3f} {figs.format_ci(e['ci95'], '+.3f')})"
                 for e in s["top_heads_by_loss_delta"][task][:5]
             )
             rho = s["spearman_with_exact_sweep"][task]
             cis = s["spearman_with_exact_sweep_ci95"][task]
-            r = {k: "n/a" if v is None else f"{v:.2f} {_rho_interval_text(cis[k])}" for k, v in rho.items()}
+            r = {k: "n/a" if v is None else f"{v:.2f} {figs.format_ci(cis[k], '.2f')}" for k, v in rho.items()}
             reasons = dict.fromkeys(
                 "undefined: one side is the same for every head (spearman_null_reasons in summary.json)"
                 if why.startswith("undefined")

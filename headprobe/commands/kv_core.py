@@ -212,15 +212,15 @@ class KVResult(CompactRepr, WritesOutputs):
     def _interval_null_reasons(self) -> dict[str, str]:
         """Why the natural-loss or copy-accuracy intervals are null (summary.json's
         ``interval_null_reasons``, absent where every interval exists)."""
-        from headprobe.analyses.statistics import MIN_BLOCKS, block_length, no_interval_reason
+        from headprobe.analyses.statistics import MIN_BLOCKS, block_length, n_blocks, no_interval_reason
 
         nat, hits, out = self.full.natural_token_loss, self.full.copy_hits, {}
         if nat is None:
             out["natural_loss"] = "undefined: no per-token losses (a result built from numbers alone)"
-        elif (blocks := nat.shape[0] * -(-nat.shape[1] // (b := block_length(nat.shape[1])))) < MIN_BLOCKS:
+        elif (blocks := n_blocks(nat.shape[1], nat.shape[0])) < MIN_BLOCKS:
             out["natural_loss"] = (
                 f"undefined: the block bootstrap needs at least {MIN_BLOCKS} blocks; {nat.numel()} tokens in "
-                f"blocks of {b} make {blocks} (raise --seq-len or --n-natural)"
+                f"blocks of {block_length(nat.shape[1])} make {blocks} (raise --seq-len or --n-natural)"
             )
         if hits is None:
             out["copy_accuracy"] = "undefined: no per-token hits (a result built from numbers alone)"
@@ -230,13 +230,12 @@ class KVResult(CompactRepr, WritesOutputs):
 
     def _interval_line(self) -> str:
         """The report's line on how the intervals were made (summary.json's ``definitions.intervals`` in full)."""
-        from headprobe.analyses.statistics import MIN_BLOCKS, MIN_N_FOR_CI, block_length
+        from headprobe.analyses.statistics import MIN_BLOCKS, MIN_N_FOR_CI, block_length, n_blocks
 
         nat, hits = self.full.natural_token_loss, self.full.copy_hits
         if nat is None or hits is None:
             return "(no intervals: the full cache's Quality has no per-token values)"
-        b = block_length(nat.shape[1])
-        blocks = nat.shape[0] * -(-nat.shape[1] // b)
+        b, blocks = block_length(nat.shape[1]), n_blocks(nat.shape[1], nat.shape[0])
         few = f", fewer than {MIN_BLOCKS}: no interval" if blocks < MIN_BLOCKS else ""
         one = f", fewer than {MIN_N_FOR_CI}: no interval" if hits.shape[0] < MIN_N_FOR_CI else ""
         return (

@@ -211,7 +211,7 @@ class PruneConfig(options.ModelRunConfig):
         if self.n_seeds < 1 or self.l0_steps < 1:
             raise HeadprobeError("--n-seeds and --l0-steps must be at least 1")
         super().__post_init__()
-        if self.save_pruned:  # imports the named backend's class
+        if self.save_pruned:  # torch-free for the declared backends (BACKEND_CAPABILITIES)
             refuse_lacking(self.backend, "removes_heads", "--save-pruned needs the native backend (--backend native)")
         if self.save_pruned and self.save_fraction > self.max_fraction:  # the removal order stops at max_fraction
             raise HeadprobeError(

@@ -193,7 +193,7 @@ class TrainResult(CompactRepr, TrainRun, WritesOutputs):
         return (
             f"trained {s['n_params']} parameters in {self.seconds:.1f} s on {s['device']}; final loss "
             f"{s['final']['train_loss']:.3f} (chance {s['chance_loss_nats']:.3f}), in-context loss "
-            f"{s['final']['in_context_loss']:+.3f} {_interval_text(s['final']['in_context_loss_ci95'])}"
+            f"{s['final']['in_context_loss']:+.3f} {figures.format_ci(s['final']['in_context_loss_ci95'], '+.3f')}"
             f" (95% CI over {self.config.n_eval} held-out sequences)\n"
             f"top induction head {s['final']['top_induction_head']} (layer.head), induction score "
             f"{s['final']['top_induction_score']:.2f}; {formed}"
@@ -205,12 +205,6 @@ def _ci95(row) -> list[float] | None:
     is none (one evaluation sequence, or a log written before the interval was)."""
     lo, hi = (row.get(f"in_context_loss_ci95_{b}", float("nan")) for b in ("low", "high"))
     return [round(float(lo), 4), round(float(hi), 4)] if np.isfinite([lo, hi]).all() else None
-
-
-def _interval_text(ci: list[float] | None) -> str:
-    """``[lo, hi]`` on screen, ``[n/a]`` for None."""
-    lo, hi = ci if ci is not None else (None, None)
-    return figures.format_interval(lo, hi, "+.3f")
 
 
 CHECKPOINTS = "checkpoints"
