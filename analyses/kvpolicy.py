@@ -772,6 +772,51 @@ def tolerance_full_groups(
     return ranked[:lo]
 
 
+TOLERANCE_RULE = (
+    "within_tolerance: true where the upper bound of the 95% interval of the chosen policy's natural-loss "
+    "increase is at most loss_tolerance; null where the point estimate is but the interval reaches above it "
+    "(or there is no interval): within as a point estimate only; false where the point estimate (or the whole "
+    "interval) is above it. The search decides on point estimates; the interval is the paired block bootstrap "
+    "of definitions.intervals.natural_loss, from the same evaluation"
+)
+"""summary.json's ``target.rule`` with ``--loss-tolerance`` (:func:`tolerance_check`)."""
+
+
+def tolerance_check(row: dict, tolerance: float) -> dict:
+    """Whether the policy of ``row`` (:func:`curve_row`'s: ``natural_loss_increase`` and its
+    ``natural_loss_increase_ci95_lo``/``_hi``, nats/token, from the evaluation that gave it: no further
+    forward pass) keeps its natural-text loss increase within ``tolerance`` nats/token
+    (:data:`TOLERANCE_RULE`): ``within_tolerance`` True (the interval's upper bound is at most the
+    tolerance), None (the point estimate is, but the interval straddles the tolerance or is undefined)
+    or False (the point estimate, or the whole interval, is above it).
+
+    Returns:
+        ``{"loss_tolerance", "natural_loss_increase", "natural_loss_increase_ci95": [lo, hi] (NaN:
+        none), "within_tolerance", "verdict", "rule"}``: ``verdict`` the flag in words, ``rule``
+        :data:`TOLERANCE_RULE`.
+    """
+    x, lo, hi = (row[f"natural_loss_increase{end}"] for end in ("", "_ci95_lo", "_ci95_hi"))
+    within: bool | None
+    if x > tolerance:
+        within, verdict = False, "does not hold: the point estimate is above the tolerance"
+    elif not (math.isfinite(lo) and math.isfinite(hi)):
+        within, verdict = None, "holds as a point estimate only: no 95% interval (too few blocks of tokens)"
+    elif lo > tolerance:
+        within, verdict = False, "does not hold: the 95% interval lies above the tolerance"
+    elif hi <= tolerance:
+        within, verdict = True, "holds beyond the 95% interval: its upper bound is within the tolerance"
+    else:
+        within, verdict = None, "holds as a point estimate only: the 95% interval straddles the tolerance"
+    return {
+        "loss_tolerance": tolerance,
+        "natural_loss_increase": x,
+        "natural_loss_increase_ci95": [lo, hi],
+        "within_tolerance": within,
+        "verdict": verdict,
+        "rule": TOLERANCE_RULE,
+    }
+
+
 def allocated_cache_check(model: LoadedModel, tokens: Tensor, policy: KVPolicy, layout) -> dict:
     """Prefill the native model's :class:`~headprobe.probe.model.cache.StreamingKVCache` for ``policy``
     with one sequence (a little past the largest streaming span and layer window, so both evict)

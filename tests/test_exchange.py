@@ -306,6 +306,7 @@ def result_rule(result):
 def test_import_measures_a_duo_files_policy(runs, tmp_path, tiny_dir, text_file):
     """--kv: the exported policy measured again equals the kv run's own measurement of it."""
     out = _export(runs / "kv", tmp_path / "e", "--format", "duo")
+    from headprobe.analyses.figures import format_ci
     from headprobe.commands.import_heads import import_heads
 
     result = import_heads(
@@ -325,6 +326,26 @@ def test_import_measures_a_duo_files_policy(runs, tmp_path, tiny_dir, text_file)
     row = next(r for r in result.kv if r["policy"] == "file")
     assert row["natural_loss_increase"] == pytest.approx(kv["chosen"]["natural_loss_increase"], abs=1e-5)
     assert row["kv_fraction"] == pytest.approx(kv["kv_fraction"], abs=1e-9)
+    # the paired 95% intervals of the same evaluation, as the kv run's own of its policy (the same tokens, the
+    # same bootstrap seed), printed with kv's formatter; the full row, without one, says it is a point estimate.
+    # Old code: the rows had no intervals and printed none.
+    c = kv["chosen"]
+    assert row["natural_loss_increase_ci95"] == pytest.approx(
+        [c["natural_loss_increase_ci95_lo"], c["natural_loss_increase_ci95_hi"]], abs=1e-5
+    )
+    assert row["copy_accuracy_drop_ci95"] == pytest.approx(
+        [c["copy_accuracy_drop_ci95_lo"], c["copy_accuracy_drop_ci95_hi"]], abs=1e-9
+    )
+    lines = {ln.split(":")[0]: ln for ln in result.report().splitlines() if ln.startswith("kv ")}
+    ci = format_ci(row["natural_loss_increase_ci95"], "+.4f")
+    assert f"natural loss {row['natural_loss_increase']:+.4f} {ci}," in lines["kv     file"]
+    drop = format_ci(row["copy_accuracy_drop_ci95"], "+.3f")
+    assert lines["kv     file"].endswith(f"(drop {row['copy_accuracy_drop']:+.3f} {drop})")
+    assert (
+        "kv     full (reference, point estimates)" in lines
+        and "[" not in lines["kv     full (reference, point estimates)"]
+    )
+    assert "(kv [lo, hi]: 95% CI of the paired difference from the full cache" in result.report()
 
 
 def _cli(argv, capsys) -> tuple[int, list[str]]:

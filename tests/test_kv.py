@@ -267,6 +267,13 @@ def test_tolerance_mode_meets_the_tolerance(llama, text_file):
     cfg = tiny_kv(text_file, "llama", loss_tolerance=0.0, budgets=(0.5,), n_random=1)
     r = run(model, cfg, progress=False)
     assert r.comparison[0]["natural_loss_increase"] <= 1e-12
+    # the target says whether the tolerance holds beyond the chosen row's own 95% interval (old code: only
+    # {"loss_tolerance": 0.0})
+    target, row = r.summary()["target"], r.comparison[0]
+    lo, hi = row["natural_loss_increase_ci95_lo"], row["natural_loss_increase_ci95_hi"]
+    assert target["natural_loss_increase_ci95"] == [lo, hi] and target["loss_tolerance"] == 0.0
+    assert target["within_tolerance"] is (True if hi <= 0.0 else None), (lo, hi)
+    assert r.report().splitlines()[1].startswith("--loss-tolerance 0 nats/token: the chosen policy's natural-loss")
     if r.policy.full_groups:  # one group fewer full would break the tolerance (the search's answer is minimal)
         k = len(r.policy.full_groups) - 1
         nat = natural_text_tokens(model, 1, 48, 0, text_file.read_text())

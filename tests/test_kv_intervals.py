@@ -133,3 +133,51 @@ def test_paired_difference_of_two_policies():
         "copy_accuracy",
         "per_distance",
     }
+
+
+def _increase_row(chosen: kp.Quality, full: kp.Quality) -> dict:
+    """The chosen policy's natural-loss increase over ``full`` with its interval, as :func:`kp.curve_row`
+    writes them (without the bytes, which need a layout)."""
+    d = kp.paired_difference(chosen, full)
+    return {
+        "natural_loss_increase": chosen.natural_loss - full.natural_loss,
+        "natural_loss_increase_ci95_lo": d["natural_loss_ci95_lo"],
+        "natural_loss_increase_ci95_hi": d["natural_loss_ci95_hi"],
+    }
+
+
+def test_the_loss_tolerance_holds_beyond_the_interval_or_only_as_a_point_estimate():
+    """--loss-tolerance decided on the point estimate alone. Hand-made per-token losses: the chosen
+    policy loses 0.01 nats/token on average over 1,022 tokens, with independent noise of sd 0.3
+    (standard error 0.0094: the normal-theory interval is about [-0.008, +0.028]) or of sd 0.003
+    (about [0.0098, 0.0102]). At a tolerance of 0.015 the point estimate is within it either way;
+    the noisy interval straddles it (null), the quiet one lies below it (true). At 0.005 the point
+    estimate is above it (false); too few tokens for an interval: null, a point estimate only. Old
+    code: no tolerance_check (the report said nothing about the interval)."""
+    from headprobe.commands.kv_core import _tolerance_line
+
+    rng = np.random.default_rng(5)
+    base = torch.tensor(rng.uniform(1.0, 4.0, size=(1, 1022)))
+    noise = rng.normal(size=(1, 1022))
+    noise = torch.tensor((noise - noise.mean()) / noise.std())  # mean 0 exactly, sd 1
+    full = _quality(base, torch.ones(4, 5))
+    for sd, want in ((0.3, None), (0.003, True)):
+        chosen = _quality(base + 0.01 + sd * noise, torch.ones(4, 5))
+        row = _increase_row(chosen, full)
+        assert row["natural_loss_increase"] == pytest.approx(0.01, abs=1e-9)
+        half = 1.96 * sd / np.sqrt(1022)  # the normal-theory reference the bootstrap should be near
+        lo, hi = row["natural_loss_increase_ci95_lo"], row["natural_loss_increase_ci95_hi"]
+        assert (lo, hi) == pytest.approx((0.01 - half, 0.01 + half), abs=0.15 * half + 1e-6)
+        check = kp.tolerance_check(row, 0.015)
+        assert check["within_tolerance"] is want, (sd, lo, hi)
+        assert check["natural_loss_increase_ci95"] == [lo, hi] and check["loss_tolerance"] == 0.015
+        line = _tolerance_line(check)
+        assert f"+0.0100 [{lo:+.4f}, {hi:+.4f}]" in line
+        assert line.endswith("(within_tolerance: null)" if want is None else "(within_tolerance: true)"), line
+        assert ("straddles" in line) is (want is None) and ("beyond the 95% interval" in line) is bool(want)
+    assert kp.tolerance_check(row, 0.005)["within_tolerance"] is False  # the point estimate 0.01 > 0.005
+    short = _increase_row(_quality(base[:, :20] + 0.01, torch.ones(4, 5)), _quality(base[:, :20], torch.ones(4, 5)))
+    assert np.isnan(short["natural_loss_increase_ci95_hi"])  # 7 blocks of 3 tokens: no interval
+    none = kp.tolerance_check(short, 0.015)
+    assert none["within_tolerance"] is None and "no 95% interval" in none["verdict"]
+    assert "[n/a]" in _tolerance_line(none)

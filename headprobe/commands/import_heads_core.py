@@ -29,7 +29,8 @@ SET_NAME = "imported"
 class ImportResult(CompactRepr):
     """The file (:class:`~headprobe.analyses.exchange.HeadFile`), the heads checked, the
     verifications (tested kind first) and their design, and the KV measurement (``kv``: rows
-    ``policy, kv_fraction, natural_loss_increase, long_range_loss, copy_accuracy``, or None);
+    ``policy, kv_fraction, natural_loss_increase[_ci95], long_range_loss, copy_accuracy, copy_accuracy_drop[_ci95]``,
+    ``*_ci95`` the paired 95% interval against the full cache, None on the full row; or None);
     ``seconds`` the run's, ``load_s`` the model's load where import loaded it, None where the caller
     passed a model it loaded (:func:`~headprobe.probe.core.reprs.load_seconds`)."""
 
@@ -77,11 +78,7 @@ class ImportResult(CompactRepr):
             lines.append(f"(effect [lo, hi]: {interval_rule()}; [n/a]: none)")
         if rule is not None and any(v.tested for v in self.verifications):
             lines.append(f"(the rule: a verdict is CONFIRMED when {rule.condition()})")
-        for r in self.kv or []:
-            lines.append(
-                f"kv {r['policy']:>8}: KV {r['kv_fraction']:.3f} of full, natural loss {r['natural_loss_increase']:+.4f}, "
-                f"copy accuracy {r['copy_accuracy']:.3f}"
-            )
+        lines += [kv_row(r) for r in self.kv or []] + ([KV_INTERVALS] if self.kv else [])
         return "\n".join([*lines, *(f"NOTE: {n}" for n in self.notes)])
 
 
@@ -232,16 +229,47 @@ def measure_policy(model: LoadedModel, cfg: ImportConfig, hf: ex.HeadFile) -> tu
     for name, p in (("full", None), ("file", policy), ("uniform", uniform)):
         cached = sum(map(sum, p.cached_positions(cfg.seq_len))) if p is not None else None
         q = full if p is None else kp.evaluate(model, tokens, natural.start, lr, p)
-        rows.append(
-            {
-                "policy": name,
-                "kv_fraction": 1.0 if cached is None else cached / (policy.n_layers * policy.n_kv_groups * cfg.seq_len),
-                "natural_loss_increase": q.natural_loss - full.natural_loss,
-                "long_range_loss": q.long_range_loss,
-                "copy_accuracy": q.copy_accuracy,
-            }
-        )
+        row = {
+            "policy": name,
+            "kv_fraction": 1.0 if cached is None else cached / (policy.n_layers * policy.n_kv_groups * cfg.seq_len),
+            "natural_loss_increase": q.natural_loss - full.natural_loss,
+            "natural_loss_increase_ci95": None,  # the full row: the reference, no difference to bound
+            "long_range_loss": q.long_range_loss,
+            "copy_accuracy": q.copy_accuracy,
+            "copy_accuracy_drop": full.copy_accuracy - q.copy_accuracy,
+            "copy_accuracy_drop_ci95": None,
+        }
+        if p is not None:  # paired with the full cache on the same tokens, from these evaluations
+            d = kp.paired_difference(q, full)
+            row["natural_loss_increase_ci95"] = [d["natural_loss_ci95_lo"], d["natural_loss_ci95_hi"]]
+            row["copy_accuracy_drop_ci95"] = [0.0 - d["copy_accuracy_ci95_hi"], 0.0 - d["copy_accuracy_ci95_lo"]]
+        rows.append(row)
     return rows, left_out_notes(lr, "long-range set (--kv)")
+
+
+KV_INTERVALS = (
+    "(kv [lo, hi]: 95% CI of the paired difference from the full cache on the same tokens, as headprobe kv: natural "
+    "loss by a block bootstrap over contiguous tokens, copy accuracy drop by Student t over the long-range "
+    "sequences; [n/a]: none)"
+)
+"""The report's line on the intervals of ``--kv``'s rows (:func:`kv_row`)."""
+
+
+def kv_row(r: dict) -> str:
+    """One row of ``--kv`` in the report (:func:`measure_policy`'s ``r``): the KV fraction, the natural
+    loss increase and the copy accuracy with its drop, each difference with its 95% interval
+    (:func:`~headprobe.analyses.figures.format_ci`); the full cache's row, the reference, has none and
+    says it holds point estimates."""
+    from headprobe.analyses.figures import format_ci
+
+    label = f"kv {r['policy']:>8}"
+    nums = f"KV {r['kv_fraction']:.3f} of full, natural loss {r['natural_loss_increase']:+.4f}"
+    if r.get("natural_loss_increase_ci95") is None:  # the full cache: the reference
+        return f"{label} (reference, point estimates): {nums}, copy accuracy {r['copy_accuracy']:.3f}"
+    return (
+        f"{label}: {nums} {format_ci(r['natural_loss_increase_ci95'], '+.4f')}, copy accuracy {r['copy_accuracy']:.3f} "
+        f"(drop {r['copy_accuracy_drop']:+.3f} {format_ci(r['copy_accuracy_drop_ci95'], '+.3f')})"
+    )
 
 
 import_heads = options.command_function(

@@ -119,7 +119,11 @@ class KVResult(CompactRepr, WritesOutputs):
         )
 
     def summary(self) -> dict:
-        """summary.json: the policy, its bytes, its quality against full, uniform and random."""
+        """summary.json: the policy, its bytes, its quality against full, uniform and random; with
+        ``--loss-tolerance`` the target says whether the chosen policy meets it beyond its 95% interval
+        (:func:`~headprobe.analyses.kvpolicy.tolerance_check`)."""
+        from headprobe.analyses.kvpolicy import tolerance_check
+
         by = {r["policy"]: r for r in self.comparison if r["policy"] != "random"}
         rnd = [r for r in self.comparison if r["policy"] == "random"]
         c = self.config
@@ -136,7 +140,7 @@ class KVResult(CompactRepr, WritesOutputs):
                 "method": self.costs.method,
                 "target": {"kv_budget": c.kv_budget}
                 if c.loss_tolerance is None
-                else {"loss_tolerance": c.loss_tolerance},
+                else tolerance_check(by["chosen"], c.loss_tolerance),
                 "full_groups": [f"{layer}.{g}" for layer, g in self.policy.full_groups if (layer, g) not in excluded],
                 **self._sliding(),
                 "kv_bytes": self.policy_cost.kv_bytes,
@@ -273,6 +277,7 @@ class KVResult(CompactRepr, WritesOutputs):
             if excluded
             else f"policy: {len(s['full_groups'])} of {n_groups} KV groups full, the rest "
             f"sink {s['sink']} + window {s['window']}; KV cache {s['kv_fraction']:.3f} of full at {s['seq_len']} tokens",
+            *([_tolerance_line(s["target"])] if "loss_tolerance" in s["target"] else []),
             f"{'':>10} {'natural-loss Δ':>15} {'[95% CI]':<20} {'copy accuracy':>14} {'drop [95% CI]':<24} "
             f"{'long-range loss':>16}",
             _table_row("full", {**s["full"], "natural_loss_increase": 0.0}, interval=False),
@@ -346,6 +351,20 @@ def _mean(values) -> float:
 TABLE_DIGITS = {"natural_loss_increase": 4, "copy_accuracy": 3}
 """The decimals the report's table prints: the one comparison of the chosen policy with the others
 (the report's words and summary.json's ``beats_*``) is made at them."""
+
+
+def _tolerance_line(target: dict) -> str:
+    """The report's line on ``--loss-tolerance``: the chosen policy's natural-loss increase, its 95%
+    interval and whether the tolerance holds beyond it (summary.json's ``target``,
+    :func:`~headprobe.analyses.kvpolicy.tolerance_check`)."""
+    from headprobe.analyses.figures import format_ci
+
+    d, flag = TABLE_DIGITS["natural_loss_increase"], target["within_tolerance"]
+    return (
+        f"--loss-tolerance {target['loss_tolerance']:g} nats/token: the chosen policy's natural-loss increase "
+        f"{target['natural_loss_increase']:+.{d}f} {format_ci(target['natural_loss_increase_ci95'], f'+.{d}f')} "
+        f"{target['verdict']} (within_tolerance: {'null' if flag is None else str(flag).lower()})"
+    )
 
 
 def _table_row(name: str, r: dict, interval: bool = True) -> str:
