@@ -35,6 +35,7 @@ from torch import Tensor
 
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.heads import indices
 from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.hooks.capture import capture_internal
 from headprobe.probe.hooks.names import EMBED, POS_EMBED, attn_hook, block_hook, norm_hook
@@ -229,8 +230,8 @@ def qk_attribution(
     Args:
         model: a :class:`~headprobe.probe.backends.base.LoadedModel` (native backend).
         tokens: one prompt ``[1, pos]``.
-        layer: the query head's layer.
-        head: the query head (GQA: its key is its key/value head's, ``head // group_size``).
+        layer: the query head's layer (``-1``: the last).
+        head: the query head (GQA: its key is its key/value head's, ``head // group_size``; ``-1``: the last).
         q_pos: the query position.
         k_pos: the key position, ``k_pos <= q_pos`` for a decoder.
 
@@ -239,14 +240,14 @@ def qk_attribution(
             the model's score to :data:`IDENTITY_TOLERANCE` relative (checked).
 
     Raises:
-        HeadprobeError: bad head or positions, a masked key, the bridge, an encoder, or an identity that fails.
+        HeadprobeError: a layer or head out of range (``LoadedModel.layer_index``'s line), bad positions, a masked key, the bridge, an encoder, or an identity that fails.
     """
     spec = model.spec
     T = tokens.shape[-1]
     if tokens.dim() != 2 or tokens.shape[0] != 1:
         raise HeadprobeError(f"qk_attribution takes one prompt [1, pos], got shape {tuple(tokens.shape)}")
-    if not (0 <= layer < spec.n_layers and 0 <= head < spec.n_heads):
-        raise HeadprobeError(f"no head {layer}.{head} in a model of {spec.n_layers} layers x {spec.n_heads} heads")
+    layer = model.layer_index(layer)  # negative ones count from the end, as every per-layer method's
+    head = indices([head], spec.n_heads, "head")[0]
     if not (0 <= k_pos <= q_pos < T):
         raise HeadprobeError(
             f"query {q_pos} and key {k_pos} must satisfy 0 <= key <= query < {T} (the prompt's length)"

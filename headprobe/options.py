@@ -26,6 +26,7 @@ from headprobe.settings import (  # noqa: F401 - the shared vocabularies and fla
     DEVICES,
     DTYPE_ALIASES,
     DTYPES,
+    FLOAT16_BRIDGE,
     OUTPUT,
     DataSettings,
     Flags,
@@ -360,15 +361,15 @@ def _checked_load_settings(
     """``(dtype's torch name, max_memory as a dict)`` once :func:`load_model`'s settings are checked
     (its refusals but the model's own, before anything loads)."""
     from headprobe.probe.core.errors import HeadprobeError
-    from headprobe.probe.core.vocabulary import backend_lacks
+    from headprobe.probe.core.vocabulary import backend_lacks, refuse_lacking
 
     try:
         dtype = dtype_name(dtype)
     except argparse.ArgumentTypeError as e:
         raise HeadprobeError(str(e)) from None
+    if dtype == "float16":
+        refuse_lacking(backend, "half_precision", FLOAT16_BRIDGE)
     check_device_present(device)
-    if dtype == "float16" and backend_lacks(backend, "half_precision"):
-        raise HeadprobeError(f"{FLOAT16_BRIDGE} (the {backend} backend lacks half_precision)")
     max_memory = max_memory_dict(max_memory)
     check_device_map(device, device_map, max_memory)
     if device_map is not None and dtype != "float32" and backend_lacks(backend, "splits_after_load"):
@@ -392,14 +393,6 @@ def check_device_present(device: str) -> None:
 
     check_device(device, indexed=True)
     require_gpu(device)
-
-
-FLOAT16_BRIDGE = (
-    "--dtype float16 runs only on the native backend: TransformerLens' bridge computes q k^T in "
-    "float16, which overflows (65504) to NaN patterns on models with large queries and keys; "
-    "use --dtype bfloat16 (float32's range) or --backend native"
-)
-"""Why float16 is refused on the TransformerLens bridge (its attention code is not ours to patch)."""
 
 
 def describe_model(model: LoadedModel, note: str = "") -> str:

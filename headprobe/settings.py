@@ -59,10 +59,19 @@ from headprobe.probe.core.vocabulary import (  # defined once there (torch-free)
     DEVICES,
     DTYPE_ALIASES,
     DTYPES,
+    refuse_lacking,
     unsupported_dtype,
 )
 
 DEFAULT_MODEL = "smollm2-135m"
+
+
+FLOAT16_BRIDGE = (
+    "--dtype float16 runs only on the native backend: TransformerLens' bridge computes q k^T in "
+    "float16, which overflows (65504) to NaN patterns on models with large queries and keys; "
+    "use --dtype bfloat16 (float32's range) or --backend native"
+)
+"""Why float16 is refused on the TransformerLens bridge (its attention code is not ours to patch)."""
 
 
 def positive_int(text: str) -> int:
@@ -712,8 +721,9 @@ def check_settings(cfg) -> None:
     ``__post_init__``): the types of number settings (:func:`check_numbers`), ``dtype`` to torch's
     name, ``text`` to a str, counts (``n_natural``, ``n_repeated``) >= 1, ``threads`` from 1 to
     :func:`max_threads`, ``seq_len`` >= what the config's measures need where set (:func:`seq_len_floor`,
-    2 at least), ``period`` >= ``MIN_PERIOD``, ``device`` (:func:`check_device`) and ``backend`` among their choices, ``max_memory`` readable and only with ``device_map``. Fields the config
-    lacks, or leaves None, are skipped.
+    2 at least), ``period`` >= ``MIN_PERIOD``, ``device`` (:func:`check_device`) and ``backend`` among their
+    choices, ``float16`` only on a backend with ``half_precision`` (:data:`FLOAT16_BRIDGE`, torch-free),
+    ``max_memory`` readable and only with ``device_map``. Fields the config lacks, or leaves None, are skipped.
 
     Raises:
         HeadprobeError: one line naming the flag.
@@ -761,6 +771,8 @@ def check_settings(cfg) -> None:
         raise HeadprobeError(
             f"--backend {cfg.backend!r} is not one of {', '.join(BACKENDS)}{did_you_mean(str(cfg.backend), BACKENDS)}"
         )
+    if has("backend") and getattr(cfg, "dtype", None) == "float16":  # torch-free (BACKEND_CAPABILITIES)
+        refuse_lacking(cfg.backend, "half_precision", FLOAT16_BRIDGE)
     if has("max_memory"):  # kept as text (JSON keys stay as typed), checked now
         max_memory_dict(cfg.max_memory)
     check_device_map(getattr(cfg, "device", None), getattr(cfg, "device_map", None), getattr(cfg, "max_memory", None))

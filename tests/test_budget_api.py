@@ -58,7 +58,7 @@ def test_library_result_is_what_the_cli_prints(capsys, fields, argv):
     code, out, _ = cli(capsys, *argv)
     assert result.format() + "\n" == out and result.exit_code == code
     code, out, _ = cli(capsys, *argv, "--json")
-    assert result.to_dict() == json.loads(out)
+    assert result.summary() == json.loads(out) == result.to_dict()
 
 
 def test_result_tables_are_dataframes():

@@ -249,3 +249,87 @@ def test_a_layer_out_of_range_is_the_capture_line_for_every_weight(fixture, requ
     with pytest.raises(HeadprobeError) as e:
         capture_heads(model, torch.zeros(1, 3, dtype=torch.long), layers=99)
     assert str(e.value) == f"layer 99 is out of range: there are {n} (0 .. {n - 1}, or -{n} .. -1 from the end)"
+
+
+PER_LAYER_METHODS = [
+    "attention_input",
+    "attention_scale",
+    "qk_terms",
+    "forward_from",
+    "scored_losses_from",
+    "resume_scored_losses",
+    "online_stats_geometry",
+    "post_attention_norm_hooks",
+    "attn_out_hook",
+    "post_attention_norm_weight",
+]
+
+
+def _per_layer_calls(model) -> dict:
+    """Every other ``LoadedModel`` method that takes a layer, called at ``layer`` with small valid inputs."""
+    d, tokens = model.spec.d_model, torch.randint(0, 100, (1, 5), generator=torch.Generator().manual_seed(2))
+    g = torch.Generator().manual_seed(3)
+    resid, attn = torch.randn(1, 5, d, generator=g), torch.randn(1, 5, d, generator=g)
+    terms, ref = torch.randn(3, d, generator=g), torch.randn(d, generator=g)
+    return {
+        "attention_input": lambda layer: model.attention_input(layer, resid),
+        "attention_scale": lambda layer: model.attention_scale(layer),
+        "qk_terms": lambda layer: model.qk_terms(layer, 0, "q", terms, ref, 2),
+        "forward_from": lambda layer: model.forward_from(layer, resid),
+        "scored_losses_from": lambda layer: model.scored_losses_from(layer, tokens, resid, 1),
+        "resume_scored_losses": lambda layer: model.resume_scored_losses(layer, tokens, resid, attn, 1),
+        "online_stats_geometry": lambda layer: model.online_stats_geometry(layer),
+        "post_attention_norm_hooks": lambda layer: model.post_attention_norm_hooks(layer),
+        "attn_out_hook": lambda layer: model.attn_out_hook(layer),
+        "post_attention_norm_weight": lambda layer: model.post_attention_norm_weight(layer),
+    }
+
+
+@pytest.mark.parametrize("fixture", ["tiny_gpt2", "tiny_gpt2_native", "tiny_llama_gqa_native"])
+@pytest.mark.parametrize("method", PER_LAYER_METHODS)
+def test_every_per_layer_method_refuses_a_layer_out_of_range_as_W_O_does(fixture, method, request):
+    """Only the weights (W_O, W_Q, ..., above) checked their layer: ``forward_from(99, ...)`` or
+    ``attention_scale(99)`` raised torch's bare ``IndexError``, ``scored_losses_from`` on the bridge and
+    ``post_attention_norm_hooks`` took any layer silently, and a negative one picked the wrong
+    layer (``resume_scored_losses(-1)`` ran every block again after the last; ``attn_out_hook(-1)``
+    named ``blocks.-1``). Each now refuses with :meth:`layer_index`'s line and reads ``-1`` as the
+    last layer. A method the backend does not offer (its own refusal at layer 0) is skipped."""
+    from headprobe.probe.core.errors import HeadprobeError
+
+    model = request.getfixturevalue(fixture)
+    n, call = model.spec.n_layers, _per_layer_calls(model)[method]
+    last = None
+    if method != "post_attention_norm_weight" or model.has_post_attention_norm:  # no norm to read: range only
+        try:
+            last = call(n - 1)
+        except HeadprobeError as e:
+            pytest.skip(f"{method} is refused on {fixture}: {e}")
+    for layer in (n, 99, -n - 1):
+        with pytest.raises(HeadprobeError) as e:
+            call(layer)
+        said = f"layer {layer} is out of range: there are {n} (0 .. {n - 1}, or -{n} .. -1 from the end)"
+        assert str(e.value) == said, (method, str(e.value))
+    if last is not None:
+        by_end = call(-1)
+        if isinstance(last, torch.Tensor):
+            assert torch.equal(last, by_end), method
+        else:
+            assert repr(last) == repr(by_end), method
+
+
+@pytest.mark.parametrize("fixture", ["tiny_gpt2_native", "tiny_llama_gqa_native"])
+def test_qk_terms_refuses_a_head_out_of_range(fixture, request):
+    """``qk_terms(0, 99, ...)`` sliced past the projection and returned an empty ``[n + 1, 0]`` tensor,
+    and head -1 the same (``slice(-d, 0)``): now the range line of :func:`capture_heads`' heads, and
+    head -1 the last head."""
+    from headprobe.probe.core.errors import HeadprobeError
+
+    model = request.getfixturevalue(fixture)
+    H, d = model.spec.n_heads, model.spec.d_model
+    g = torch.Generator().manual_seed(4)
+    terms, ref = torch.randn(3, d, generator=g), torch.randn(d, generator=g)
+    for head in (H, 99, -H - 1):
+        with pytest.raises(HeadprobeError) as e:
+            model.qk_terms(0, head, "k", terms, ref, 2)
+        assert str(e.value) == f"head {head} is out of range: there are {H} (0 .. {H - 1}, or -{H} .. -1 from the end)"
+    assert torch.equal(model.qk_terms(0, -1, "k", terms, ref, 2), model.qk_terms(0, H - 1, "k", terms, ref, 2))

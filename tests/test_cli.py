@@ -203,6 +203,23 @@ def test_a_backend_lacking_a_capability_is_refused_before_torch_loads(argv, capa
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", ["scan", "show", "ablate"])
+def test_float16_on_a_backend_lacking_half_precision_is_refused_before_torch_loads(command, tmp_path):
+    """``--backend transformer-lens --dtype float16`` was refused in load_model, after torch and the
+    loader were imported (10.7-11.3 s on 2 busy cores, 2026-12-06; 0.27 s now): the settings check
+    refuses it as the capability refusals above, from ``BACKEND_CAPABILITIES``."""
+    from headprobe.settings import FLOAT16_BRIDGE
+
+    out = tmp_path / "out"
+    argv = [command, "--backend", "transformer-lens", "--dtype", "fp16", "--out", str(out)]
+    more = {"show": ["--head", "0.0", "--prompt", "the cat sat on the mat"], "ablate": ["--heads", "0.0"]}
+    proc = _main_in_a_fresh_interpreter([*argv, *more.get(command, [])])
+    assert proc.stdout.strip() == "2 []", proc.stdout + proc.stderr
+    said = f"headprobe: error: {FLOAT16_BRIDGE} (the transformer-lens backend lacks half_precision)\n"
+    assert proc.stderr == said
+    assert not out.exists()
+
+
 def test_output_into_a_closed_pipe_ends_quietly():
     """``headprobe budget | head -0``: the reader is gone before anything is written; no traceback,
     exit status 141 (128 + SIGPIPE) as a shell reports for cat."""

@@ -611,6 +611,34 @@ def test_import_prints_the_model_header_first_as_the_other_commands_do(tiny_dir,
     assert lines[0] == header and header.startswith(f"model {tiny_dir} on cpu"), lines[:2]
 
 
+def test_import_summary_is_what_the_cli_prints(tiny_dir, tmp_path, capsys):
+    """ImportResult had no ``summary()`` (docs/api.md's table said no; import writes no file): it is
+    the data :meth:`report` formats, and the command prints ``report()``. Here the command's lines
+    against ``summary()`` of ``import_heads`` on the same input (same seed, same control draws)."""
+    from headprobe.commands.import_heads import import_heads
+    from headprobe.probe.core.io import finite_json
+
+    heads = tmp_path / "heads.txt"
+    heads.write_text("0.1\n1.2\n1.3\n")
+    small = ["--n-natural", "2", "--seq-len", "16", "--n-repeated", "2", "--period", "6", "--n-random", "4"]
+    capsys.readouterr()
+    assert main(["import", "--heads-file", str(heads), "--model", str(tiny_dir), "--device", "cpu", *small]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    result = import_heads(
+        str(tiny_dir), heads_file=str(heads), device="cpu", n_natural=2, seq_len=16, n_repeated=2, period=6, n_random=4
+    )
+    s, report = result.summary(), result.report().splitlines()
+    assert printed[-len(report) :] == report
+    assert s["heads"] == ["0.1", "1.2", "1.3"]
+    assert printed[-len(report)] == f"{heads}: {s['kind']}, 3 heads ({s['rule']}): 0.1, 1.2, 1.3"
+    assert s["ablations"] and all(row["draws"] for row in s["ablations"])
+    for row in s["ablations"]:
+        line = [x for x in printed if x.startswith(f"{row['kind']}-ablation on {row['task']}: effect ")]
+        assert len(line) == 1 and f" vs random {row['random_mean']:+.4f} " in line[0], (line, row)
+    assert [x.removeprefix("NOTE: ") for x in printed if x.startswith("NOTE: ")] == s["notes"]
+    assert s["kv"] is None and json.loads(json.dumps(finite_json(s), allow_nan=False))["heads"] == s["heads"]
+
+
 def test_import_reads_scans_own_csv_table_and_says_when_top_k_does_not_apply(runs, tmp_path, tiny_dir, text_file):
     """scan's head_scores.csv is a head table: import checks its top k by the column asked (the
     reference: the table's own ranking in pandas); a list file names its heads, and -k is refused."""

@@ -79,10 +79,19 @@ def test_a_key_rotated_at_the_wrong_position_is_caught(tiny_tokenizer, monkeypat
 def test_bad_input_is_one_line(tiny_tokenizer):
     model = wrap(zoo.make_checkpoint("llama", tiny_tokenizer), backend="native")
     tokens = _tokens(model)
-    for args, match in [((5, 0, 3, 2), "no head"), ((1, 0, 3, 5), "key <= query"), ((1, 9, 3, 2), "no head")]:
+    L, H = model.spec.n_layers, model.spec.n_heads
+    for args, match in [
+        ((5, 0, 3, 2), f"^layer 5 is out of range: there are {L} \\(0 .. {L - 1}, or -{L} .. -1 from the end\\)$"),
+        ((1, 0, 3, 5), "key <= query"),
+        ((1, 9, 3, 2), f"^head 9 is out of range: there are {H} \\(0 .. {H - 1}, or -{H} .. -1 from the end\\)$"),
+        ((-L - 1, 0, 3, 2), f"^layer {-L - 1} is out of range"),
+    ]:
         with pytest.raises(HeadprobeError, match=match) as e:
             qk_attribution(model, tokens, *args)
         assert "\n" not in str(e.value)
+    # a negative layer and head count from the end, as capture_heads' and every per-layer method's (refused before)
+    last, by_end = qk_attribution(model, tokens, L - 1, H - 1, 3, 2), qk_attribution(model, tokens, -1, -1, 3, 2)
+    assert (by_end.layer, by_end.head) == (L - 1, H - 1) and (by_end.contributions == last.contributions).all()
 
 
 def test_the_bridge_and_encoders_are_refused(tiny_gpt2, tiny_tokenizer, tmp_path):

@@ -234,3 +234,27 @@ def test_prompt_file_makes_a_config_the_type_checks_accept(tiny_dir, tmp_path, c
     argv = ["show", "--model", str(tiny_dir), "--head", "1.1", "--prompt-file", str(tmp_path / "p.txt")]
     assert main([*argv, "--out", str(tmp_path / "o")]) == 2
     assert "stub: the model would load now" in capsys.readouterr().err and seen == [PROMPT]
+
+
+def test_show_summary_is_what_the_cli_builds_its_page_from(tiny_dir, tmp_path):
+    """ShowResult had no ``summary()`` (docs/api.md's table said no): it now returns the dict
+    index.html is built from; here against the page ``headprobe show`` wrote for the same input."""
+    from headprobe.cli import main
+
+    result = run(ShowConfig(model=str(tiny_dir), head="1.5", prompt=PROMPT, out=str(tmp_path / "api"), device="cpu"))
+    argv = ["show", "--model", str(tiny_dir), "--head", "1.5", "--prompt", PROMPT, "--device", "cpu"]
+    assert main([*argv, "--out", str(tmp_path / "cli"), "--formats", "none"]) == 0
+    page = (tmp_path / "cli" / "index.html").read_text()
+    data = json.loads(re.search(r'id="headprobe-data">(.*?)</script>', page, re.S).group(1))
+    got = result.summary()
+    assert set(got) == {"model", "weights_precision", "layout", "selected_head", "notes"}
+    assert (got["model"], got["weights_precision"], got["selected_head"], got["notes"]) == (
+        data["model"],
+        data["weights"],
+        data["selected"],
+        data["notes"],
+    )
+    assert got["layout"] == {k: data[k] for k in ("n_layers", "n_heads", "n_kv_heads")}
+    assert data["notes"] and data["selected"] == "1.5"  # not two empty pages agreeing
+    got["notes"].append("changed")
+    assert result.summary()["notes"] == data["notes"]  # a copy each time

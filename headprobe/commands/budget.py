@@ -16,7 +16,7 @@ Four ways to use it:
   by layer next to the unpruned layout (:func:`check_headprobe_dir`, :func:`layers_report`).
 
 From Python: ``headprobe.budget(preset="llama3-8b", seq_len=32768)`` returns a
-:class:`BudgetResult` (``.to_dict()`` is the ``--json`` output, ``.format()`` the text,
+:class:`BudgetResult` (``.summary()`` is the ``--json`` output, ``.format()`` the text,
 ``.table`` a pandas DataFrame). Nothing here imports torch, transformers or pandas at module
 level: ``headprobe budget`` without ``--model`` needs none of them.
 
@@ -1281,8 +1281,14 @@ class BudgetResult(CompactRepr):
         return 0 if self.ok else 1
 
     def to_dict(self) -> dict[str, Any]:
-        """Every number as plain JSON types (bytes, FLOPs, counts): the ``--json`` output."""
+        """Every number as plain JSON types (bytes, FLOPs, counts): :meth:`summary` before a NaN or
+        infinity becomes None."""
         return json.loads(json.dumps(self.data))
+
+    def summary(self) -> dict[str, Any]:
+        """What ``--json`` prints (budget writes no summary.json): :meth:`to_dict` with every NaN or
+        infinity None (JSON ``null``, :func:`~headprobe.probe.core.io.finite_json`)."""
+        return finite_json(self.to_dict())
 
     def format(self) -> str:
         """The text ``headprobe budget`` prints."""
@@ -1559,7 +1565,7 @@ def main(args: argparse.Namespace, config: BudgetConfig) -> int:
     (``args.json``); returns the exit status (:attr:`BudgetResult.exit_code`)."""
     result = run(config)
     # --json as strictly as every file headprobe writes (headprobe.probe.core.io.write_json): no bare NaN or Infinity
-    print(json.dumps(finite_json(result.to_dict()), indent=2, allow_nan=False) if args.json else result.format())
+    print(json.dumps(result.summary(), indent=2, allow_nan=False) if args.json else result.format())
     return result.exit_code
 
 

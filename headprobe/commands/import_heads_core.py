@@ -18,7 +18,7 @@ from headprobe.commands import scan_core
 from headprobe.commands.import_heads import HELP, ImportConfig, check_policy_span, policy_span, refuse_unused  # noqa: F401 - the light module's names, re-exported
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.heads import Head, check_head_layers
+from headprobe.probe.core.heads import Head, check_head_layers, format_head
 from headprobe.probe.core.reprs import CompactRepr, load_seconds
 
 SET_NAME = "imported"
@@ -51,17 +51,31 @@ class ImportResult(CompactRepr):
         counts = verdict_counts(scan_core.type_verdicts(self.verifications))
         return {"verdicts": counts} if counts else {}
 
+    def summary(self) -> dict:
+        """What ``headprobe import`` prints, as data (it writes no file; :meth:`report`, the text, is
+        formatted from it): the file read (``heads_file``, ``kind``, ``rule``), ``heads``
+        (``"layer.head"``), ``ablations`` (each verification's row, as in scan's summary.json; NaN where
+        undefined), the verification's ``design``, ``kv`` (the rows, or None) and ``notes``."""
+        return {
+            "heads_file": str(self.config.heads_file),
+            "kind": self.file.kind,
+            "rule": self.file.rule,
+            "heads": [format_head(h) for h in self.heads],
+            "ablations": [v.to_dict() if hasattr(v, "to_dict") else vars(v) for v in self.verifications],
+            "design": self.design,
+            "kv": self.kv,
+            "notes": list(self.notes),
+        }
+
     def report(self) -> str:
         """The heads read and each verdict, with what a NOT CONFIRMED one fell short of (the
-        verification plan was printed as it began)."""
+        verification plan was printed as it began), from :meth:`summary` and the verifications."""
         from headprobe.analyses.verdicts import UNITS, VerdictRule, evidence_text, label
 
-        lines = [
-            f"{self.config.heads_file}: {self.file.kind}, {len(self.heads)} heads ({self.file.rule}): "
-            f"{ex.describe(self.heads)}"
-        ]
-        rows = [v.to_dict() if hasattr(v, "to_dict") else vars(v) for v in self.verifications]
-        rule = VerdictRule.from_rows(rows, self.design.get("verdict_rule"))
+        s = self.summary()
+        lines = [f"{s['heads_file']}: {s['kind']}, {len(s['heads'])} heads ({s['rule']}): {ex.describe(self.heads)}"]
+        rows = s["ablations"]
+        rule = VerdictRule.from_rows(rows, s["design"].get("verdict_rule"))
         for v, row in zip(self.verifications, rows, strict=True):
             if v.no_verdict and v.kind == self.design.get("primary_kind"):
                 verdict = f"no verdict: {v.no_verdict}"
@@ -78,8 +92,8 @@ class ImportResult(CompactRepr):
             lines.append(f"(effect [lo, hi]: {interval_rule()}; [n/a]: none)")
         if rule is not None and any(v.tested for v in self.verifications):
             lines.append(f"(the rule: a verdict is CONFIRMED when {rule.condition()})")
-        lines += [kv_row(r) for r in self.kv or []] + ([KV_INTERVALS] if self.kv else [])
-        return "\n".join([*lines, *(f"NOTE: {n}" for n in self.notes)])
+        lines += [kv_row(r) for r in s["kv"] or []] + ([KV_INTERVALS] if s["kv"] else [])
+        return "\n".join([*lines, *(f"NOTE: {n}" for n in s["notes"])])
 
 
 def _layout(model: LoadedModel) -> ex.Layout:

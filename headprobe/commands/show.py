@@ -9,6 +9,7 @@ head asked for, with each head's previous-token, first-token and positional scor
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field
@@ -89,6 +90,13 @@ class ShowResult(CompactRepr):
     pattern: object
     labels: list[str]
     paths: list[Path]
+    _summary: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        """What index.html is built from (show writes no summary.json): ``model``, ``weights_precision``,
+        ``layout`` (``n_layers``, ``n_heads``, ``n_kv_heads``), ``selected_head`` (``"18.6"``) and
+        ``notes`` (what the page's duplicate-token and induction columns mean on this prompt)."""
+        return copy.deepcopy(self._summary)
 
 
 def run(
@@ -163,7 +171,7 @@ def run(
         return [d / "index.html"]
 
     paths = write_outputs(out, overwrite, summary=None, figures=figure, extra=write_page, formats=formats)
-    return ShowResult((layer, head), pattern, labels, paths)
+    return ShowResult((layer, head), pattern, labels, paths, summary)
 
 
 def _head_pattern(model: LoadedModel, tokens, layer: int, head: int) -> tuple:

@@ -304,7 +304,12 @@ class LoadedModel:
         return self.post_attention_norm_hooks(0) is not None
 
     def post_attention_norm_hooks(self, layer: int) -> tuple[str, str] | None:
-        """(input, output) hook names of layer ``layer``'s post-attention norm, or None."""
+        """(input, output) hook names of layer ``layer``'s post-attention norm, or None.
+
+        Raises:
+            HeadprobeError: ``layer`` out of range (:meth:`layer_index`), as every method taking a layer.
+        """
+        layer = self.layer_index(layer)
         names = (norm_hook(layer, "ln1_post", "in"), norm_hook(layer, "ln1_post", "out"))
         return names if names[0] in self.model.hook_dict and names[1] in self.model.hook_dict else None
 
@@ -312,6 +317,7 @@ class LoadedModel:
         """The hook holding layer ``layer``'s raw attention output ``sum_h z_h W_O^(h) + b_O``
         ``[batch, pos, d_model]``: the post-attention norm's input where there is one, else
         ``blocks.{layer}.hook_attn_out``. Replacing it changes what the rest of the block sees."""
+        layer = self.layer_index(layer)
         post = self.post_attention_norm_hooks(layer)
         return post[0] if post is not None else block_hook(layer, "attn_out")
 
@@ -320,6 +326,7 @@ class LoadedModel:
         """The elementwise weight ``w`` of layer ``layer``'s post-attention RMS-type norm, read off
         the norm itself: ``norm(c * 1) = w * c / sqrt(c^2 + eps) = w`` to float rounding for
         ``c = 1e3`` (so Gemma's ``1 + w`` convention needs no special case)."""
+        layer = self.layer_index(layer)
         if layer not in self._post_norm_weights:
             block = self.model.blocks[layer]
             with self._aligned(block):
@@ -656,8 +663,8 @@ class LoadedModel:
 
     def layer_index(self, layer: int) -> int:
         """``layer`` as an index into the model's ``spec.n_layers`` layers (``-1``: the last), checked as
-        :func:`headprobe.capture_heads` checks its ``layers``: what every per-layer weight (:meth:`W_O`,
-        :meth:`W_Q`, :meth:`b_O`, ...) takes.
+        :func:`headprobe.capture_heads` checks its ``layers``: what every method taking a layer (:meth:`W_O`,
+        :meth:`b_O`, :meth:`forward_from`, :meth:`attention_input`, :meth:`qk_terms`, ...) checks it with.
 
         Raises:
             HeadprobeError: ``layer 30 is out of range: there are 30 (0 .. 29, or -30 .. -1 from the end)``,
@@ -880,6 +887,7 @@ class LoadedModel:
 
         This base version is the honest full forward (``resid_pre`` unused), which is what a
         backend that cannot start a forward mid-way does (the TransformerLens bridge)."""
+        self.layer_index(layer)
         return self.scored_losses(tokens, first, fwd_hooks)
 
     def forward_from(
@@ -940,7 +948,8 @@ class LoadedModel:
         applied at ``pos`` (:func:`headprobe.probe.hooks.qk.head_qk_terms`). Used by the QK attribution.
 
         Raises:
-            HeadprobeError: not the native backend, or an attention it does not split (MLA with a query latent).
+            HeadprobeError: not the native backend, an attention it does not split (MLA with a query latent),
+                or ``layer`` or ``head`` out of range (:meth:`layer_index`'s line).
         """
         raise HeadprobeError(f"QK attribution needs the native backend (--backend native), not {self.name}")
 
