@@ -189,3 +189,32 @@ def test_per_layer_needs_two_windows(planted):
         per_layer_best_head(planted[0], LossSet(torch.zeros(1, 3, dtype=torch.long), 1))
     with pytest.raises(HeadprobeError, match="--per-layer needs --n-natural 2 or more, got 1"):  # before any load
         PruneConfig(per_layer=True, n_natural=1)
+
+
+def hand_made_auc(michel: list[float], random: list[list[float]]) -> dict:
+    """PruneResult.auc's dict of hand-made curves over 0, 0.25, 0.5 removed (the same on both tasks)."""
+    area = lambda y: curve_auc([0.0, 0.25, 0.5], y, 0.5)
+    rnd = [area(y) for y in random]
+    one = rnd[0] if len(rnd) == 1 else {"mean": np.mean(rnd), "std": np.std(rnd, ddof=1), "per_seed": rnd}
+    return {"range": [0.0, 0.5], "michel": dict.fromkeys(("natural", "repeated"), area(michel))} | {
+        "random": dict.fromkeys(("natural", "repeated"), one)
+    }
+
+
+def test_michel_below_every_random_order_is_a_rank_p_value_not_significance():
+    """Below all k = 3 random orders is rank p = 1 / 4, not a significant difference; a tie counts
+    against the method: p = (1 + #random <= michel) / (k + 1), by hand from the curves' areas."""
+    from headprobe.commands.prune_core import rank_lines, rank_vs_random
+
+    michel = [3.0, 3.5, 4.0]  # area 3.5; the random orders' 4.5, 5.5, 6.5
+    randoms = [[3.0, 4.5, 6.0], [3.0, 5.5, 8.0], [3.0, 6.5, 10.0]]
+    ranks = rank_vs_random(hand_made_auc(michel, randoms), ("michel", "random"))
+    assert ranks["michel"]["natural"] == {"n_random": 3, "n_random_at_or_below": 0, "p": 0.25}
+    (line,) = rank_lines(ranks)
+    assert "natural below 3 of 3 (rank p = 0.25)" in line and "1/(k+1) = 0.25" in line, line
+    tie = rank_vs_random(hand_made_auc([3.0, 4.5, 6.0], randoms), ("michel", "random"))
+    assert tie["michel"]["repeated"]["p"] == 0.5  # one random order at or below (equal)
+    many = [[3.0, 4.0 + i, 5.0 + i] for i in range(19)]  # 19 orders: below all of them is p = 0.05
+    assert rank_vs_random(hand_made_auc(michel, many), ("random", "michel"))["michel"]["natural"]["p"] == 0.05
+    assert rank_vs_random(hand_made_auc(michel, randoms[:1]), ("michel", "random"))["michel"]["natural"]["p"] == 0.5
+    assert rank_vs_random(hand_made_auc(michel, randoms), ("michel",)) is None
