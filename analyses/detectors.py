@@ -54,20 +54,28 @@ def _check(pattern: Tensor, min_len: int = 2) -> None:
         )
 
 
-def offset_score(pattern: Pattern, offset: int, first_query: int) -> Float[Tensor, " head"]:
-    """Mean attention from query ``q`` to key ``q - offset``, over queries ``q >= first_query``.
+def offset_score(
+    pattern: Pattern, offset: int, first_query: int, per_sequence: bool = False
+) -> Float[Tensor, "*batch head"]:
+    """Mean attention from query ``q`` to key ``q - offset``, over queries ``q >= first_query``
+    (and the batch; ``per_sequence``: each sequence's, ``[batch, head]``, whose mean over the
+    batch is the score, every sequence having the same queries).
 
     The building block of the previous-token, duplicate-token and induction scores.
     """
     _check(pattern, max(offset + 1, first_query + 1))
     diag = pattern.diagonal(offset=-offset, dim1=-2, dim2=-1)  # [batch, head, T - offset], entry i is q = i + offset
-    return diagonal_mean(diag, offset, first_query)
+    return diagonal_mean(diag, offset, first_query, per_sequence)
 
 
-def diagonal_mean(diag: Float[Tensor, "batch head n"], offset: int, first_query: int) -> Float[Tensor, " head"]:
+def diagonal_mean(
+    diag: Float[Tensor, "batch head n"], offset: int, first_query: int, per_sequence: bool = False
+) -> Float[Tensor, "*batch head"]:
     """Mean of ``diag`` (``A[q, q - offset]``, entry i is query ``i + offset``) over queries
-    ``q >= first_query`` and the batch: :func:`offset_score` from a diagonal (the streamed path's)."""
-    return diag[..., max(first_query - offset, 0) :].float().mean(dim=(0, 2))
+    ``q >= first_query`` and the batch (``per_sequence``: not the batch, ``[batch, head]``):
+    :func:`offset_score` from a diagonal (the streamed path's)."""
+    kept = diag[..., max(first_query - offset, 0) :].float()
+    return kept.mean(dim=2) if per_sequence else kept.mean(dim=(0, 2))
 
 
 def previous_token_score(pattern: Pattern) -> Float[Tensor, " head"]:
@@ -132,15 +140,18 @@ def duplicate_first_query(period: int, start: int) -> int:
     return max(start, 1) + period
 
 
-def induction_score(pattern: Pattern, period: int, start: int) -> Float[Tensor, " head"]:
+def induction_score(
+    pattern: Pattern, period: int, start: int, per_sequence: bool = False
+) -> Float[Tensor, "*batch head"]:
     """Induction (prefix-matching) score on ``[BOS] r_1..r_S r_1..r_S``: mean attention from
-    each token of the repeat to the token right after its earlier occurrence (key ``q - S + 1``).
+    each token of the repeat to the token right after its earlier occurrence (key ``q - S + 1``);
+    ``per_sequence``: each sequence's, ``[batch, head]`` (:func:`offset_score`).
 
     Source: Olsson et al. 2022, "In-context Learning and Induction Heads" (prefix-matching
     score); TransformerLens' induction detector, whose ``detect_head`` ("mul", over all T
     queries) gives this times ``S / T``.
     """
-    return offset_score(pattern, offset=period - 1, first_query=start + period)
+    return offset_score(pattern, offset=period - 1, first_query=start + period, per_sequence=per_sequence)
 
 
 def positional_score(pattern: Pattern) -> tuple[Float[Tensor, " head"], Float[Tensor, " head"]]:

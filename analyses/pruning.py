@@ -707,6 +707,37 @@ def curve_auc(fraction: Any, loss: Any, upto: float) -> float:
     return float(np.trapezoid(ys, xs) / upto)
 
 
+def cross_fit_pick(losses: Float[Tensor, "candidate window"], worst: bool = False) -> tuple[float, list[int]]:
+    """The loss of the lowest-loss candidate (``worst``: highest) scored on windows it was not picked on.
+
+    The windows are split in two halves (the first ``ceil(n / 2)`` and the rest); the candidate
+    picked on each half's mean loss is scored on the other half, and the two held-out scores are
+    averaged window by window (cross-fitting). Picking and scoring on the same windows would
+    favour the pick (selection bias): for candidates of equal true loss, the same-window minimum
+    is below their common mean, the held-out one is not on average.
+
+    Args:
+        losses: ``[candidate, window]`` per-window losses (nats/token), at least 2 windows.
+
+    Returns:
+        ``(loss, [pick on the first half, pick on the second half])`` (candidate indices).
+
+    Raises:
+        HeadprobeError: fewer than 2 windows.
+    """
+    n = losses.shape[1]
+    if n < 2:
+        raise HeadprobeError(f"picking a head on half the windows and scoring it on the other needs 2 windows, got {n}")
+    halves = (torch.arange(n) < (n + 1) // 2).to(losses.device)
+    scored, picks = [], []
+    for fit in (halves, ~halves):
+        means = losses[:, fit].mean(dim=1)
+        pick = int(means.argmax() if worst else means.argmin())
+        picks.append(pick)
+        scored.append(losses[pick, ~fit])
+    return float(torch.cat(scored).mean()), picks
+
+
 @torch.inference_mode()
 def per_layer_best_head(model: LoadedModel, data: LossSet, progress: bool = False) -> list[dict]:
     """Michel et al. 2019 (section 3.3, Tables 2 and 3): each layer reduced to one head, the other
@@ -715,15 +746,25 @@ def per_layer_best_head(model: LoadedModel, data: LossSet, progress: bool = Fals
     ``torchrun`` the sets are sharded over the ranks); the best head is the one with the lowest loss.
     A pruned checkpoint's removed heads (:func:`present_heads`) are never the head kept.
 
+    The best and worst one-head losses are held out (:func:`cross_fit_pick`): the head is picked on
+    one half of ``data``'s windows and its loss taken on the other, both ways, so the pick does not
+    flatter its own loss; ``best_head`` is the pick on all windows.
+
     Returns:
-        one dict per layer: ``layer, best_head, loss_best_only, loss_worst_only, loss_layer_ablated``
-        (the whole layer's heads ablated), ``clean_loss``, ``delta_best_only`` (``loss_best_only -
-        clean_loss``), all nats/token on ``data``; a layer without a head left: ``best_head`` None
-        and NaN for the one-head losses.
+        one dict per layer: ``layer, best_head, loss_best_only, loss_worst_only`` (held out),
+        ``loss_layer_ablated`` (the whole layer's heads ablated), ``clean_loss``, ``delta_best_only``
+        (``loss_best_only - clean_loss``), all nats/token on ``data``, and ``best_head_halves_agree``
+        (both halves picked ``best_head``); a layer without a head left: ``best_head`` None and NaN
+        for the one-head losses.
+
+    Raises:
+        HeadprobeError: ``data`` of fewer than 2 windows.
     """
     from headprobe.analyses.ablation import set_ablation_losses
 
     spec = model.spec
+    if data.tokens.shape[0] < 2:
+        raise HeadprobeError(f"--per-layer needs at least 2 held-out windows (--n-natural), got {data.tokens.shape[0]}")
     present = present_heads(model)
     kept = [[h for h in range(spec.n_heads) if present[layer, h]] for layer in range(spec.n_layers)]
     sets = []
@@ -731,27 +772,29 @@ def per_layer_best_head(model: LoadedModel, data: LossSet, progress: bool = Fals
         sets += [[(layer, o) for o in range(spec.n_heads) if o != h] for h in kept[layer]]
         sets.append([(layer, o) for o in range(spec.n_heads)])
     sets.append([])
-    losses = distributed.map_sharded(  # under torchrun: each rank ablates its slice of the sets
+    per_window = distributed.map_sharded(  # under torchrun: each rank ablates its slice of the sets
         lambda part: set_ablation_losses(
             model, data.tokens, part, "zero", None, data.first, progress=progress, desc="one head per layer"
         ),
         sets,
-    ).mean(dim=1)
+    )  # [set, window]
+    losses = per_window.mean(dim=1)
     clean = float(losses[-1])
     out, at = [], 0
     for layer in range(spec.n_layers):
-        one, at = losses[at : at + len(kept[layer])], at + len(kept[layer]) + 1
-        best = int(one.argmin()) if len(one) else None
-        loss_best = float(one[best]) if best is not None else float("nan")
+        one, at = per_window[at : at + len(kept[layer])], at + len(kept[layer]) + 1
+        best = int(one.mean(dim=1).argmin()) if len(one) else None
+        loss_best, picks = cross_fit_pick(one) if len(one) else (float("nan"), [])
         out.append(
             {
                 "layer": layer,
                 "best_head": kept[layer][best] if best is not None else None,
                 "loss_best_only": loss_best,
-                "loss_worst_only": float(one.max()) if len(one) else float("nan"),
+                "loss_worst_only": cross_fit_pick(one, worst=True)[0] if len(one) else float("nan"),
                 "loss_layer_ablated": float(losses[at - 1]),
                 "clean_loss": clean,
                 "delta_best_only": loss_best - clean,
+                "best_head_halves_agree": best is not None and picks == [best, best],
             }
         )
     return out

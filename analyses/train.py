@@ -298,7 +298,8 @@ def evaluate(loaded: LoadedModel, held_out: Tensor, repeated, held_out_text: Ten
         held_out_text: ``[batch, pos]`` held-out natural-text windows (``"text+copy"``), or None.
 
     Returns:
-        ``{"induction": [layer, head], "previous_token": [layer, head], "repeated_loss",
+        ``{"induction": [layer, head], "induction_per_sequence": [layer, head, sequence] (of
+        ``repeated``), "previous_token": [layer, head], "repeated_loss",
         "eval_loss", "in_context_loss", "in_context_loss_ci95"}`` (losses in nats/token;
         ``in_context_loss_ci95``: ``(lo, hi)`` over the ``held_out`` sequences, :func:`in_context_ci`). ``eval_loss`` is the mean loss
         on ``held_out_text`` when given (then ``"text_in_context_loss"``, the in-context loss on
@@ -307,9 +308,11 @@ def evaluate(loaded: LoadedModel, held_out: Tensor, repeated, held_out_text: Ten
     spec = loaded.spec
     ind = torch.zeros(spec.n_layers, spec.n_heads)
     prev = torch.zeros(spec.n_layers, spec.n_heads)
+    ind_seq = torch.zeros(spec.n_layers, spec.n_heads, repeated.tokens.shape[0])
 
     def on_pattern(layer: int, pattern: Tensor) -> None:
         ind[layer] = induction_score(pattern, repeated.period, repeated.start).cpu()
+        ind_seq[layer] = induction_score(pattern, repeated.period, repeated.start, per_sequence=True).T.cpu()
         prev[layer] = previous_token_score(pattern[..., repeated.start :, repeated.start :]).cpu()
 
     logits = patterns_by_layer(loaded, repeated.tokens, on_pattern)
@@ -318,6 +321,7 @@ def evaluate(loaded: LoadedModel, held_out: Tensor, repeated, held_out_text: Ten
     icl = in_context_loss(losses)
     out = {
         "induction": ind,
+        "induction_per_sequence": ind_seq,
         "previous_token": prev,
         "repeated_loss": rep_loss,
         "eval_loss": float(losses.mean()),
@@ -329,6 +333,29 @@ def evaluate(loaded: LoadedModel, held_out: Tensor, repeated, held_out_text: Ten
         out["eval_loss"] = float(text_losses.mean())
         out["text_in_context_loss"] = in_context_loss(text_losses)
     return out
+
+
+def induction_formed(per_sequence: np.ndarray) -> dict:
+    """Whether an induction head formed: the head of highest mean induction score (``per_sequence``
+    ``[layer, head, sequence]``) with the lower bound of its 95% interval over the sequences
+    (:func:`~headprobe.analyses.statistics.mean_ci`) above :data:`INDUCTION_FORMED`. The largest of
+    several noisy means leans upward, so its mean alone above 0.5 does not say a head formed.
+
+    Returns:
+        ``{"formed": bool, "head": (layer, head), "score": its mean, "ci95": (lo, hi)}``; from one
+        sequence the interval is NaN and ``formed`` False.
+    """
+    from headprobe.analyses.statistics import mean_ci
+
+    means = per_sequence.mean(axis=-1)
+    layer, head = (int(i) for i in np.unravel_index(np.argmax(means), means.shape))
+    lo, hi = (float(b) for b in mean_ci(per_sequence[layer, head]))
+    return {
+        "formed": bool(lo > INDUCTION_FORMED),
+        "head": (layer, head),
+        "score": float(means[layer, head]),
+        "ci95": (lo, hi),
+    }
 
 
 def phase_change_interval(
@@ -376,7 +403,8 @@ class TrainRun:
             ``eval_loss``, ``in_context_loss`` (``text_in_context_loss`` too for ``"text+copy"``),
             ``repeated_loss`` (nats/token), ``max_induction``, ``max_previous_token`` and one
             ``induction_L.H`` and ``previous_token_L.H`` column per head.
-        final_scores: ``"induction"`` / ``"previous_token"`` -> ``[layer, head]`` scores at the last step.
+        final_scores: ``"induction"`` / ``"previous_token"`` -> ``[layer, head]`` scores at the last step,
+            ``"induction_per_sequence"`` -> ``[layer, head, sequence]``, each repeated sequence's.
         seconds: wall time of the evaluations and steps (model building excluded).
         device: the device it trained on (``"cpu"`` or ``"cuda"``).
         snapshots: step -> the model's state dict (on the CPU) at that step, for ``save_every > 0``:
@@ -421,10 +449,12 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
     heads = [format_head((layer, h)) for layer in range(mcfg.n_layers) for h in range(mcfg.n_heads)]
     rows: list[dict] = []
     running: list[float] = []
+    last_ind: list[Tensor] = []  # the latest evaluation's per-sequence induction scores
 
     def log_row(step: int) -> dict:
         model.eval()
         ev = evaluate(loaded, held_out, repeated, held_out_text)
+        last_ind[:] = [torch.as_tensor(ev["induction_per_sequence"])]
         model.train()
         row = _log_row(step, running, ev, heads, text)
         running.clear()
@@ -456,7 +486,8 @@ def train(cfg: TrainConfig, tokenizer, on_eval: Callable[[dict, float], None] | 
     seconds = time.perf_counter() - t0
     model.eval()
     log = pd.DataFrame(rows)
-    return TrainRun(cfg, loaded, log, _final_scores(log, heads, mcfg), seconds, device, snapshots)
+    final = {**_final_scores(log, heads, mcfg), "induction_per_sequence": last_ind[0].numpy()}
+    return TrainRun(cfg, loaded, log, final, seconds, device, snapshots)
 
 
 def _optimizer(

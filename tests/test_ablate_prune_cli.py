@@ -135,6 +135,12 @@ def test_prune_cli_saves_reloadable_model(tiny_dir, tmp_path, capsys):
     mich = curve[curve.method == "michel"]
     assert auc["michel"]["natural"] == pytest.approx(curve_auc(mich.fraction_pruned, mich.natural_loss, hi), abs=1e-4)
     assert len(auc["random"]["natural"]["per_seed"]) == 2
+    below = sum(a <= auc["michel"]["natural"] for a in auc["random"]["natural"]["per_seed"])  # rank among 2 orders
+    assert summary["rank_vs_random"]["michel"]["natural"] == {
+        "n_random": 2,
+        "n_random_at_or_below": below,
+        "p": (1 + below) / 3,
+    }
     assert summary["pruned_model"]["heads_removed"] == 8
     assert summary["pruned_model"]["max_abs_logit_diff_vs_masked"] < 1e-4
     # the saved directory: small tensors, the removed heads in the original numbering, a tokenizer

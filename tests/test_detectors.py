@@ -129,6 +129,9 @@ def test_vectorised_detectors_equal_loops_over_heads(start):
     torch.testing.assert_close(previous_token_score(pattern), ref["prev"])
     torch.testing.assert_close(first_token_score(pattern), ref["first"])
     torch.testing.assert_close(induction_score(pattern, S, start), ref["ind"])
+    per_seq = induction_score(pattern, S, start, per_sequence=True)  # [batch, head]: each sequence alone
+    for b in range(B):
+        torch.testing.assert_close(per_seq[b], _loop_reference(pattern[b : b + 1], S, start)["ind"])
     torch.testing.assert_close(duplicate_token_score(pattern, S, start), ref["dup"])
     off, frac = positional_score(pattern)
     torch.testing.assert_close(frac, ref["pos_frac"])

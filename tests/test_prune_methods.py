@@ -112,6 +112,14 @@ def test_curve_auc_against_a_hand_computed_area():
         curve_auc([0, 0.3], [1, 2], 0.5)
 
 
+def held_out_pick(losses: np.ndarray, pick=np.argmin) -> float:
+    """Reference for cross_fit_pick: ``losses`` ``[head, window]``; the head picked on the first
+    ceil(n/2) windows scored on the rest and vice versa, the window losses averaged."""
+    cut = (losses.shape[1] + 1) // 2
+    a, b = losses[:, :cut], losses[:, cut:]
+    return float(np.concatenate([b[pick(a.mean(1))], a[pick(b.mean(1))]]).mean())
+
+
 def test_per_layer_best_head_against_a_loop(planted):
     model, _, held = planted
     rows = per_layer_best_head(model, held)
@@ -123,8 +131,90 @@ def test_per_layer_best_head_against_a_loop(planted):
                 keep = torch.ones(2, 4)
                 keep[layer] = 0
                 keep[layer, h] = 1
-                losses.append(float(scored_loss(model.model(held.tokens, head_mask=keep), held.tokens, 1).mean()))
-            assert row["best_head"] == int(np.argmin(losses))
-            assert row["loss_best_only"] == pytest.approx(min(losses), abs=1e-5)
-            assert row["loss_worst_only"] == pytest.approx(max(losses), abs=1e-5)
+                losses.append(scored_loss(model.model(held.tokens, head_mask=keep), held.tokens, 1).numpy())
+            losses = np.stack(losses)  # [head, window]
+            assert row["best_head"] == int(np.argmin(losses.mean(1)))
+            assert row["loss_best_only"] == pytest.approx(held_out_pick(losses), abs=1e-5)
+            assert row["loss_worst_only"] == pytest.approx(held_out_pick(losses, np.argmax), abs=1e-5)
     assert rows[1]["best_head"] == ESSENTIAL[1]  # layer 1 reduced to one head: the essential one
+
+
+def fake_set_losses(monkeypatch, table):
+    """set_ablation_losses replaced: the set keeping head h of a layer alone gets ``table(layer, h)``
+    (``[window]``), every other set (layer ablated, clean) zeros."""
+    from headprobe.analyses import ablation
+
+    def fake(model, tokens, sets, *args, **kwargs):
+        out = torch.zeros(len(sets), tokens.shape[0])
+        for i, s in enumerate(sets):
+            layers = {layer for layer, _ in s}
+            if len(s) == 3:  # 4 heads, one kept
+                (layer,) = layers
+                out[i] = table(layer, ({0, 1, 2, 3} - {h for _, h in s}).pop())
+        return out
+
+    monkeypatch.setattr(ablation, "set_ablation_losses", fake)
+
+
+def test_per_layer_scores_each_pick_on_the_windows_it_was_not_picked_on(planted, monkeypatch):
+    """Head 0 is best on the first two windows only and head 1 on the last two only: each pick's
+    loss must come from the other half (same-window picking would report 0.0)."""
+    losses = torch.tensor([[0.0, 0.0, 5.0, 5.0], [4.0, 4.0, 0.0, 0.0], [3.0] * 4, [3.0] * 4])
+    fake_set_losses(monkeypatch, lambda layer, h: losses[h])
+    rows = per_layer_best_head(planted[0], LossSet(torch.zeros(4, 3, dtype=torch.long), 1))
+    for row in rows:
+        assert row["loss_best_only"] == pytest.approx((5 + 5 + 4 + 4) / 4)  # head 0 on windows 3, 4; head 1 on 1, 2
+        assert row["loss_worst_only"] == 0.0  # head 1 picked on windows 1, 2 scored on 3, 4; head 0 vice versa
+        assert row["best_head"] == 1 and row["best_head_halves_agree"] is False
+        assert row["delta_best_only"] == pytest.approx(4.5)
+
+
+def test_per_layer_best_head_of_pure_noise_is_not_better_than_the_mean(planted, monkeypatch):
+    """Heads whose window losses are independent noise of mean 0: the held-out loss of the pick
+    averages 0 over 200 draws (the same-window minimum of 4 means of 8 windows would average
+    about -1.03 / sqrt(8) = -0.36, the expected minimum of 4 standard normals over sqrt(8))."""
+    gen = torch.Generator().manual_seed(0)
+    best = []
+    for _ in range(100):
+        draws = torch.randn(2, 4, 8, generator=gen)
+        fake_set_losses(monkeypatch, lambda layer, h, d=draws: d[layer, h])
+        best += [r["loss_best_only"] for r in per_layer_best_head(planted[0], LossSet(torch.zeros(8, 3).long(), 1))]
+    assert abs(np.mean(best)) < 0.08, np.mean(best)  # standard error 1 / sqrt(8 * 200) = 0.025
+
+
+def test_per_layer_needs_two_windows(planted):
+    from headprobe.commands.prune import PruneConfig
+
+    with pytest.raises(HeadprobeError, match="at least 2 held-out windows"):
+        per_layer_best_head(planted[0], LossSet(torch.zeros(1, 3, dtype=torch.long), 1))
+    with pytest.raises(HeadprobeError, match="--per-layer needs --n-natural 2 or more, got 1"):  # before any load
+        PruneConfig(per_layer=True, n_natural=1)
+
+
+def hand_made_auc(michel: list[float], random: list[list[float]]) -> dict:
+    """PruneResult.auc's dict of hand-made curves over 0, 0.25, 0.5 removed (the same on both tasks)."""
+    area = lambda y: curve_auc([0.0, 0.25, 0.5], y, 0.5)
+    rnd = [area(y) for y in random]
+    one = rnd[0] if len(rnd) == 1 else {"mean": np.mean(rnd), "std": np.std(rnd, ddof=1), "per_seed": rnd}
+    return {"range": [0.0, 0.5], "michel": dict.fromkeys(("natural", "repeated"), area(michel))} | {
+        "random": dict.fromkeys(("natural", "repeated"), one)
+    }
+
+
+def test_michel_below_every_random_order_is_a_rank_p_value_not_significance():
+    """Below all k = 3 random orders is rank p = 1 / 4, not a significant difference; a tie counts
+    against the method: p = (1 + #random <= michel) / (k + 1), by hand from the curves' areas."""
+    from headprobe.commands.prune_core import rank_lines, rank_vs_random
+
+    michel = [3.0, 3.5, 4.0]  # area 3.5; the random orders' 4.5, 5.5, 6.5
+    randoms = [[3.0, 4.5, 6.0], [3.0, 5.5, 8.0], [3.0, 6.5, 10.0]]
+    ranks = rank_vs_random(hand_made_auc(michel, randoms), ("michel", "random"))
+    assert ranks["michel"]["natural"] == {"n_random": 3, "n_random_at_or_below": 0, "p": 0.25}
+    (line,) = rank_lines(ranks)
+    assert "natural below 3 of 3 (rank p = 0.25)" in line and "1/(k+1) = 0.25" in line, line
+    tie = rank_vs_random(hand_made_auc([3.0, 4.5, 6.0], randoms), ("michel", "random"))
+    assert tie["michel"]["repeated"]["p"] == 0.5  # one random order at or below (equal)
+    many = [[3.0, 4.0 + i, 5.0 + i] for i in range(19)]  # 19 orders: below all of them is p = 0.05
+    assert rank_vs_random(hand_made_auc(michel, many), ("random", "michel"))["michel"]["natural"]["p"] == 0.05
+    assert rank_vs_random(hand_made_auc(michel, randoms[:1]), ("michel", "random"))["michel"]["natural"]["p"] == 0.5
+    assert rank_vs_random(hand_made_auc(michel, randoms), ("michel",)) is None

@@ -127,10 +127,17 @@ def test_api_study_matches_cli_and_trains_what_it_says(tmp_path, capsys):
     assert t["seed"].tolist() == [0, 1, 0, 1]
     # an independent run of the same model: the study's row holds that run's last evaluation
     cfg = dataclasses.replace(result.config.base(), n_heads=2, seed=1)
-    direct = train(cfg, training_tokenizer(cfg, tmp_path / "tok")).log.iloc[-1]
+    direct_run = train(cfg, training_tokenizer(cfg, tmp_path / "tok"))
+    direct = direct_run.log.iloc[-1]
     row = t.iloc[3]
     for col in ("eval_loss", "in_context_loss", "repeated_loss", "max_induction", "max_previous_token"):
         assert row[col] == float(direct[col]), col
+    from scipy import stats
+
+    per_seq = direct_run.final_scores["induction_per_sequence"].reshape(-1, cfg.n_eval)  # [layer * head, sequence]
+    top = per_seq[per_seq.mean(1).argmax()]  # the top head's scores; its lower bound by hand
+    low = top.mean() - stats.t.ppf(0.975, cfg.n_eval - 1) * top.std(ddof=1) / np.sqrt(cfg.n_eval)
+    assert row["induction_ci95_low"] == pytest.approx(low, abs=1e-6) and low < top.mean()
 
     assert (
         main(
@@ -317,6 +324,9 @@ def test_layouts_figure_fills_a_marker_by_study_json_rule(monkeypatch):
     study_command.study_figure("layouts", table, "t")
     in_every_seed = table.groupby("variant", sort=False)["max_induction"].apply(lambda x: all(x > 0.5))
     assert seen["formed"].tolist() == in_every_seed.tolist() == [False, True]
+    # a results.csv with the top head's lower bound: MQA's scores pass 0.5 but seed 1's bound does not
+    study_command.study_figure("layouts", table.assign(induction_ci95_low=[0.8, 0.1, 0.6, 0.45]), "t")
+    assert seen["formed"].tolist() == [False, False]
 
 
 def test_d_model_says_its_default_in_help(capsys):

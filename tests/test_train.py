@@ -624,3 +624,39 @@ def test_in_context_loss_carries_its_t_interval_over_the_held_out_sequences():
 
     with pytest.raises(HeadprobeError, match="per-sequence in-context losses average to"):
         in_context_ci(torch.as_tensor(losses), float(d.mean()) + 0.01)
+
+
+def test_induction_formed_needs_the_top_heads_lower_bound_above_one_half(tiny_run):
+    """A top mean of 0.55 over 8 noisy sequences (lower 95% bound 0.36, by hand: mean - t(7, 0.975)
+    sd / sqrt(8)) is not a formed induction head; the same mean with little spread is. The old
+    rule, the largest mean above 0.5, called both formed."""
+    from scipy import stats
+
+    from headprobe.analyses.train import induction_formed
+    from headprobe.commands.train_core import TrainResult
+
+    noisy = np.array([0.25, 0.85, 0.40, 0.70, 0.55, 0.30, 0.80, 0.55])  # mean 0.55
+    tight = np.array([0.54, 0.56, 0.55, 0.53, 0.57, 0.55, 0.54, 0.56])
+    others = np.full(8, 0.1)
+    for head, formed in ((noisy, False), (tight, True)):
+        scores = np.stack([[others, others], [others, head]])  # [layer, head, sequence]: the top head is 1.1
+        lo = head.mean() - stats.t.ppf(0.975, 7) * head.std(ddof=1) / np.sqrt(8)
+        got = induction_formed(scores)
+        assert got["head"] == (1, 1) and got["score"] == pytest.approx(0.55) and got["formed"] is formed
+        assert got["ci95"][0] == pytest.approx(lo) and bool(lo > 0.5) is formed
+        fields = {f.name: getattr(tiny_run, f.name) for f in dataclasses.fields(tiny_run)}
+        final = {**tiny_run.final_scores, "induction": scores.mean(-1), "induction_per_sequence": scores}
+        summary = TrainResult(**{**fields, "final_scores": final}).summary()
+        assert summary["induction_formed"] is formed and summary["final"]["top_induction_score"] == 0.55
+        assert summary["final"]["top_induction_score_ci95"][0] == round(lo, 4)
+    assert induction_formed(np.full((1, 1, 1), 0.9))["formed"] is False  # one sequence: no interval
+
+
+def test_the_top_induction_interval_is_around_the_logged_score(tiny_run):
+    """The per-sequence scores of the last evaluation average to the logged score of every head."""
+    per_seq = tiny_run.final_scores["induction_per_sequence"]
+    assert per_seq.shape == (2, 2, TINY.n_eval)
+    np.testing.assert_allclose(per_seq.mean(-1), tiny_run.final_scores["induction"], atol=1e-6)
+    s = tiny_run.summary()
+    lo, hi = s["final"]["top_induction_score_ci95"]
+    assert lo <= s["final"]["top_induction_score"] <= hi and s["induction_formed"] is (lo > 0.5)

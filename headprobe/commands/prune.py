@@ -211,6 +211,8 @@ class PruneConfig(options.ModelRunConfig):
         if self.n_seeds < 1 or self.l0_steps < 1:
             raise HeadprobeError("--n-seeds and --l0-steps must be at least 1")
         super().__post_init__()
+        if self.per_layer and self.n_natural < 2:  # a head picked on half the held-out windows, scored on the other
+            raise HeadprobeError(f"--per-layer needs --n-natural 2 or more, got {self.n_natural}")
         if self.save_pruned:  # torch-free for the declared backends (BACKEND_CAPABILITIES)
             refuse_lacking(self.backend, "removes_heads", "--save-pruned needs the native backend (--backend native)")
         if self.save_pruned and self.save_fraction > self.max_fraction:  # the removal order stops at max_fraction

@@ -5,7 +5,7 @@ matplotlib; the package's ``__init__`` does not."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -201,13 +201,15 @@ class PruneResult(CompactRepr, WritesOutputs):
                 "period": cfg.period,
                 **(window_counts(self.natural_text) if self.natural_text is not None else {}),
             },
-            "auc": self.auc(),
+            "auc": (auc := self.auc()),
             "curves": {
                 name: [{k: v for k, v in row.items() if k != "removed"} for row in r.rows]
                 for name, r in self.runs.items()
             },
             "removal_order": {name: [format_head(h) for h in r.removal_order] for name, r in self.runs.items()},
         }
+        if (ranks := rank_vs_random(auc, cfg.methods)) is not None:
+            out["rank_vs_random"] = ranks
         if self.per_layer is not None:
             out["per_layer"] = self.per_layer
         if self.pruned_info is not None:
@@ -326,6 +328,7 @@ class PruneResult(CompactRepr, WritesOutputs):
                 lines.append(
                     f"area (mean loss over {lo:.2f}-{hi:.2f} removed) {m}: natural {fmt(a['natural'])}, repeated {fmt(a['repeated'])}"
                 )
+            lines += rank_lines(rank_vs_random(auc, self.config.methods))
         if self.per_layer is not None:
             best = min(self.per_layer, key=lambda r: r["delta_best_only"])
             lines.append(
@@ -336,6 +339,48 @@ class PruneResult(CompactRepr, WritesOutputs):
             lines += saved_lines(self.pruned_info)
         notes = left_out_notes(self.natural_text) if self.natural_text is not None else []
         return "\n".join([*lines, *(f"NOTE: {n}" for n in notes)])
+
+
+def rank_vs_random(auc: dict, methods: Sequence[str]) -> dict | None:
+    """summary.json's ``rank_vs_random``: per method other than random and per task, its curve's
+    area (``auc``, :meth:`PruneResult.auc`) ranked among the random orders' (``n_random``,
+    ``n_random_at_or_below``, ``p``: :func:`~headprobe.analyses.statistics.rank_p_value`), and the
+    rule; None without random orders, without another method or without a common range."""
+    from headprobe.analyses.statistics import rank_p_value
+
+    others = [m for m in methods if m != "random"]
+    if "random" not in methods or not others or "note" in auc:
+        return None
+    out: dict = {
+        "rule": "each method's area against each random order's: p = (1 + #random orders at or below) / (k + 1), "
+        "one-sided, exact if the method's order were one more random order; never below 1 / (k + 1)"
+    }
+    for m in others:
+        out[m] = {}
+        for key, rnd in auc["random"].items():
+            null = rnd["per_seed"] if isinstance(rnd, dict) else [rnd]
+            below = sum(x <= auc[m][key] for x in null)
+            out[m][key] = {"n_random": len(null), "n_random_at_or_below": below, "p": rank_p_value(auc[m][key], null)}
+    return out
+
+
+def rank_lines(ranks: dict | None) -> list[str]:
+    """The report's lines of :func:`rank_vs_random` (none for None)."""
+    if ranks is None:
+        return []
+    lines = []
+    for m, tasks in ranks.items():
+        if m == "rule":
+            continue
+        k = next(iter(tasks.values()))["n_random"]
+        parts = [
+            f"{t} below {r['n_random'] - r['n_random_at_or_below']} of {k} (rank p = {r['p']:.2f})"
+            for t, r in tasks.items()
+        ]
+        lines.append(
+            f"area rank {m} vs {k} random orders: {', '.join(parts)}; p is never below 1/(k+1) = {1 / (k + 1):.2f}"
+        )
+    return lines
 
 
 def saved_lines(p: dict) -> list[str]:

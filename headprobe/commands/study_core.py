@@ -28,8 +28,8 @@ def run_study(runs: list[tuple[str, TrainConfig]], seeds: list[int], progress: b
     """Train every (label, config) of ``runs`` once per seed; one row per run: the variant, its
     layout and cost columns (:mod:`headprobe.probe.layout.cost`), the last evaluation's losses (nats/token)
     and scores, seconds and the self-check. ``progress`` prints one line per run."""
+    from headprobe.analyses.train import induction_formed, training_tokenizer
     from headprobe.analyses.train import train as train_model  # torch: only when training
-    from headprobe.analyses.train import training_tokenizer
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -59,6 +59,7 @@ def run_study(runs: list[tuple[str, TrainConfig]], seeds: list[int], progress: b
                         "text_in_context_loss": float(last.get("text_in_context_loss", float("nan"))),
                         "repeated_loss": float(last["repeated_loss"]),
                         "max_induction": float(last["max_induction"]),
+                        "induction_ci95_low": induction_formed(r.final_scores["induction_per_sequence"])["ci95"][0],
                         "max_previous_token": float(last["max_previous_token"]),
                         "seconds": time.perf_counter() - t0,
                         "device": r.device,
@@ -126,7 +127,7 @@ def headline(which: str, table: pd.DataFrame) -> dict:
                     "evaluations its gaps are measured on: the gaps lean in its favour and their intervals "
                     "do not account for the choice"
                 ),
-                "induction_formed": bool(small.loc[best, "min_max_induction"] > INDUCTION_FORMED),
+                "induction_formed": bool(formed_in_every_seed(table)[best]),
                 "every_rank_below": {
                     v: {
                         "eval_loss": round(float(r["eval_loss"]), 4),
@@ -166,11 +167,19 @@ def _paired_gaps(table: pd.DataFrame, variant: str, reference: str) -> dict:
     }
 
 
+def formed_in_every_seed(table: pd.DataFrame) -> pd.Series:
+    """Per variant of ``table`` (results.csv), whether an induction head formed in every seed: the
+    top head's lower 95% bound (``induction_ci95_low``, :func:`headprobe.analyses.train.induction_formed`)
+    above 0.5 in each; a results.csv written before that column, its top score (``max_induction``)."""
+    col = "induction_ci95_low" if "induction_ci95_low" in table.columns else "max_induction"
+    return table.groupby("variant", sort=False)[col].min() > INDUCTION_FORMED
+
+
 def study_figure(which: str, table: pd.DataFrame, title: str):
     """The study's figure from its ``results.csv`` table, as ``(name, Figure)``: ``loss_vs_heads``
     (held-out loss and in-context loss against heads, every seed shown) or ``quality_vs_kv`` (mean
     held-out loss with the seed range against KV cache per token; a filled marker: some head's
-    induction score above 0.5 in every seed, the rule of study.json's ``induction_formed``)."""
+    induction head formed in every seed, :func:`formed_in_every_seed`, the rule of study.json's ``induction_formed``)."""
     label = "held-out text loss (nats/char)" if (table["corpus"] == "text+copy").all() else "held-out loss (nats/token)"
     if which == "heads":
         fig = figures.loss_vs_heads(
@@ -186,7 +195,6 @@ def study_figure(which: str, table: pd.DataFrame, title: str):
         loss=("eval_loss", "mean"),
         lo=("eval_loss", "min"),
         hi=("eval_loss", "max"),
-        induction=("max_induction", "min"),  # formed in every seed, as study.json's induction_formed
     )
     fig = figures.quality_vs_kv(
         list(agg.index),
@@ -196,7 +204,7 @@ def study_figure(which: str, table: pd.DataFrame, title: str):
         agg["hi"].to_numpy(),
         title,
         label,
-        formed=agg["induction"].to_numpy() > INDUCTION_FORMED,
+        formed=formed_in_every_seed(table)[agg.index].to_numpy(),
         n_seeds=int(table.groupby("variant", sort=False)["seed"].nunique().min()),
     )
     return "quality_vs_kv", fig

@@ -42,6 +42,7 @@ from headprobe.analyses.train import (
     TrainConfig,
     TrainRun,
     copying_floor,
+    induction_formed,
     phase_change_interval,
     training_tokenizer,
 )
@@ -77,6 +78,7 @@ class TrainResult(CompactRepr, TrainRun, WritesOutputs):
             np.argmax(self.final_scores["previous_token"]), self.final_scores["previous_token"].shape
         )
         last = log.iloc[-1]
+        formed_by = induction_formed(self.final_scores["induction_per_sequence"])
         return summary_envelope(
             {
                 "layout": self.loaded.spec.kind,
@@ -89,6 +91,7 @@ class TrainResult(CompactRepr, TrainRun, WritesOutputs):
                     "repeated_loss": round(float(last["repeated_loss"]), 4),
                     "top_induction_head": format_head((int(top[0]), int(top[1]))),
                     "top_induction_score": round(float(self.final_scores["induction"].max()), 4),
+                    "top_induction_score_ci95": _rounded(formed_by["ci95"]),
                     "top_previous_token_head": format_head((int(top_prev[0]), int(top_prev[1]))),
                     "top_previous_token_score": round(float(self.final_scores["previous_token"].max()), 4),
                 },
@@ -102,7 +105,10 @@ class TrainResult(CompactRepr, TrainRun, WritesOutputs):
                 "evaluated every eval_every steps, so located no finer); none unless some head's induction score "
                 "exceeds 0.5",
                 "eval_every": cfg.eval_every,
-                "induction_formed": bool(self.final_scores["induction"].max() > INDUCTION_FORMED),
+                "induction_formed": formed_by["formed"],
+                "induction_formed_rule": f"the top induction head's 95% lower bound (final.top_induction_score_ci95, "
+                f"over the {cfg.n_eval} repeated sequences) above {INDUCTION_FORMED}; its mean alone, the largest of "
+                "the heads' noisy means, leans upward",
                 "copies_in_context": bool(last["in_context_loss"] <= copying_floor(cfg.n_words)),
                 "copies_in_context_rule": f"final in-context loss at or below -{COPIES_IN_CONTEXT} ln(n_words) nats",
                 "interval_rule": interval_rule(f"the {cfg.n_eval} held-out copy sequences")
@@ -198,6 +204,11 @@ class TrainResult(CompactRepr, TrainRun, WritesOutputs):
             f"top induction head {s['final']['top_induction_head']} (layer.head), induction score "
             f"{s['final']['top_induction_score']:.2f}; {formed}"
         )
+
+
+def _rounded(ci: tuple[float, float]) -> list[float] | None:
+    """``[lo, hi]`` to 4 decimals; None (JSON null) where there is no interval (NaN: one sequence)."""
+    return [round(ci[0], 4), round(ci[1], 4)] if np.isfinite(ci).all() else None
 
 
 def _ci95(row) -> list[float] | None:
