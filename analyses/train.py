@@ -365,8 +365,9 @@ def phase_change_interval(
     where the 3-point running mean of the in-context loss ``icl`` (nats, one per step of ``steps``) falls
     fastest per step, the steepest fall of the raw loss among the (at most 3) intervals that mean spans.
     Evaluations every 100 steps locate it to 100 steps, no finer. None with fewer than 3 evaluations,
-    or when ``induction`` (the max induction score at each evaluation) never exceeds ``threshold``:
-    without induction heads there was no phase change, however the loss wandered."""
+    or when ``induction`` (at each evaluation, the score that decides whether a head formed: train's
+    ``top_induction_ci95_low``) never exceeds ``threshold``: without induction heads there was no
+    phase change, however the loss wandered."""
     if len(steps) < 3 or (induction is not None and not (np.asarray(induction) > threshold).any()):
         return None
     steps, icl = np.asarray(steps), np.asarray(icl, dtype=float)
@@ -401,7 +402,8 @@ class TrainRun:
         log: one row per evaluation (step 0, every ``eval_every`` steps and the last step):
             ``step``, ``train_loss`` (mean over the steps since the previous row; NaN at step 0),
             ``eval_loss``, ``in_context_loss`` (``text_in_context_loss`` too for ``"text+copy"``),
-            ``repeated_loss`` (nats/token), ``max_induction``, ``max_previous_token`` and one
+            ``repeated_loss`` (nats/token), ``max_induction``, ``top_induction_ci95_low``
+            (:func:`induction_formed`'s lower bound), ``max_previous_token`` and one
             ``induction_L.H`` and ``previous_token_L.H`` column per head.
         final_scores: ``"induction"`` / ``"previous_token"`` -> ``[layer, head]`` scores at the last step,
             ``"induction_per_sequence"`` -> ``[layer, head, sequence]``, each repeated sequence's.
@@ -605,8 +607,9 @@ def _training_batch(cfg: TrainConfig, corpus: TextCorpus | None, gen: torch.Gene
 def _log_row(step: int, running: list[float], ev: dict, heads: list[str], text: bool) -> dict:
     """One row of :attr:`TrainRun.log` from :func:`evaluate`'s ``ev``: ``train_loss`` is the mean
     of ``running`` (the losses since the previous row; NaN when empty), then the evaluation's
-    losses (nats/token) and every head's induction and previous-token score (``heads`` named
-    ``L.H`` in ``[layer, head]`` order)."""
+    losses (nats/token), every head's induction and previous-token score (``heads`` named
+    ``L.H`` in ``[layer, head]`` order) and ``top_induction_ci95_low``, the top induction head's lower
+    95% bound over the repeated sequences (:func:`induction_formed`'s: formed where above 0.5)."""
     row = {
         "step": step,
         "train_loss": float(np.mean(running)) if running else float("nan"),
@@ -617,6 +620,7 @@ def _log_row(step: int, running: list[float], ev: dict, heads: list[str], text: 
         **({"text_in_context_loss": ev["text_in_context_loss"]} if text else {}),
         "repeated_loss": ev["repeated_loss"],
         "max_induction": float(ev["induction"].max()),
+        "top_induction_ci95_low": induction_formed(np.asarray(ev["induction_per_sequence"]))["ci95"][0],
         "max_previous_token": float(ev["previous_token"].max()),
     }
     row.update({f"induction_{h}": float(v) for h, v in zip(heads, ev["induction"].flatten())})

@@ -36,6 +36,7 @@ from headprobe.settings import (  # noqa: F401 - the shared vocabularies and fla
     add_layout,
     check_device_map,
     context_fitted,
+    device_map_float32_only,
     dtype_name,
     max_memory_dict,
     parse_max_memory,
@@ -361,7 +362,7 @@ def _checked_load_settings(
     """``(dtype's torch name, max_memory as a dict)`` once :func:`load_model`'s settings are checked
     (its refusals but the model's own, before anything loads)."""
     from headprobe.probe.core.errors import HeadprobeError
-    from headprobe.probe.core.vocabulary import backend_lacks, refuse_lacking
+    from headprobe.probe.core.vocabulary import refuse_lacking
 
     try:
         dtype = dtype_name(dtype)
@@ -372,12 +373,8 @@ def _checked_load_settings(
     check_device_present(device)
     max_memory = max_memory_dict(max_memory)
     check_device_map(device, device_map, max_memory)
-    if device_map is not None and dtype != "float32" and backend_lacks(backend, "splits_after_load"):
-        raise HeadprobeError(
-            f"--device-map on the {backend} backend loads float32 only (transformers splits the model "
-            f"as it loads, before any cast): use --dtype float32 or --backend native "
-            f"(the {backend} backend lacks splits_after_load)"
-        )
+    if device_map is not None and dtype != "float32":
+        refuse_lacking(backend, "splits_after_load", device_map_float32_only(backend))
     return dtype, max_memory
 
 

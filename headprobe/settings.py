@@ -74,6 +74,15 @@ FLOAT16_BRIDGE = (
 """Why float16 is refused on the TransformerLens bridge (its attention code is not ours to patch)."""
 
 
+def device_map_float32_only(backend: str) -> str:
+    """Why ``--device-map`` with ``--dtype`` other than float32 is refused on ``backend`` (one without
+    ``splits_after_load``): the sentence :func:`~headprobe.probe.core.vocabulary.refuse_lacking` ends."""
+    return (
+        f"--device-map on the {backend} backend loads float32 only (transformers splits the model "
+        "as it loads, before any cast): use --dtype float32 or --backend native"
+    )
+
+
 def positive_int(text: str) -> int:
     """argparse ``type`` for counts and lengths: an integer >= 1 (else a one-line usage error)."""
     try:
@@ -723,7 +732,8 @@ def check_settings(cfg) -> None:
     :func:`max_threads`, ``seq_len`` >= what the config's measures need where set (:func:`seq_len_floor`,
     2 at least), ``period`` >= ``MIN_PERIOD``, ``device`` (:func:`check_device`) and ``backend`` among their
     choices, ``float16`` only on a backend with ``half_precision`` (:data:`FLOAT16_BRIDGE`, torch-free),
-    ``max_memory`` readable and only with ``device_map``. Fields the config lacks, or leaves None, are skipped.
+    ``max_memory`` readable and only with ``device_map``, ``device_map`` with a dtype other than float32
+    only on a backend with ``splits_after_load`` (:func:`device_map_float32_only`). Fields the config lacks, or leaves None, are skipped.
 
     Raises:
         HeadprobeError: one line naming the flag.
@@ -776,6 +786,12 @@ def check_settings(cfg) -> None:
     if has("max_memory"):  # kept as text (JSON keys stay as typed), checked now
         max_memory_dict(cfg.max_memory)
     check_device_map(getattr(cfg, "device", None), getattr(cfg, "device_map", None), getattr(cfg, "max_memory", None))
+    if (
+        has("backend")
+        and getattr(cfg, "device_map", None) is not None
+        and getattr(cfg, "dtype", None) not in (None, "float32")
+    ):
+        refuse_lacking(cfg.backend, "splits_after_load", device_map_float32_only(cfg.backend))  # torch-free too
 
 
 def text_window_floor(prepend_bos: bool, extra: int = 0) -> int:

@@ -220,6 +220,24 @@ def test_float16_on_a_backend_lacking_half_precision_is_refused_before_torch_loa
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", ["scan", "ablate"])
+def test_device_map_in_half_precision_on_a_backend_lacking_splits_after_load_is_refused_before_torch_loads(
+    command, tmp_path
+):
+    """``--backend transformer-lens --device-map auto --dtype bfloat16`` was refused in load_model, after
+    torch and the loader were imported: the settings check refuses it as the float16 line above."""
+    out = tmp_path / "out"
+    argv = [command, "--backend", "transformer-lens", "--device-map", "auto", "--dtype", "bf16", "--out", str(out)]
+    proc = _main_in_a_fresh_interpreter([*argv, *(["--heads", "0.0"] if command == "ablate" else [])])
+    assert proc.stdout.strip() == "2 []", proc.stdout + proc.stderr
+    assert proc.stderr == (
+        "headprobe: error: --device-map on the transformer-lens backend loads float32 only (transformers splits "
+        "the model as it loads, before any cast): use --dtype float32 or --backend native (the transformer-lens "
+        "backend lacks splits_after_load)\n"
+    )
+    assert not out.exists()
+
+
 def test_output_into_a_closed_pipe_ends_quietly():
     """``headprobe budget | head -0``: the reader is gone before anything is written; no traceback,
     exit status 141 (128 + SIGPIPE) as a shell reports for cat."""

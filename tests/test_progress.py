@@ -188,3 +188,30 @@ def test_a_long_phase_in_a_log_writes_a_line_every_30_s_and_10_percent(monkeypat
 def test_a_short_phase_in_a_log_still_writes_exactly_one_line(monkeypatch):
     lines = _counted_on_a_fake_clock(monkeypatch, 100, 0.25, total=100)  # 25 s
     assert len(lines) == 1 and lines[0].startswith("phase: 100%") and " 100/100 [00:25<00:00" in lines[0], lines
+
+
+def test_a_step_longer_than_the_interval_writes_signs_of_life_while_it_runs(monkeypatch):
+    """A single step longer than INTERVAL_S (a model load, one long forward) wrote nothing until it
+    ended: the check ran only when the bar was counted. A daemon thread now writes the bar's line,
+    elapsed time growing, every INTERVAL_S while neither a line nor a count came; a step shorter
+    than INTERVAL_S writes nothing more, and after close nothing is written."""
+    import time
+
+    from headprobe.probe.core.progress import LineBar, progress_bar
+
+    monkeypatch.setattr(LineBar, "INTERVAL_S", 0.2)
+    log = io.StringIO()
+    bar = progress_bar(total=2, desc="load", file=log, bar_format="{desc}: {n_fmt}/{total_fmt} {elapsed_s:.2f}s")
+    time.sleep(0.05)  # a short step: no line
+    bar.update(1)
+    assert log.getvalue() == ""
+    time.sleep(1.2)  # one long step, the bar not counted
+    during = log.getvalue().splitlines()
+    bar.update(1)
+    bar.close()
+    assert 2 <= len(during) <= 6 and all(line.startswith("load: 1/2 ") for line in during), during
+    elapsed = [float(line.split()[-1].removesuffix("s")) for line in during]
+    assert elapsed[0] >= 0.25 and all(b - a >= 0.19 for a, b in zip(elapsed, elapsed[1:])), elapsed
+    time.sleep(0.3)
+    lines = log.getvalue().splitlines()
+    assert lines[:-1] == during and lines[-1].startswith("load: 2/2 "), lines  # close's line, then nothing

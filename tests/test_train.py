@@ -504,7 +504,7 @@ def test_copying_without_an_induction_stripe_is_said_not_called_no_phase_change(
 
     result = headprobe.train(steps=2, eval_every=2, d_model=16, n_eval=4, device="cpu")
     floor = -0.5 * math.log(result.config.n_words)
-    result.log["max_induction"] = 0.02  # no head passed 0.5: no phase change by the induction rule
+    result.log["max_induction"] = result.log["top_induction_ci95_low"] = 0.02  # no phase change by the induction rule
     for icl, copies in ((floor - 0.01, True), (floor + 0.01, False)):
         result.log.loc[result.log.index[-1], "in_context_loss"] = icl
         s, text = result.summary(), result.report()
@@ -564,7 +564,7 @@ def test_the_phase_change_is_named_by_the_evaluations_around_it():
     )
     s, text = result.summary(), result.report()
     assert s["phase_change_step"] == 500 and s["phase_change_between"] == [400, 500] and s["eval_every"] == 100
-    assert s["first_step_induction_above_0.5"] == 500
+    assert s["first_step_induction_formed"] == 500  # a log without top_induction_ci95_low: its max_induction
     assert "phase change between steps 400 and 500 (evaluated every 100)" in text and "at step 400" not in text
     fig = result.figures()["training"]
     bands = [p for p in fig.axes[0].patches if p.get_x() == 400]
@@ -660,3 +660,44 @@ def test_the_top_induction_interval_is_around_the_logged_score(tiny_run):
     s = tiny_run.summary()
     lo, hi = s["final"]["top_induction_score_ci95"]
     assert lo <= s["final"]["top_induction_score"] <= hi and s["induction_formed"] is (lo > 0.5)
+
+
+def test_first_step_and_phase_change_gate_use_the_rule_of_induction_formed():
+    """induction_formed asked for the top head's lower 95% bound above 0.5, but first_step_induction_above_0.5,
+    the phase-change gate and the closing line still used the largest mean score (a maximum of noisy means,
+    leaning upward). Each evaluation now logs that bound (top_induction_ci95_low), checked against a
+    Student-t bound by scipy.stats on the last evaluation's per-sequence scores; the step and the gate read it."""
+    import dataclasses
+
+    from scipy import stats
+
+    import headprobe
+
+    result = headprobe.train(steps=2, eval_every=2, d_model=16, n_eval=4, device="cpu")
+    per_seq = result.final_scores["induction_per_sequence"]
+    top = per_seq[np.unravel_index(np.argmax(per_seq.mean(-1)), per_seq.shape[:2])]
+    lo = top.mean() - stats.t.ppf(0.975, len(top) - 1) * top.std(ddof=1) / np.sqrt(len(top))
+    assert result.log["top_induction_ci95_low"].iloc[-1] == pytest.approx(lo, abs=1e-9)
+
+    steps = np.arange(0, 1001, 100)
+    icl = np.array([-0.018, -0.226, -0.444, -0.591, -0.737, -4.123, -4.128, -4.151, -4.134, -4.148, -4.145])
+    top_mean = np.array([0.03, 0.03, 0.02, 0.02, 0.06, 0.55, 0.83, 0.88, 0.89, 0.89, 0.90])
+    result.config = dataclasses.replace(result.config, eval_every=100)
+    for low, first in ((top_mean - np.where(steps == 500, 0.2, 0.01), 600), (np.minimum(top_mean, 0.45), None)):
+        result.log = pd.DataFrame(
+            {
+                "step": steps,
+                "train_loss": np.linspace(4.1, 2.2, 11),
+                "eval_loss": np.linspace(4.1, 2.2, 11),
+                "in_context_loss": icl,
+                "repeated_loss": np.linspace(4.0, 1.0, 11),
+                "max_induction": top_mean,  # passes 0.5 at step 500 in both
+                "top_induction_ci95_low": low,
+                "max_previous_token": top_mean,
+            }
+        )
+        s, text = result.summary(), result.report()
+        assert s["first_step_induction_formed"] == first
+        assert s["phase_change_between"] == ([400, 500] if first else None)
+        assert (f"induction formed first at step {first}" in text) is bool(first)
+        assert ("no induction head formed" in text) is not first

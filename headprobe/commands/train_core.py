@@ -71,8 +71,9 @@ class TrainResult(CompactRepr, TrainRun, WritesOutputs):
         self-check, config, the training time (``timings_s.train_s``) and package versions."""
         log, cfg = self.log, self.config
         steps, icl = log["step"].to_numpy(), log["in_context_loss"].to_numpy()
-        between = phase_change_interval(steps, icl, log["max_induction"].to_numpy())
-        formed = log.index[log["max_induction"] > INDUCTION_FORMED]
+        formed_by_step = _formed_by_step(log)
+        between = phase_change_interval(steps, icl, formed_by_step)
+        formed = log.index[formed_by_step > INDUCTION_FORMED]
         top = np.unravel_index(np.argmax(self.final_scores["induction"]), self.final_scores["induction"].shape)
         top_prev = np.unravel_index(
             np.argmax(self.final_scores["previous_token"]), self.final_scores["previous_token"].shape
@@ -96,14 +97,14 @@ class TrainResult(CompactRepr, TrainRun, WritesOutputs):
                     "top_previous_token_score": round(float(self.final_scores["previous_token"].max()), 4),
                 },
                 "chance_loss_nats": round(math.log(cfg.n_words), 4),
-                "first_step_induction_above_0.5": int(log.loc[formed[0], "step"]) if len(formed) else None,
+                "first_step_induction_formed": int(log.loc[formed[0], "step"]) if len(formed) else None,
                 "phase_change_step": between[1] if between else None,
                 "phase_change_between": list(between) if between else None,
                 "phase_change_rule": "the in-context loss's steepest fall between consecutive evaluations, among the "
                 "(at most 3) intervals where its 3-point running mean falls fastest: phase_change_between its two "
                 "evaluation steps, phase_change_step the later (the first evaluation that shows the change; "
-                "evaluated every eval_every steps, so located no finer); none unless some head's induction score "
-                "exceeds 0.5",
+                "evaluated every eval_every steps, so located no finer); none unless induction formed "
+                "(induction_formed_rule) at some evaluation, the first being first_step_induction_formed",
                 "eval_every": cfg.eval_every,
                 "induction_formed": formed_by["formed"],
                 "induction_formed_rule": f"the top induction head's 95% lower bound (final.top_induction_score_ci95, "
@@ -141,7 +142,7 @@ class TrainResult(CompactRepr, TrainRun, WritesOutputs):
             log["max_previous_token"].to_numpy(),
             icl,
             log["train_loss"].to_numpy(),
-            phase_change_interval(steps, icl, log["max_induction"].to_numpy()),
+            phase_change_interval(steps, icl, _formed_by_step(log)),
             title,
         )
         return {"training": fig}
@@ -185,17 +186,18 @@ class TrainResult(CompactRepr, TrainRun, WritesOutputs):
         if s["phase_change_step"] is not None:
             before, after = s["phase_change_between"]
             formed = (
-                f"induction > 0.5 first at step {s['first_step_induction_above_0.5']}; phase change between steps "
+                f"induction formed first at step {s['first_step_induction_formed']} (top head's 95% lower bound "
+                f"> 0.5); phase change between steps "
                 f"{before} and {after} (evaluated every {s['eval_every']})"
             )
         elif s["copies_in_context"]:  # copying learned by a circuit without the induction score's stripe
             formed = (
-                f"no head's induction score exceeded 0.5, yet the in-context loss says the model copies (at or below "
+                f"no induction head formed, yet the in-context loss says the model copies (at or below "
                 f"-{COPIES_IN_CONTEXT} ln {self.config.n_words} = {copying_floor(self.config.n_words):.2f}): "
                 "by a circuit without the induction stripe (docs/train.md)"
             )
         else:
-            formed = "no head's induction score exceeded 0.5: no phase change yet"
+            formed = "no induction head formed (the top head's 95% lower bound never passed 0.5): no phase change yet"
         return (
             f"trained {s['n_params']} parameters in {self.seconds:.1f} s on {s['device']}; final loss "
             f"{s['final']['train_loss']:.3f} (chance {s['chance_loss_nats']:.3f}), in-context loss "
@@ -204,6 +206,14 @@ class TrainResult(CompactRepr, TrainRun, WritesOutputs):
             f"top induction head {s['final']['top_induction_head']} (layer.head), induction score "
             f"{s['final']['top_induction_score']:.2f}; {formed}"
         )
+
+
+def _formed_by_step(log) -> np.ndarray:
+    """Per log row, the score whose passing 0.5 says an induction head formed: the top head's lower 95%
+    bound (``top_induction_ci95_low``, :func:`headprobe.analyses.train.induction_formed`); a
+    train_log.csv written before that column, its largest mean score (``max_induction``)."""
+    col = "top_induction_ci95_low" if "top_induction_ci95_low" in log.columns else "max_induction"
+    return log[col].to_numpy(dtype=float)
 
 
 def _rounded(ci: tuple[float, float]) -> list[float] | None:

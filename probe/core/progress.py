@@ -1,12 +1,14 @@
 """Progress bars on stderr (:func:`progress_bar`): tqdm's live bar on a terminal or in a notebook;
 on a stream that is not a terminal (``2>log``, a pipe, a captured stream) whole lines only: one
-per phase of a bar, one when it closes and, in a long phase, one at most every 30 s and 10% of it
-(:class:`LineBar`)."""
+per phase of a bar, one when it closes and, in a long phase, one at most every 30 s and 10% of it,
+or every 30 s while one step runs longer (:class:`LineBar`)."""
 
 from __future__ import annotations
 
 import sys
+import threading
 import warnings
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,7 +23,10 @@ class LineBar(_std_tqdm):
     tqdm's ``format_meter`` writes them) once both :attr:`INTERVAL_S` seconds have passed and
     :attr:`STEP_FRACTION` of ``total`` more has been counted since the last line (without a
     ``total``, the seconds alone); a phase shorter than that writes its one line. The check runs
-    when the bar is counted (``update``), so a single step never interrupts itself. In a log a
+    when the bar is counted (``update``); a single step that runs longer (a model load, one long
+    forward pass) gets the same line, its elapsed time growing, from a daemon thread
+    (:func:`_step_sign_of_life`) once :attr:`INTERVAL_S` seconds have passed with neither a line nor a
+    count, and every :attr:`INTERVAL_S` after, written under tqdm's lock. In a log a
     live bar's redraws are ``\\r``-separated fragments of lines, and a nested bar's cursor moves are
     escape codes. A bar opened inside another (tqdm's ``pos`` > 0) or with ``leave=False`` writes
     nothing at all. Counting, ``total``, ``tqdm.write`` and the rest of tqdm's interface work as
@@ -37,16 +42,22 @@ class LineBar(_std_tqdm):
         self._written_t: float | None = None  # tqdm's clock at the last line written (None: none yet)
         self._closing = False
         self._beat: tuple[float, str] | None = None  # (count, description) of the last sign of life
+        self._stop = threading.Event()  # set on close: the step thread's end
         super().__init__(*args, **kwargs)
+        if self._writes():
+            args = (weakref.ref(self), self._stop, self.n, self.start_t)  # a weak one: never closed, still collected
+            threading.Thread(target=_step_sign_of_life, args=args, name="LineBar", daemon=True).start()
 
     def _writes(self) -> bool:
         """Whether this bar writes lines: an outermost bar (``pos`` 0) that is kept (``leave``)."""
         return not self.disable and abs(self.pos) == 0 and self.leave is not False
 
-    def _write_line(self) -> None:
+    def _write_line(self, counted: bool = True) -> None:
+        """The bar's line; ``counted`` False (a step's sign of life): its count is not taken as written."""
         self.fp.write(str(self) + "\n")
         getattr(self.fp, "flush", lambda: None)()
-        self._written_n = self.n
+        if counted:
+            self._written_n = self.n
         self._written_t = self._time()
 
     def _due(self) -> bool:
@@ -88,6 +99,7 @@ class LineBar(_std_tqdm):
     def close(self) -> None:
         """Close as tqdm does, then write the last line (see :meth:`_writes`) unless a sign of life
         just wrote this count."""
+        self._stop.set()
         if self.disable:
             return
         writes = self._writes()
@@ -97,7 +109,32 @@ class LineBar(_std_tqdm):
         self._closing = True  # nor a sign of life from its display
         super().close()
         if writes and self._beat != (self.n, self.desc):  # not the sign of life's line again
-            self._write_line()
+            with self.get_lock():  # not amid a step's sign of life
+                self._write_line()
+
+
+def _step_sign_of_life(ref: weakref.ref[LineBar], stop: threading.Event, n: float, counted_t: float) -> None:
+    """A writing :class:`LineBar`'s thread (``ref``, started at count ``n`` at tqdm's clock ``counted_t``):
+    every quarter of :attr:`LineBar.INTERVAL_S` until ``stop`` (set on close) or the bar is collected,
+    write its line (not as counted) where :attr:`LineBar.INTERVAL_S` seconds have passed since both its
+    last line and the last change of its count. Ends quietly where the stream no longer takes writes."""
+    while (bar := ref()) is not None:
+        tick = bar.INTERVAL_S / 4
+        del bar  # no strong reference while waiting: a bar never closed is still collected (tqdm's __del__)
+        if stop.wait(tick) or (bar := ref()) is None:
+            return
+        try:
+            with bar.get_lock():
+                if bar._closing:
+                    return
+                now = bar._time()
+                if bar.n != n:
+                    n, counted_t = bar.n, now
+                last = max(counted_t, bar._written_t if bar._written_t is not None else counted_t)
+                if now - last >= bar.INTERVAL_S:
+                    bar._write_line(counted=False)
+        except (ValueError, OSError):  # a closed stream (a test's capture after it ended)
+            return
 
 
 def is_terminal(stream: Any) -> bool:
