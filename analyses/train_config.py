@@ -144,6 +144,10 @@ class TrainConfig:
                 raise HeadprobeError(
                     f"--{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}"
                 )
+        if self.n_eval < 2:  # one sequence gives no interval: induction_formed and the in-context interval need two
+            raise HeadprobeError(
+                f"--n-eval must be at least 2 (the 95% intervals over evaluation sequences need two), got {self.n_eval}"
+            )
         if self.n_kv_heads is not None and self.n_kv_heads < 1:
             raise HeadprobeError(f"--n-kv-heads must be a positive integer, got {self.n_kv_heads}")
         if not (self.lr > 0 and math.isfinite(self.lr)):

@@ -164,6 +164,8 @@ def test_cli_reports_no_phase_change_without_induction_and_counts_its_files(tmp_
         (["--n-kv-heads", "3"], "not a multiple of n_kv_heads=3"),
         (["--max-period", "60"], "does not fit twice"),
         (["--lr", "-1"], "--lr must be a positive number"),
+        # one sequence gives no interval: it was refused as "training diverged at step 0" after the model was built
+        (["--n-eval", "1"], "--n-eval must be at least 2"),
         (["--device", "cuda"], None),
         # copy sequences alone have no text to mix them with: refused, as study refuses it, not ignored
         (["--copy-fraction", "0.3"], "--copy-fraction applies to --corpus text+copy only, not to --corpus copy"),
