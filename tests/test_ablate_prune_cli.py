@@ -371,6 +371,21 @@ def test_ablate_cli_heads_subset_and_out_of_range(tiny_dir, tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
+def test_a_head_named_twice_is_swept_once(tiny_dir, tmp_path):
+    """``--heads 0.1,L0H1,0.1`` names one head: it was swept three times per task and the report
+    said "6 swept on 1 rank, -4 resumed from a checkpoint"."""
+    from test_loading import run_cli
+
+    out = tmp_path / "twice"
+    rc, stdout, _ = run_cli(
+        "ablate", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), "--heads", "0.1,L0H1,0.1",
+        "--formats", "none", *SMALL,
+    )  # fmt: skip
+    assert rc == 0 and "2 swept on 1 rank, 0 resumed from a checkpoint" in stdout, stdout
+    swept = pd.read_csv(out / "head_ablation.csv").dropna(subset=["natural_loss_delta"])
+    assert list(zip(swept.layer, swept["head"])) == [(0, 1)]
+
+
 @pytest.mark.parametrize(
     "command, kill_after, csv",
     [
