@@ -810,6 +810,29 @@ def test_export_refuses_a_full_out_folder_before_reading_the_source(tmp_path, ca
     assert [p.name for p in full.iterdir()] == ["kept.txt"] and not (src / "e").exists()
 
 
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["--from", "", "--out", "OUT"], "the source folder name is empty; give --from"),
+        (["--from", "SRC", "--out", ""], "the output directory name is empty; give --out"),
+        (["--from", "SRC", "--out", "OUT", "--sink", "-1"], "--sink must be >= 0, got -1"),
+        (["--from", "SRC", "--out", "OUT", "--recent", "0"], "--recent must be >= 1, got 0"),
+    ],
+)
+def test_an_empty_folder_name_or_size_given_to_export_is_named_in_its_refusal(
+    flags, said, tmp_path, capsys, monkeypatch
+):
+    """``--from ""`` and ``--out ""`` were read as the current folder: "." holds no finished run, or
+    the output folder "." "holds the source folder"; a bad ``--sink`` alone printed "--recent ... None"."""
+    monkeypatch.chdir(tmp_path)  # the current folder holds the source, as a user's would
+    src = tmp_path / "src"
+    src.mkdir()
+    argv = [str(src) if f == "SRC" else str(tmp_path / "o") if f == "OUT" else f for f in flags]
+    code, err = _cli(["export", *argv], capsys)
+    _one_line(code, err, said)
+    assert "None" not in err[0] and not (tmp_path / "o").exists()
+
+
 def test_import_report_prints_the_effects_interval_as_scans_table_does():
     """import's effect line carries the top-k effect's 95% interval over sequences, as scan's table
     prints it (it printed the effect alone). Reference: scipy's Student-t interval of made-up
