@@ -467,6 +467,16 @@ def _odd_file(case: str, d: Path) -> tuple[Path, list[str]]:
         }
         (d / "graph.json").write_text(json.dumps(graph))
         return d / "graph.json", []
+    if case == "list not UTF-8":  # read_text raised UnicodeDecodeError: a traceback
+        (d / "heads.txt").write_bytes(b"0.1\n\xff\xfe1.2\n")
+        return d / "heads.txt", []
+    if case in ("a word as layer", "head -1", "layer 0.5"):  # int("x") raised ValueError; -1 and 0.5 were read
+        layer, head = {"a word as layer": ("x", 1), "head -1": (0, -1), "layer 0.5": (0.5, 1)}[case]
+        (d / "t.csv").write_text(f"layer,head,induction\n{layer},{head},0.5\n1,2,0.3\n")
+        return d / "t.csv", []
+    if case == "no score column":  # said "has no column None"
+        (d / "t.csv").write_text("layer,head,other\n0,1,0.5\n1,2,0.3\n")
+        return d / "t.csv", []
     assert case == "NA in a boolean --score column"
     table = pd.DataFrame(
         {"layer": [0, 0, 1], "head": [0, 1, 2], "flag": pd.array([True, None, False], dtype="boolean")}
@@ -484,6 +494,11 @@ ODD = {
     "1e400": "not a finite number",
     "400 digits in a graph": "not a finite number",
     "NA in a boolean --score column": "not a numeric",
+    "list not UTF-8": "heads.txt is not UTF-8 (byte 4 is invalid)",
+    "a word as layer": "t.csv row 1: layer 'x' is not a whole number >= 0",
+    "head -1": "t.csv row 1: head '-1' is not a whole number >= 0",
+    "layer 0.5": "t.csv row 1: layer '0.5' is not a whole number >= 0",
+    "no score column": "t.csv has no retrieval or induction column (give --score COLUMN); it has layer, head, other",
 }
 
 
