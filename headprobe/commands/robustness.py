@@ -124,6 +124,14 @@ class RobustnessConfig(ModelSettings, DataSettings):
             raise HeadprobeError(f"--control-seeds must be 0 or more, got {self.control_seeds}")
         if self.other_period is not None and self.other_period < 2:
             raise HeadprobeError(f"--other-period must be at least 2, got {self.other_period}")
+        # the same period and seed draw the base's own sequences: a condition that cannot differ from it
+        other = self.other_period or max(4, 3 * (self.period or 0) // 5)
+        if "data" in self.vary and self.period is not None and other == self.period:
+            given = "--other-period" if self.other_period else "the default other period (3/5 of it, at least 4)"
+            raise HeadprobeError(
+                f"{given} {other} is --period {self.period}: the other-period condition would repeat the base "
+                "sequences; give another --other-period"
+            )
 
     def preflight(self) -> None:
         """The text file, an encoder where its config says so (:func:`headprobe.options.refuse_encoder`;
