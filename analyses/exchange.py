@@ -37,7 +37,7 @@ from typing import Any
 
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import Head, format_head, parse_heads
-from headprobe.probe.core.io import read_json
+from headprobe.probe.core.io import read_json, read_text_file
 from headprobe.probe.layout.attention import KVPolicy, Streaming
 
 DUO_TSV = "full_attention_heads.tsv"
@@ -648,7 +648,7 @@ def read_head_file(path: str | Path, layout: Layout | None, k: int, score: str |
     if kind in ("parquet", "csv"):
         return read_table(path, layout, k, score)
     if kind == "list":
-        text = path.read_text(encoding="utf-8-sig")
+        text = read_text_file(path)  # one line for a file not UTF-8 (read_text raised UnicodeDecodeError)
         items = ",".join(s.strip() for s in text.replace("\n", ",").split(",") if s.strip() and not s.startswith("#"))
         bound = (layout.n_layers, layout.n_heads) if layout is not None else (10**9, 10**9)
         return HeadFile("list", sorted(set(parse_heads(items, *bound))), "the heads listed")
@@ -674,7 +674,8 @@ def read_table(path: Path, layout: Layout | None, k: int, score: str | None) -> 
     ``layer,head,...``: headprobe's own ``head_scores.csv``): the top ``k`` by ``score``.
 
     Raises:
-        HeadprobeError: unreadable, no layer/head columns, no such score column, or heads outside the model.
+        HeadprobeError: unreadable, no layer/head columns, a layer or head not a whole number >= 0, no such
+            score column, or heads outside the model.
     """
     import pandas as pd
 
@@ -685,9 +686,19 @@ def read_table(path: Path, layout: Layout | None, k: int, score: str | None) -> 
         raise HeadprobeError(f"cannot read {path.name} as {kind.upper()}: {type(err).__name__}: {err}") from None
     if not {"layer", "head"} <= set(table.columns):
         raise HeadprobeError(f"{path.name} has no layer and head columns (a head table)")
+    for name in ("layer", "head"):  # int() of "x" raised ValueError; -1 and 0.5 were read as heads
+        values = pd.to_numeric(table[name], errors="coerce")
+        bad = values.isna() | (values < 0) | (values % 1 != 0)
+        if bad.any():
+            row = int(bad.to_numpy().argmax())
+            raise HeadprobeError(
+                f"{path.name} row {row + 1}: {name} {str(table[name].iloc[row])!r} is not a whole number >= 0"
+            )
+        table[name] = values.astype(int)
     column = score or next((c for c in ("retrieval", "induction") if c in table.columns), None)
     if column is None or column not in table.columns:
-        raise HeadprobeError(f"{path.name} has no column {column!r}; it has {', '.join(map(str, table.columns))}")
+        what = f"column {column!r}" if column else "retrieval or induction column (give --score COLUMN)"
+        raise HeadprobeError(f"{path.name} has no {what}; it has {', '.join(map(str, table.columns))}")
     if layout is not None:
         n_layers, n_heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
         if n_layers != layout.n_layers or n_heads > layout.n_heads:

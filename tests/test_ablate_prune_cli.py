@@ -287,6 +287,26 @@ def test_a_given_period_past_a_short_context_is_refused_alone(short_dir, tmp_pat
     assert "Traceback" not in err and not (tmp_path / "x").exists()
 
 
+def test_an_other_period_past_a_short_context_is_refused(short_dir, tmp_path, capsys, monkeypatch):
+    """``robustness --other-period 20`` on a 40-token context ran its "repeats period 20" condition on
+    41-token sequences without a word; refused as --period is, before the load where config.json
+    gives the context and after it (peek_config made blind) alike."""
+    from headprobe import options
+
+    argv = ["robustness", "--model", str(short_dir), "--out", str(tmp_path / "x"), "--text", _text(tmp_path)]
+    said = (
+        "headprobe: error: --other-period 20 gives sequences longer than the model's context (40 tokens): "
+        "use --other-period 19 or less"
+    )
+    for blind in (False, True):
+        if blind:
+            monkeypatch.setattr(options, "peek_config", lambda model: None)
+        assert main([*argv, "--other-period", "20", "--device", "cpu"]) == 2
+        err = capsys.readouterr().err
+        assert [ln for ln in err.splitlines() if ln.startswith("headprobe: error:")] == [said], err
+        assert "Traceback" not in err and not (tmp_path / "x").exists()
+
+
 def test_bad_model_exits_2(tmp_path, capsys):
     assert main(["ablate", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
 
@@ -375,6 +395,21 @@ def test_ablate_cli_heads_subset_and_out_of_range(tiny_dir, tmp_path):
     rc, _, err = run_cli("ablate", "--model", str(tiny_dir), "--out", str(tmp_path / "bad"), "--heads", "40.3", *SMALL)
     assert_one_line_error(rc, err, "head 40.3 is out of range")
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_head_named_twice_is_swept_once(tiny_dir, tmp_path):
+    """``--heads 0.1,L0H1,0.1`` names one head: it was swept three times per task and the report
+    said "6 swept on 1 rank, -4 resumed from a checkpoint"."""
+    from test_loading import run_cli
+
+    out = tmp_path / "twice"
+    rc, stdout, _ = run_cli(
+        "ablate", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), "--heads", "0.1,L0H1,0.1",
+        "--formats", "none", *SMALL,
+    )  # fmt: skip
+    assert rc == 0 and "2 swept on 1 rank, 0 resumed from a checkpoint" in stdout, stdout
+    swept = pd.read_csv(out / "head_ablation.csv").dropna(subset=["natural_loss_delta"])
+    assert list(zip(swept.layer, swept["head"])) == [(0, 1)]
 
 
 @pytest.mark.parametrize(

@@ -321,6 +321,14 @@ def test_a_head_out_of_range_is_refused_in_show_and_patchs_words(llama_dir, tmp_
     assert not (tmp_path / "o").exists()
 
 
+def test_a_receiver_named_twice_is_path_patched_once():
+    """``--receivers logits,logits`` wrote every sender's path-patching row twice (and ran it twice);
+    ``1.0:k`` and ``L1H0:k`` are one receiver, its q input another."""
+    from headprobe.commands.circuit import parse_receivers
+
+    assert parse_receivers("logits,1.0:k,logits,L1H0:k,1.0:q", 2, 4) == [(None, "logits"), ((1, 0), "k"), ((1, 0), "q")]
+
+
 def test_a_refused_sequence_states_its_need_readably(llama_dir, no_stated_budget):
     """The refusal's numbers read back (parse_bytes) to row_bytes' need and the stated budget, the
     need larger than the budget: a 20 KB budget is not refused for needing "0.00 GiB"."""

@@ -467,6 +467,16 @@ def _odd_file(case: str, d: Path) -> tuple[Path, list[str]]:
         }
         (d / "graph.json").write_text(json.dumps(graph))
         return d / "graph.json", []
+    if case == "list not UTF-8":  # read_text raised UnicodeDecodeError: a traceback
+        (d / "heads.txt").write_bytes(b"0.1\n\xff\xfe1.2\n")
+        return d / "heads.txt", []
+    if case in ("a word as layer", "head -1", "layer 0.5"):  # int("x") raised ValueError; -1 and 0.5 were read
+        layer, head = {"a word as layer": ("x", 1), "head -1": (0, -1), "layer 0.5": (0.5, 1)}[case]
+        (d / "t.csv").write_text(f"layer,head,induction\n{layer},{head},0.5\n1,2,0.3\n")
+        return d / "t.csv", []
+    if case == "no score column":  # said "has no column None"
+        (d / "t.csv").write_text("layer,head,other\n0,1,0.5\n1,2,0.3\n")
+        return d / "t.csv", []
     assert case == "NA in a boolean --score column"
     table = pd.DataFrame(
         {"layer": [0, 0, 1], "head": [0, 1, 2], "flag": pd.array([True, None, False], dtype="boolean")}
@@ -484,6 +494,11 @@ ODD = {
     "1e400": "not a finite number",
     "400 digits in a graph": "not a finite number",
     "NA in a boolean --score column": "not a numeric",
+    "list not UTF-8": "heads.txt is not UTF-8 (byte 4 is invalid)",
+    "a word as layer": "t.csv row 1: layer 'x' is not a whole number >= 0",
+    "head -1": "t.csv row 1: head '-1' is not a whole number >= 0",
+    "layer 0.5": "t.csv row 1: layer '0.5' is not a whole number >= 0",
+    "no score column": "t.csv has no retrieval or induction column (give --score COLUMN); it has layer, head, other",
 }
 
 
@@ -836,6 +851,29 @@ def test_export_refuses_a_full_out_folder_before_reading_the_source(tmp_path, ca
     with pytest.raises(HeadprobeError, match="is not empty; pass --overwrite"):
         headprobe.export(str(src), str(full))
     assert [p.name for p in full.iterdir()] == ["kept.txt"] and not (src / "e").exists()
+
+
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["--from", "", "--out", "OUT"], "the source folder name is empty; give --from"),
+        (["--from", "SRC", "--out", ""], "the output directory name is empty; give --out"),
+        (["--from", "SRC", "--out", "OUT", "--sink", "-1"], "--sink must be >= 0, got -1"),
+        (["--from", "SRC", "--out", "OUT", "--recent", "0"], "--recent must be >= 1, got 0"),
+    ],
+)
+def test_an_empty_folder_name_or_size_given_to_export_is_named_in_its_refusal(
+    flags, said, tmp_path, capsys, monkeypatch
+):
+    """``--from ""`` and ``--out ""`` were read as the current folder: "." holds no finished run, or
+    the output folder "." "holds the source folder"; a bad ``--sink`` alone printed "--recent ... None"."""
+    monkeypatch.chdir(tmp_path)  # the current folder holds the source, as a user's would
+    src = tmp_path / "src"
+    src.mkdir()
+    argv = [str(src) if f == "SRC" else str(tmp_path / "o") if f == "OUT" else f for f in flags]
+    code, err = _cli(["export", *argv], capsys)
+    _one_line(code, err, said)
+    assert "None" not in err[0] and not (tmp_path / "o").exists()
 
 
 def test_import_report_prints_the_effects_interval_as_scans_table_does():

@@ -134,6 +134,14 @@ def test_a_bad_flag_of_every_command_is_refused_before_torch_is_imported(tmp_pat
         (["train", "--lr", "-1", "--out", "o"], "--lr must be a positive number, got -1.0"),
         (["study", "layouts", "--rope", "3", "--out", "o"], "--rope must be an even positive integer"),
         (["atlas", "--model", "gpt2", "--out", "o"], "headprobe atlas takes --models (one or more), not --model"),
+        (  # the base's own sequences again (same period and seed): the condition ran and said stability 1
+            ["robustness", "--model", "nosuchmodel", "--period", "10", "--other-period", "10", "--out", "o"],
+            "--other-period 10 is --period 10: the other-period condition would repeat the base",
+        ),
+        (
+            ["robustness", "--model", "nosuchmodel", "--period", "4", "--out", "o"],
+            "the default other period (3/5 of it, at least 4) 4 is --period 4",
+        ),
     ],
 )
 def test_a_value_the_config_refuses_is_refused_before_torch_is_imported(tmp_path, argv, fragment):

@@ -136,7 +136,7 @@ class AblateConfig(options.ModelRunConfig):
 
     def head_list(self, n_layers: int, n_heads: int, head_layers: Sequence[int] | None = None) -> list[Head]:
         """The heads to sweep in a model of ``n_layers x n_heads`` whose layers ``head_layers`` have
-        heads (None: every layer; a hybrid's linear-attention layers have none).
+        heads (None: every layer; a hybrid's linear-attention layers have none); a head named twice once.
 
         Raises:
             HeadprobeError: a head out of range (one line naming the model's layout), or in a layer without heads.
@@ -145,7 +145,8 @@ class AblateConfig(options.ModelRunConfig):
             heads = all_heads(n_layers, n_heads)
         else:
             assert isinstance(self.heads, str)  # stored as the string by __post_init__
-            heads = parse_heads(self.heads, n_layers, n_heads)
+            # a head named twice (0.1,0.1 or 0.1,L0H1) is swept once, as patch does
+            heads = list(dict.fromkeys(parse_heads(self.heads, n_layers, n_heads)))
             check_head_layers(heads, head_layers)
         return [h for h in heads if head_layers is None or h[0] in head_layers]
 

@@ -76,7 +76,8 @@ def parse_receivers(
 ) -> list[tuple[tuple[int, int] | None, str]]:
     """``"18.6:k,17.3:q,logits"`` -> ``[((18, 6), "k"), ((17, 3), "q"), (None, "logits")]``; each head
     read and, given the layout, checked as every command checks a head name
-    (:func:`~headprobe.probe.core.heads.parse_heads`, :func:`~headprobe.probe.core.heads.check_receiver`).
+    (:func:`~headprobe.probe.core.heads.parse_heads`, :func:`~headprobe.probe.core.heads.check_receiver`);
+    a receiver named twice (``logits,logits``, ``18.6:k,L18H6:k``) once, in first-named order.
 
     Raises:
         HeadprobeError: an item not of the form ``L.H:q|k|v`` or ``logits``, a head outside the
@@ -94,7 +95,7 @@ def parse_receivers(
         if n_layers is not None and n_heads is not None:
             check_receiver((layer, head), n_layers, n_heads, name=m["head"])
         out.append(((layer, head), m["input"]))
-    return out
+    return list(dict.fromkeys(out))  # each receiver once: a repeat path-patched every sender into it again
 
 
 def parse_qk_head(text: str, n_layers: int | None = None, n_heads: int | None = None) -> tuple[int, int]:

@@ -63,7 +63,7 @@ class ExportConfig:
         overwrite: replace the files of a non-empty ``out``.
 
     Raises:
-        HeadprobeError: an unknown format, or a negative sink or recent size.
+        HeadprobeError: an unknown format, an empty --from, or a negative sink or recent size.
     """
 
     source: str = setting(
@@ -109,8 +109,14 @@ class ExportConfig:
             raise HeadprobeError(
                 f"--format must be one of {', '.join(CHOICES)}, got {self.format!r}{did_you_mean(str(self.format), CHOICES)}"
             )
-        if (self.sink is not None and self.sink < 0) or (self.recent is not None and self.recent < 1):
-            raise HeadprobeError(f"--sink must be >= 0 and --recent >= 1, got {self.sink} and {self.recent}")
+        if not str(self.source).strip():  # "" is the current folder to Path: refuse it as --out "" is
+            raise HeadprobeError(
+                "the source folder name is empty; give --from the output folder of headprobe scan, kv or circuit"
+            )
+        if self.sink is not None and self.sink < 0:
+            raise HeadprobeError(f"--sink must be >= 0, got {self.sink}")
+        if self.recent is not None and self.recent < 1:
+            raise HeadprobeError(f"--recent must be >= 1, got {self.recent}")
 
 
 def check_apart(source: Path, out: Path) -> None:
@@ -139,6 +145,8 @@ def check_out(config: ExportConfig) -> None:
     from headprobe.probe.core.io import prepare_output_dir
 
     if config.out is not None:
+        if not str(config.out).strip():  # before check_apart, which reads "" as the current folder
+            prepare_output_dir(config.out, config.overwrite, create=False)  # refuses the empty name
         check_apart(Path(config.source), Path(config.out))
         prepare_output_dir(config.out, config.overwrite, create=False)
 

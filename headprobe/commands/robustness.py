@@ -124,13 +124,34 @@ class RobustnessConfig(ModelSettings, DataSettings):
             raise HeadprobeError(f"--control-seeds must be 0 or more, got {self.control_seeds}")
         if self.other_period is not None and self.other_period < 2:
             raise HeadprobeError(f"--other-period must be at least 2, got {self.other_period}")
+        # the same period and seed draw the base's own sequences: a condition that cannot differ from it
+        other = self.other_period or max(4, 3 * (self.period or 0) // 5)
+        if "data" in self.vary and self.period is not None and other == self.period:
+            given = "--other-period" if self.other_period else "the default other period (3/5 of it, at least 4)"
+            raise HeadprobeError(
+                f"{given} {other} is --period {self.period}: the other-period condition would repeat the base "
+                "sequences; give another --other-period"
+            )
+
+    def check_other_period(self, n_ctx: int | None) -> None:
+        """Refuse an ``other_period`` whose sequences (``[BOS] + 2 x other_period`` tokens) are longer
+        than the model's context ``n_ctx`` (None: unknown, not checked), as ``--period``'s are.
+
+        Raises:
+            HeadprobeError: one line naming the longest that fits."""
+        if n_ctx and "data" in self.vary and self.other_period is not None and 2 * self.other_period + 1 > n_ctx:
+            raise HeadprobeError(
+                f"--other-period {self.other_period} gives sequences longer than the model's context "
+                f"({n_ctx} tokens): use --other-period {(n_ctx - 1) // 2} or less"
+            )
 
     def preflight(self) -> None:
         """The text file, an encoder where its config says so (:func:`headprobe.options.refuse_encoder`;
         else after the load) and ``k`` against the head count config.json gives, before loading.
 
         Raises:
-            HeadprobeError: a bad text file, an encoder, or k at least the head count.
+            HeadprobeError: a bad text file, an encoder, k at least the head count, or an --other-period
+                longer than the context (:meth:`check_other_period`).
         """
         from headprobe.probe.core.io import open_text_file
 
@@ -138,6 +159,8 @@ class RobustnessConfig(ModelSettings, DataSettings):
             open_text_file(self.text)
         options.refuse_encoder(self.model, NEEDS_CAUSAL, hint=None)
         cfg = options.peek_config(self.model)
+        if cfg:
+            self.check_other_period(cfg.get("n_ctx"))
         if cfg and self.k is not None and self.k >= cfg["n_layers"] * cfg["n_heads"]:
             raise HeadprobeError(
                 f"--top-k {self.k} leaves no control heads: the model has {cfg['n_layers'] * cfg['n_heads']} heads"

@@ -371,7 +371,7 @@ def resolved(model: LoadedModel, config: RobustnessConfig) -> RobustnessConfig:
 
     Raises:
         HeadprobeError: an encoder, a model whose self-check forbids head ablation, k at least the
-            head count, or a given --seq-len/--period longer than the context.
+            head count, or a given --seq-len/--period/--other-period longer than the context.
     """
     spec = model.spec
     options.require_causal(spec, NEEDS_CAUSAL)
@@ -381,6 +381,7 @@ def resolved(model: LoadedModel, config: RobustnessConfig) -> RobustnessConfig:
     if k >= n_heads:
         raise HeadprobeError(f"--top-k {k} leaves no control heads: the model has {n_heads} heads")
     seq_len, period = fit_lengths(spec.n_ctx, config.seq_len, config.period, model.trained_periods)
+    config.check_other_period(spec.n_ctx)  # its sequences ran past the context without a word
     return replace(config, k=k, seq_len=seq_len, period=period)
 
 
