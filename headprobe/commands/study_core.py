@@ -206,6 +206,7 @@ def study_figure(which: str, table: pd.DataFrame, title: str):
         label,
         formed=formed_in_every_seed(table)[agg.index].to_numpy(),
         n_seeds=int(table.groupby("variant", sort=False)["seed"].nunique().min()),
+        formed_by="induction 95% lower bound" if "induction_ci95_low" in table.columns else "induction score",
     )
     return "quality_vs_kv", fig
 
