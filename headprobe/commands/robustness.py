@@ -125,13 +125,18 @@ class RobustnessConfig(ModelSettings, DataSettings):
         if self.other_period is not None and self.other_period < 2:
             raise HeadprobeError(f"--other-period must be at least 2, got {self.other_period}")
         # the same period and seed draw the base's own sequences: a condition that cannot differ from it
-        other = self.other_period or max(4, 3 * (self.period or 0) // 5)
-        if "data" in self.vary and self.period is not None and other == self.period:
+        if "data" in self.vary and self.period is not None and (other := self.resolved_other_period()) == self.period:
             given = "--other-period" if self.other_period else "the default other period (3/5 of it, at least 4)"
             raise HeadprobeError(
                 f"{given} {other} is --period {self.period}: the other-period condition would repeat the base "
                 "sequences; give another --other-period"
             )
+
+    def resolved_other_period(self) -> int:
+        """The other-period condition's block length: ``--other-period``, else 3/5 of ``--period`` (at
+        least 4); ``period`` must be set (given, or :func:`~headprobe.commands.robustness_core.resolved`)."""
+        assert self.period is not None
+        return self.other_period or max(4, 3 * self.period // 5)
 
     def check_other_period(self, n_ctx: int | None) -> None:
         """Refuse an ``other_period`` whose sequences (``[BOS] + 2 x other_period`` tokens) are longer

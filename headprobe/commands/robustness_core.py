@@ -96,7 +96,7 @@ def conditions(model: LoadedModel, cfg: RobustnessConfig, k: int) -> tuple[list[
     nat_types = tuple(t for t in cfg.types if DETECTORS[t].dataset == "natural" or DETECTORS[t].task == "natural")
     rep_types = tuple(t for t in cfg.types if DETECTORS[t].dataset == "repeated" or DETECTORS[t].task == "repeated")
     if "data" in cfg.vary:
-        other = cfg.other_period or max(4, 3 * cfg.period // 5)
+        other = cfg.resolved_other_period()
         out += [
             replace(base, name="text half 2", group="data", natural=half[1], types=nat_types),
             replace(
@@ -394,7 +394,7 @@ def _task_shapes(model: LoadedModel, cfg: RobustnessConfig) -> list[tuple[str, i
     start = int(model.prepend_bos)
     periods = [cfg.period]
     if "data" in cfg.vary:
-        periods.append(cfg.other_period or max(4, 3 * cfg.period // 5))
+        periods.append(cfg.resolved_other_period())
     return [("natural", cfg.n_natural, cfg.seq_len, first_scored("natural", start, None))] + [
         ("repeated", cfg.n_repeated, start + 2 * p, first_scored("repeated", start, p)) for p in dict.fromkeys(periods)
     ]
