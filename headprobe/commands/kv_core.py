@@ -176,7 +176,8 @@ class KVResult(CompactRepr, WritesOutputs):
                     "beats": "beats_uniform / beats_random: the chosen policy's natural loss increase no higher "
                     "and copy accuracy no lower than the other's (the random rows' mean), compared at the "
                     f"report's digits ({' and '.join(map(str, TABLE_DIGITS.values()))} decimals), as its words; "
-                    "null where a difference at those digits has a 95% interval (chosen_minus_*) that covers 0 "
+                    "false where the chosen policy is worse on one quantity beyond its 95% interval (chosen_minus_*); "
+                    "else null where a difference at those digits has an interval that covers 0 "
                     "or none: not distinguishable at this sample size",
                     "intervals": self._interval_rules(),
                 },
@@ -460,17 +461,35 @@ def _comparison(chosen: dict, others: list[dict], control: str, name: str) -> st
         for key, label in (("natural_loss_increase", "natural loss"), ("copy_accuracy", "copy accuracy"))
     )
     words = f"natural loss {word('natural_loss_increase')}, copy accuracy {word('copy_accuracy')}"
+    beats, worse = _beats(chosen, others, control), _worse_beyond_interval(chosen, others, control)
     prefix = (
-        f"not distinguishable from {name} at this sample size: " if _undistinguished(chosen, others, control) else ""
+        f"not distinguishable from {name} at this sample size: "
+        if beats is None
+        else f"does not beat {name} (worse beyond its interval on {', '.join(w.replace('_', ' ') for w in worse)}): "
+        if worse and _undistinguished(chosen, others, control)
+        else ""
     )
     return f"{prefix}{words} (chosen - {name}: {diffs})"
+
+
+def _worse_beyond_interval(chosen: dict, others: list[dict], control: str) -> list[str]:
+    """The quantities on which ``chosen`` is worse than the mean of ``others`` at the report's digits
+    (:func:`_signs`: a higher natural-loss increase, a lower copy accuracy) with a 95% interval of
+    chosen minus ``control`` that excludes 0 (:func:`_undistinguished` does not name them)."""
+    signs, unsure = _signs(chosen, others), _undistinguished(chosen, others, control)
+    bad = {"natural_loss_increase": 1, "copy_accuracy": -1}
+    return [_DIFFERENCES[k] for k, b in bad.items() if signs[k][0] == b and _DIFFERENCES[k] not in unsure]
 
 
 def _beats(chosen: dict, others: list[dict], control: str) -> bool | None:
     """No higher natural-text loss increase and no lower copy accuracy than the mean of ``others``
     at the report's digits (:func:`_signs`, as its words; ties count, so a budget where both copy
-    perfectly is judged on loss); None (not distinguishable at this sample size) where a difference
-    at those digits has a 95% interval of chosen minus ``control`` that covers 0 (:func:`_undistinguished`)."""
+    perfectly is judged on loss). False where it is worse on one quantity beyond its 95% interval
+    (:func:`_worse_beyond_interval`), whatever the other's interval; else None (not distinguishable at
+    this sample size) where a difference at those digits has a 95% interval of chosen minus
+    ``control`` that covers 0 (:func:`_undistinguished`)."""
+    if _worse_beyond_interval(chosen, others, control):
+        return False
     if _undistinguished(chosen, others, control):
         return None
     signs = _signs(chosen, others)
