@@ -627,12 +627,11 @@ def curve_row(
     """One row of the quality-memory curve: the policy's exact KV bytes
     (:func:`~headprobe.probe.layout.cost.policy_cost` at ``seq_len``, one sequence) and its quality
     against the full cache's (increases in nats/token, accuracy drop in 0..1), with the 95% intervals
-    of the increase and the drop (:func:`paired_difference` of the policy and the full cache:
-    ``*_ci95_lo``/``*_ci95_hi``, NaN where a Quality lacks its per-token values)."""
+    of the increase and the drop (:func:`against_full`: ``*_ci95_lo``/``*_ci95_hi``, NaN where a
+    Quality lacks its per-token values)."""
     from headprobe.probe.layout.cost import policy_cost
 
     pc = policy_cost(layout, policy, seq_len)
-    d = paired_difference(quality, full)
     return {
         "policy": kind,
         "budget": budget,
@@ -646,6 +645,18 @@ def curve_row(
         "long_range_loss_increase": quality.long_range_loss - full.long_range_loss,
         "copy_accuracy": quality.copy_accuracy,
         "copy_accuracy_drop": full.copy_accuracy - quality.copy_accuracy,
+        **against_full(quality, full),
+    }
+
+
+def against_full(quality: Quality, full: Quality) -> dict[str, float]:
+    """The 95% intervals of ``quality``'s natural-loss increase (nats/token) and copy-accuracy drop
+    (0..1) against the full cache's ``full``, from :func:`paired_difference` (no forward pass):
+    ``natural_loss_increase_ci95_lo``/``_hi``, ``copy_accuracy_drop_ci95_lo``/``_hi`` (the drop is
+    full minus policy: the accuracy difference's bounds negated and swapped); NaN where a Quality
+    lacks its per-token values."""
+    d = paired_difference(quality, full)
+    return {
         "natural_loss_increase_ci95_lo": d["natural_loss_ci95_lo"],
         "natural_loss_increase_ci95_hi": d["natural_loss_ci95_hi"],
         "copy_accuracy_drop_ci95_lo": 0.0 - d["copy_accuracy_ci95_hi"],  # 0.0 - x: never -0.0

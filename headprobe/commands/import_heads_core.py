@@ -253,10 +253,10 @@ def measure_policy(model: LoadedModel, cfg: ImportConfig, hf: ex.HeadFile) -> tu
             "copy_accuracy_drop": full.copy_accuracy - q.copy_accuracy,
             "copy_accuracy_drop_ci95": None,
         }
-        if p is not None:  # paired with the full cache on the same tokens, from these evaluations
-            d = kp.paired_difference(q, full)
-            row["natural_loss_increase_ci95"] = [d["natural_loss_ci95_lo"], d["natural_loss_ci95_hi"]]
-            row["copy_accuracy_drop_ci95"] = [0.0 - d["copy_accuracy_ci95_hi"], 0.0 - d["copy_accuracy_ci95_lo"]]
+        if p is not None:  # paired with the full cache on the same tokens, from these evaluations (as kv's rows)
+            ci = kp.against_full(q, full)
+            for name in ("natural_loss_increase", "copy_accuracy_drop"):
+                row[f"{name}_ci95"] = [ci[f"{name}_ci95_lo"], ci[f"{name}_ci95_hi"]]
         rows.append(row)
     return rows, left_out_notes(lr, "long-range set (--kv)")
 

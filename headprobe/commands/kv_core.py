@@ -413,29 +413,44 @@ def _interval(chosen: dict, key: str, control: str) -> tuple[float, float]:
     return chosen.get(f"{name}_ci95_lo", nan), chosen.get(f"{name}_ci95_hi", nan)
 
 
-def _undistinguished(chosen: dict, others: list[dict], control: str) -> list[str]:
-    """The quantities on which the report's words claim a difference from ``others`` (nonzero at the
-    table's digits, :func:`_signs`) while the 95% interval of chosen minus ``control`` covers 0 or is
-    undefined (NaN: too few blocks or sequences, or a row without per-token values)."""
+def _judged(chosen: dict, others: list[dict], control: str) -> tuple[bool | None, list[str], list[str]]:
+    """The comparison of ``chosen`` with the mean of ``others`` at the report's digits (:func:`_signs`),
+    judged by the 95% intervals of chosen minus ``control``: ``(beats, worse, undistinguished)``.
+
+    * ``undistinguished``: the quantities (:data:`_DIFFERENCES`' names) on which the words claim a
+      difference (nonzero at the table's digits) while the interval covers 0 or is undefined (NaN:
+      too few blocks or sequences, or a row without per-token values);
+    * ``worse``: those on which ``chosen`` is worse (a higher natural-loss increase, a lower copy
+      accuracy) with an interval that excludes 0;
+    * ``beats``: False where ``worse`` names one, whatever the other's interval; else None (not
+      distinguishable at this sample size) where ``undistinguished`` names one; else no higher
+      natural-loss increase and no lower copy accuracy (ties count, so a budget where both copy
+      perfectly is judged on loss).
+    """
     signs = _signs(chosen, others)
-    out = []
-    for key in TABLE_DIGITS:
+    unsure, worse = [], []
+    for key, bad in (("natural_loss_increase", 1), ("copy_accuracy", -1)):
         lo, hi = _interval(chosen, key, control)
         if signs[key][0] != 0 and not (lo > 0 or hi < 0):
-            out.append(_DIFFERENCES[key])
-    return out
+            unsure.append(_DIFFERENCES[key])
+        elif signs[key][0] == bad:
+            worse.append(_DIFFERENCES[key])
+    if worse:
+        return False, worse, unsure
+    if unsure:
+        return None, worse, unsure
+    return signs["natural_loss_increase"][0] <= 0 and signs["copy_accuracy"][0] >= 0, worse, unsure
 
 
 def _difference(chosen: dict, others: list[dict], control: str) -> dict:
     """summary.json's ``chosen_minus_<control>``: per quantity the paired difference and its 95%
-    interval, the quantities :func:`_undistinguished` names and the verdict: ``beats``, ``does not beat``
-    or ``not distinguishable at this sample size``."""
+    interval, the quantities :func:`_judged` calls undistinguished and the verdict: ``beats``, ``does
+    not beat`` or ``not distinguishable at this sample size``."""
     out: dict[str, Any] = {}
     for key, name in _DIFFERENCES.items():
         out[name] = chosen.get(f"{name}_minus_{control}", float("nan"))
         out[f"{name}_ci95"] = list(_interval(chosen, key, control))
-    out["not_distinguishable"] = _undistinguished(chosen, others, control)
-    beats = _beats(chosen, others, control)
+    beats, _, out["not_distinguishable"] = _judged(chosen, others, control)
     out["verdict"] = (
         "not distinguishable at this sample size" if beats is None else ("beats" if beats else "does not beat")
     )
@@ -446,8 +461,9 @@ def _comparison(chosen: dict, others: list[dict], control: str, name: str) -> st
     """How ``chosen`` compares with the mean of ``others``, in words, at the digits the report's table
     prints: ``"natural loss lower|equal|higher, copy accuracy ..."``, ``"equal at N digits"`` where
     only the unrounded values differ; prefixed ``"not distinguishable from <name> at this sample
-    size: "`` where a difference the words claim has a 95% interval covering 0
-    (:func:`_undistinguished`), and followed by the paired differences and their intervals."""
+    size: "`` where :func:`_judged` gives no verdict, ``"does not beat <name> (worse beyond its
+    interval on ...): "`` where it is worse on one quantity while the other's interval covers 0, and
+    followed by the paired differences and their intervals."""
     from headprobe.analyses.figures import format_interval
 
     def word(key: str) -> str:
@@ -461,39 +477,20 @@ def _comparison(chosen: dict, others: list[dict], control: str, name: str) -> st
         for key, label in (("natural_loss_increase", "natural loss"), ("copy_accuracy", "copy accuracy"))
     )
     words = f"natural loss {word('natural_loss_increase')}, copy accuracy {word('copy_accuracy')}"
-    beats, worse = _beats(chosen, others, control), _worse_beyond_interval(chosen, others, control)
-    prefix = (
-        f"not distinguishable from {name} at this sample size: "
-        if beats is None
-        else f"does not beat {name} (worse beyond its interval on {', '.join(w.replace('_', ' ') for w in worse)}): "
-        if worse and _undistinguished(chosen, others, control)
-        else ""
-    )
+    beats, worse, unsure = _judged(chosen, others, control)
+    prefix = ""
+    if beats is None:
+        prefix = f"not distinguishable from {name} at this sample size: "
+    elif worse and unsure:
+        prefix = (
+            f"does not beat {name} (worse beyond its interval on {', '.join(w.replace('_', ' ') for w in worse)}): "
+        )
     return f"{prefix}{words} (chosen - {name}: {diffs})"
 
 
-def _worse_beyond_interval(chosen: dict, others: list[dict], control: str) -> list[str]:
-    """The quantities on which ``chosen`` is worse than the mean of ``others`` at the report's digits
-    (:func:`_signs`: a higher natural-loss increase, a lower copy accuracy) with a 95% interval of
-    chosen minus ``control`` that excludes 0 (:func:`_undistinguished` does not name them)."""
-    signs, unsure = _signs(chosen, others), _undistinguished(chosen, others, control)
-    bad = {"natural_loss_increase": 1, "copy_accuracy": -1}
-    return [_DIFFERENCES[k] for k, b in bad.items() if signs[k][0] == b and _DIFFERENCES[k] not in unsure]
-
-
 def _beats(chosen: dict, others: list[dict], control: str) -> bool | None:
-    """No higher natural-text loss increase and no lower copy accuracy than the mean of ``others``
-    at the report's digits (:func:`_signs`, as its words; ties count, so a budget where both copy
-    perfectly is judged on loss). False where it is worse on one quantity beyond its 95% interval
-    (:func:`_worse_beyond_interval`), whatever the other's interval; else None (not distinguishable at
-    this sample size) where a difference at those digits has a 95% interval of chosen minus
-    ``control`` that covers 0 (:func:`_undistinguished`)."""
-    if _worse_beyond_interval(chosen, others, control):
-        return False
-    if _undistinguished(chosen, others, control):
-        return None
-    signs = _signs(chosen, others)
-    return signs["natural_loss_increase"][0] <= 0 and signs["copy_accuracy"][0] >= 0
+    """summary.json's ``beats_<control>``: :func:`_judged`'s verdict."""
+    return _judged(chosen, others, control)[0]
 
 
 def _token_sets(model: LoadedModel, config: KVConfig):
