@@ -167,12 +167,21 @@ def _paired_gaps(table: pd.DataFrame, variant: str, reference: str) -> dict:
     }
 
 
+FORMED_BY = {"induction_ci95_low": "induction 95% lower bound", "max_induction": "induction score"}
+"""results.csv's column that says whether an induction head formed -> its name in the figure's legend."""
+
+
+def _formed_column(table: pd.DataFrame) -> str:
+    """The :data:`FORMED_BY` column of ``table``: the top head's lower 95% bound (``induction_ci95_low``,
+    :func:`headprobe.analyses.train.induction_formed`); in a results.csv written before it, the top
+    score (``max_induction``)."""
+    return "induction_ci95_low" if "induction_ci95_low" in table.columns else "max_induction"
+
+
 def formed_in_every_seed(table: pd.DataFrame) -> pd.Series:
-    """Per variant of ``table`` (results.csv), whether an induction head formed in every seed: the
-    top head's lower 95% bound (``induction_ci95_low``, :func:`headprobe.analyses.train.induction_formed`)
-    above 0.5 in each; a results.csv written before that column, its top score (``max_induction``)."""
-    col = "induction_ci95_low" if "induction_ci95_low" in table.columns else "max_induction"
-    return table.groupby("variant", sort=False)[col].min() > INDUCTION_FORMED
+    """Per variant of ``table`` (results.csv), whether an induction head formed in every seed: its
+    :func:`_formed_column` above 0.5 in each."""
+    return table.groupby("variant", sort=False)[_formed_column(table)].min() > INDUCTION_FORMED
 
 
 def study_figure(which: str, table: pd.DataFrame, title: str):
@@ -206,7 +215,7 @@ def study_figure(which: str, table: pd.DataFrame, title: str):
         label,
         formed=formed_in_every_seed(table)[agg.index].to_numpy(),
         n_seeds=int(table.groupby("variant", sort=False)["seed"].nunique().min()),
-        formed_by="induction 95% lower bound" if "induction_ci95_low" in table.columns else "induction score",
+        formed_by=FORMED_BY[_formed_column(table)],
     )
     return "quality_vs_kv", fig
 

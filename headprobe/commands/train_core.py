@@ -224,8 +224,8 @@ def _rounded(ci: tuple[float, float]) -> list[float] | None:
 def _ci95(row) -> list[float] | None:
     """``[lo, hi]`` of a log row's in-context-loss interval, 4 decimals; None (JSON null) where there
     is none (one evaluation sequence, or a log written before the interval was)."""
-    lo, hi = (row.get(f"in_context_loss_ci95_{b}", float("nan")) for b in ("low", "high"))
-    return [round(float(lo), 4), round(float(hi), 4)] if np.isfinite([lo, hi]).all() else None
+    lo, hi = (float(row.get(f"in_context_loss_ci95_{b}", float("nan"))) for b in ("low", "high"))
+    return _rounded((lo, hi))
 
 
 CHECKPOINTS = "checkpoints"

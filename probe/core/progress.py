@@ -45,8 +45,8 @@ class LineBar(_std_tqdm):
         self._stop = threading.Event()  # set on close: the step thread's end
         super().__init__(*args, **kwargs)
         if self._writes():
-            args = (weakref.ref(self), self._stop, self.n, self.start_t)  # a weak one: never closed, still collected
-            threading.Thread(target=_step_sign_of_life, args=args, name="LineBar", daemon=True).start()
+            beat = (weakref.ref(self), self._stop, self.n, self.start_t)  # a weak one: never closed, still collected
+            threading.Thread(target=_step_sign_of_life, args=beat, name="LineBar", daemon=True).start()
 
     def _writes(self) -> bool:
         """Whether this bar writes lines: an outermost bar (``pos`` 0) that is kept (``leave``)."""
