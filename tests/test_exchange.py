@@ -609,17 +609,24 @@ def test_import_refuses_a_head_in_a_linear_attention_layer(tmp_path, tiny_tokeni
     )
 
 
-def test_import_prints_the_model_header_first_as_the_other_commands_do(tiny_dir, tmp_path, capsys):
-    """The line the other commands print for the model they loaded (``describe_model``) comes first."""
-    from headprobe import options
-    from headprobe.commands.import_heads import ImportConfig
-
+def _import_three_heads(tiny_dir, tmp_path, capsys) -> tuple[Path, list[str]]:
+    """``headprobe import`` of heads 0.1, 1.2, 1.3 (a list file) on the tiny model at small settings
+    (those :func:`test_import_summary_is_what_the_cli_prints` repeats through the API): the file and
+    the printed lines."""
     heads = tmp_path / "heads.txt"
     heads.write_text("0.1\n1.2\n1.3\n")
     small = ["--n-natural", "2", "--seq-len", "16", "--n-repeated", "2", "--period", "6", "--n-random", "4"]
     capsys.readouterr()
     assert main(["import", "--heads-file", str(heads), "--model", str(tiny_dir), "--device", "cpu", *small]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    return heads, capsys.readouterr().out.splitlines()
+
+
+def test_import_prints_the_model_header_first_as_the_other_commands_do(tiny_dir, tmp_path, capsys):
+    """The line the other commands print for the model they loaded (``describe_model``) comes first."""
+    from headprobe import options
+    from headprobe.commands.import_heads import ImportConfig
+
+    heads, lines = _import_three_heads(tiny_dir, tmp_path, capsys)
     header = options.describe_model(
         options.load_for(ImportConfig(model=str(tiny_dir), device="cpu", heads_file=str(heads)))
     )
@@ -633,12 +640,7 @@ def test_import_summary_is_what_the_cli_prints(tiny_dir, tmp_path, capsys):
     from headprobe.commands.import_heads import import_heads
     from headprobe.probe.core.io import finite_json
 
-    heads = tmp_path / "heads.txt"
-    heads.write_text("0.1\n1.2\n1.3\n")
-    small = ["--n-natural", "2", "--seq-len", "16", "--n-repeated", "2", "--period", "6", "--n-random", "4"]
-    capsys.readouterr()
-    assert main(["import", "--heads-file", str(heads), "--model", str(tiny_dir), "--device", "cpu", *small]) == 0
-    printed = capsys.readouterr().out.splitlines()
+    heads, printed = _import_three_heads(tiny_dir, tmp_path, capsys)
     result = import_heads(
         str(tiny_dir), heads_file=str(heads), device="cpu", n_natural=2, seq_len=16, n_repeated=2, period=6, n_random=4
     )
