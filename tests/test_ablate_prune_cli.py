@@ -500,6 +500,29 @@ def test_checkpoint_from_when_the_repeated_task_was_called_induction_resumes(tin
     assert "induction_loss" not in resumed.table
 
 
+def test_a_per_layer_table_picked_on_its_scoring_windows_is_recomputed_on_resume(tiny_dir, tmp_path):
+    """A checkpoint written when --per-layer picked each layer's best head on the windows it scored it
+    on (no ``best_head_halves_agree``): the resumed run recomputes the table held out, not reusing it."""
+    import headprobe
+    from headprobe.commands.prune import PruneConfig
+    from headprobe.commands.prune import core as prune_core
+
+    model = headprobe.load_model(str(tiny_dir), device="cpu")
+    data = dict(
+        model=str(tiny_dir), text=_text(tmp_path), seq_len=16, n_natural=3, n_repeated=2, period=6, device="cpu"
+    )
+    states = []
+    cfg = PruneConfig(**data, methods="random", n_seeds=1, step_fraction=1.0, per_layer=True)
+    whole = prune_core.run(model, cfg, on_save=lambda s: states.append(json.loads(json.dumps(s))), progress=False)
+    old = states[-1]  # as written before held-out picks: no halves column, and a same-window loss
+    old["per_layer"] = [
+        {k: (v - 1.0 if k == "loss_best_only" else v) for k, v in r.items() if k != "best_head_halves_agree"}
+        for r in old["per_layer"]
+    ]
+    resumed = prune_core.run(model, cfg, resume=old, progress=False)
+    assert resumed.per_layer == whole.per_layer  # recomputed held out, not reused
+
+
 @pytest.mark.parametrize("command", ["ablate", "prune"])
 def test_an_encoder_is_refused_in_one_line(tmp_path_factory, tmp_path, capsys, command):
     """An encoder has no next-token loss: ablate's effects and prune's curve would read its chance-level

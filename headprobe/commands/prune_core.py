@@ -427,13 +427,19 @@ def saved_vs_curve(curve: PruningRun, n: int, saved_loss: dict[str, float]) -> d
 
 
 def _rename_old_task(saved: dict) -> dict:
-    """``saved`` (a checkpoint's state) with its curves' ``induction_loss`` renamed ``repeated_loss``
-    in place (a checkpoint written when the repeated task was called "induction"); returns it."""
+    """``saved`` (a checkpoint's state) brought to today's form in place; returns it.
+
+    Its curves' ``induction_loss`` is renamed ``repeated_loss`` (a checkpoint written when the repeated
+    task was called "induction"), and a per-layer table without ``best_head_halves_agree`` is dropped
+    (written when the best head was picked and scored on the same windows; recomputed held out).
+    """
     for state in saved.values():
         if isinstance(state, dict) and "rows" in state:
             state["rows"] = [
                 {"repeated_loss" if k == "induction_loss" else k: v for k, v in row.items()} for row in state["rows"]
             ]
+    if saved.get("per_layer") and "best_head_halves_agree" not in saved["per_layer"][0]:
+        del saved["per_layer"]
     return saved
 
 
