@@ -1873,8 +1873,17 @@ _TOLERANCE_LINE = "--loss-tolerance {:g} nats/token (upper panel)"
 """The legend entry of :func:`kv_policy_curve`'s tolerance line."""
 
 
+def _tolerance_flag(row: dict) -> str:
+    """A curve row's ``within_tolerance`` as summary.json writes it: ``true``, ``false`` or ``null``
+    (None, or NaN as pandas reads curve.csv's empty cell)."""
+    flag = row["within_tolerance"]
+    return "null" if flag is None or flag != flag else str(bool(flag)).lower()
+
+
 def _tolerance_point(axes, rows: Sequence[dict], loss_tolerance: float | None) -> None:
-    """:func:`kv_policy_curve`'s point of the policy ``--loss-tolerance`` chose (and the tolerance)."""
+    """:func:`kv_policy_curve`'s point of the policy ``--loss-tolerance`` chose (and the tolerance):
+    in the upper panel with the 95% interval of its loss increase as whiskers (where the row has
+    one), its legend entry ending in the row's ``within_tolerance`` (where the row has it)."""
     chosen = next((r for r in rows if r.get("target") == "loss_tolerance" and r["policy"] == "chosen"), None)
     if chosen is None:
         return
@@ -1884,10 +1893,21 @@ def _tolerance_point(axes, rows: Sequence[dict], loss_tolerance: float | None) -
         if loss_tolerance is not None
         else f"chosen for the loss tolerance ({chosen['n_full_groups']} groups full)"
     )
+    x, y = chosen["kv_fraction"], chosen["natural_loss_increase"]
+    lo, hi = chosen.get("natural_loss_increase_ci95_lo", np.nan), chosen.get("natural_loss_increase_ci95_hi", np.nan)
+    interval = bool(np.isfinite(lo) and np.isfinite(hi))
+    if "within_tolerance" in chosen:
+        what = "whiskers: its 95% interval" if interval else "no 95% interval"
+        label += f",\n{what}; within_tolerance: {_tolerance_flag(chosen)}"
     if loss_tolerance is not None:  # in the legend too (kv_policy_curve takes the lower panel's entries and this)
         axes[0].axhline(loss_tolerance, color=color, lw=0.7, ls=":", label=_TOLERANCE_LINE.format(loss_tolerance))
+    if interval:
+        bars = axes[0].errorbar(
+            [x], [y], yerr=[[max(y - lo, 0.0)], [max(hi - y, 0.0)]], color=color, lw=0.9, capsize=2, fmt="none"
+        )
+        bars.lines[2][0].set_gid("tolerance_interval")
     for ax, key in zip(axes, ("natural_loss_increase", "copy_accuracy")):
-        ax.plot([chosen["kv_fraction"]], [chosen[key]], "D", color=color, ms=5, mec="black", mew=0.5, label=label)
+        ax.plot([x], [chosen[key]], "D", color=color, ms=5, mec="black", mew=0.5, label=label)
 
 
 @_styled

@@ -828,6 +828,13 @@ def tolerance_check(row: dict, tolerance: float) -> dict:
     }
 
 
+def with_tolerance(rows: list[dict], tolerance: float) -> list[dict]:
+    """``rows`` (:func:`curve_row`'s, as curve.csv holds them) each with ``within_tolerance``: the
+    flag :func:`tolerance_check` gives that row at ``tolerance`` nats/token (True, None or False),
+    new dicts (``rows`` unchanged)."""
+    return [{**r, "within_tolerance": tolerance_check(r, tolerance)["within_tolerance"]} for r in rows]
+
+
 def allocated_cache_check(model: LoadedModel, tokens: Tensor, policy: KVPolicy, layout) -> dict:
     """Prefill the native model's :class:`~headprobe.probe.model.cache.StreamingKVCache` for ``policy``
     with one sequence (a little past the largest streaming span and layer window, so both evict)

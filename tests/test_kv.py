@@ -310,15 +310,39 @@ def test_the_tolerance_policy_is_in_curve_csv_and_the_figure(tiny_tokenizer, tex
     assert row["natural_loss_increase"] <= 0.0 and 0 < n_full < 8
     assert set(curve[curve["target"] == "budgets"]["budget"]) == {0.3}  # the budget rows stay
     assert isinstance(r.curve, pd.DataFrame) and len(r.curve.head()) == 5  # Python's curve is curve.csv's table
-    pd.testing.assert_frame_equal(r.curve, curve, check_dtype=False, atol=1e-6)
+    read = curve.assign(
+        within_tolerance=curve["within_tolerance"].astype(object).where(curve["within_tolerance"].notna(), None)
+    )
+    pd.testing.assert_frame_equal(r.curve, read, check_dtype=False, atol=1e-6)  # null: None there, an empty cell here
+    # every row's within_tolerance at 0 nats/token, by hand from its own columns (old code: no column): the
+    # full cache's [0, 0] true; an increase above 0 false; else true where the upper bound is at most 0, else
+    # null (an empty cell); the chosen row's is summary.json's
+    for _, c in curve.iterrows():
+        x, hi = c["natural_loss_increase"], c["natural_loss_increase_ci95_hi"]
+        want = False if x > 0 else (True if hi <= 0 else None)
+        got = None if pd.isna(c["within_tolerance"]) else bool(c["within_tolerance"])
+        assert got is want, (c["policy"], c["target"], x, hi, c["within_tolerance"])
+    assert curve[curve["policy"] == "full"]["within_tolerance"].tolist() == [True]
+    flag = summary["target"]["within_tolerance"]
+    assert (None if pd.isna(row["within_tolerance"]) else bool(row["within_tolerance"])) is flag
     fig = kv_policy_curve(r.curve.to_dict("records"), "t", loss_tolerance=0.0)
     labels = [t.get_text() for t in fig.legends[0].texts]
     point = [x for x in labels if x.startswith("chosen for --loss-tolerance")]
     assert "--loss-tolerance 0 nats/token (upper panel)" in labels  # the dotted line
-    assert point == [f"chosen for --loss-tolerance 0 nats/token ({n_full} groups full)"]
+    word = "null" if flag is None else str(flag).lower()
+    assert point == [
+        f"chosen for --loss-tolerance 0 nats/token ({n_full} groups full),\nwhiskers: its 95% interval; "
+        f"within_tolerance: {word}"
+    ]
     drawn = [ln for ln in fig.axes[1].lines if ln.get_label() == point[0]]
     assert len(drawn) == 1 and list(drawn[0].get_xdata()) == pytest.approx([row["kv_fraction"]], abs=1e-6)
     assert list(drawn[0].get_ydata()) == pytest.approx([row["copy_accuracy"]], abs=1e-6)
+    # the upper panel's whisker spans the chosen row's interval (the figure read back from curve.csv the same)
+    lo, hi = row["natural_loss_increase_ci95_lo"], row["natural_loss_increase_ci95_hi"]
+    whiskers = [c for c in fig.axes[0].collections if c.get_gid() == "tolerance_interval"]
+    assert len(whiskers) == 1 and whiskers[0].get_segments()[0][:, 1] == pytest.approx([lo, hi], abs=1e-6)
+    again = kv_policy_curve(curve.to_dict("records"), "t", loss_tolerance=0.0)
+    assert point[0] in [t.get_text() for t in again.legends[0].texts]
 
 
 @pytest.mark.parametrize(

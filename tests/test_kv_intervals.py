@@ -181,3 +181,36 @@ def test_the_loss_tolerance_holds_beyond_the_interval_or_only_as_a_point_estimat
     none = kp.tolerance_check(short, 0.015)
     assert none["within_tolerance"] is None and "no 95% interval" in none["verdict"]
     assert "[n/a]" in _tolerance_line(none)
+
+
+def test_each_curve_row_says_whether_the_tolerance_holds_beyond_its_interval():
+    """curve.csv's ``within_tolerance`` (with --loss-tolerance) on hand-made rows of known intervals
+    at a tolerance of 0.015 nats/token, the flags written out by hand from the rule: the full cache
+    (0, [0, 0]) true; 0.01 in [0.0098, 0.0102] true; an upper bound exactly at the tolerance true (at
+    most); 0.01 in [-0.008, +0.028] null (straddles); no interval null; 0.02 in [0.016, 0.024] false
+    (the point estimate above). Each flag is tolerance_check's for its row, the other columns kept,
+    the rows given unchanged. Old code: curve.csv had no such column (no with_tolerance)."""
+    nan = float("nan")
+    cases = [  # (increase, lo, hi, the flag by hand)
+        (0.0, 0.0, 0.0, True),
+        (0.01, 0.0098, 0.0102, True),
+        (0.01, 0.005, 0.015, True),
+        (0.01, -0.008, 0.028, None),
+        (0.01, nan, nan, None),
+        (0.02, 0.016, 0.024, False),
+    ]
+    rows = [
+        {
+            "policy": "chosen",
+            "natural_loss_increase": x,
+            "natural_loss_increase_ci95_lo": lo,
+            "natural_loss_increase_ci95_hi": hi,
+        }
+        for x, lo, hi, _ in cases
+    ]
+    given = [dict(r) for r in rows]
+    got = kp.with_tolerance(rows, 0.015)
+    assert [r["within_tolerance"] for r in got] == [want for *_, want in cases]
+    assert [r["within_tolerance"] for r in got] == [kp.tolerance_check(r, 0.015)["within_tolerance"] for r in rows]
+    # the other columns kept, the given rows unchanged (one NaN object: dict equality compares it by identity)
+    assert [{k: v for k, v in r.items() if k != "within_tolerance"} for r in got] == given == rows

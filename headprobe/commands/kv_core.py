@@ -43,7 +43,9 @@ class KVResult(CompactRepr, WritesOutputs):
         comparison: the rows of ``curve`` at the written policy's memory (dicts: summary.json's).
         curve: curve.csv as a DataFrame: one row per measured policy
             (:func:`~headprobe.analyses.kvpolicy.curve_row`'s columns, losses in nats/token, and
-            ``target``: ``full``, ``kv_budget``, ``budgets`` or ``loss_tolerance``).
+            ``target``: ``full``, ``kv_budget``, ``budgets`` or ``loss_tolerance``; with
+            ``--loss-tolerance`` also ``within_tolerance``, each row's flag of
+            :func:`~headprobe.analyses.kvpolicy.tolerance_check`: True, None (an empty cell) or False).
         cache_check: the native model's allocated StreamingKVCache bytes against the formula, and
             (``loss``) the chosen policy's natural-text loss against the backend's own scoring.
         candidates: the groups whose streaming changes attention
@@ -689,7 +691,9 @@ def _chosen_and_measured(model: LoadedModel, config: KVConfig, progress: bool) -
         policy, comparison = _tolerance_policy(
             model, config, (tokens, start, lr), (layout, streaming, candidates), costs, full, progress
         )
-        curve = [{**r, "target": _target(r, None)} for r in curve] + comparison
+        curve = kp.with_tolerance(
+            [{**r, "target": _target(r, None)} for r in curve] + comparison, config.loss_tolerance
+        )
     chosen_row = next(r for r in comparison if r["policy"] == "chosen")
     chosen = kp.Quality(chosen_row["natural_loss"], chosen_row["long_range_loss"], chosen_row["copy_accuracy"], {})
     check = {
