@@ -13,10 +13,15 @@ a nested hook, 0.06 ms with them kept; tests/test_models_matrix.py makes 16,000 
 they too depend only on the signature (the same key), so :func:`_make_fn_with_signature` keeps
 them, and :func:`cached_beartype` finds the checker of a synthetic function it has seen by identity.
 The functions returned are the same as before, so what is checked is unchanged.
+
+A function with nothing to check (no annotation but ``Any``, or none: :func:`headprobe.probe.core.io.finite_json`, which
+recurses through every number of a JSON document, is a sixth of the calls the hook wraps in
+tests/test_models_matrix.py) is left as it is (:func:`jaxtyped`): its wrapper checked nothing.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import typing
 from collections.abc import Callable
@@ -31,7 +36,7 @@ _checked: dict[Any, Callable[..., Any]] = {}
 _checked_fn: dict[Callable[..., Any], Callable[..., Any]] = {}
 _made: dict[Any, Any] = {}
 _made_fns: set[Callable[..., Any]] = set()
-stats = {"built": 0, "reused": 0, "made": 0, "remade": 0}
+stats = {"built": 0, "reused": 0, "made": 0, "remade": 0, "unwrapped": 0}
 
 
 class _Unkeyable(Exception):
@@ -85,6 +90,32 @@ def _make_fn_with_signature(name: str, qualname: str, module: str, signature: in
 
 
 jaxtyping._decorator._make_fn_with_signature = _make_fn_with_signature
+
+
+def checks_nothing(fn: Any) -> bool:
+    """Whether ``fn`` is a plain function whose every annotation (strings too) is ``typing.Any``, or
+    that has none: the typechecker has nothing to check in its arguments or its return value."""
+    if not inspect.isfunction(fn):
+        return False
+    names = fn.__globals__
+    return all(a is Any or (a == "Any" and names.get("Any") is Any) for a in fn.__annotations__.values())
+
+
+_jaxtyped = jaxtyping.jaxtyped
+
+
+def jaxtyped(fn: Any = None, **kwargs: Any) -> Any:
+    """``jaxtyping.jaxtyped`` as the import hook calls it, except that a function with nothing to
+    check (:func:`checks_nothing`) is returned undecorated."""
+    if fn is None:
+        return functools.partial(jaxtyped, **kwargs)
+    if checks_nothing(fn):
+        stats["unwrapped"] += 1
+        return fn
+    return _jaxtyped(fn, **kwargs)
+
+
+jaxtyping.jaxtyped = jaxtyped
 
 
 def cached_beartype(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -50,6 +50,31 @@ def test_a_closure_made_again_reuses_jaxtypings_synthetic_functions_and_still_ch
         again(torch.ones(2, 3), k="2")
 
 
+def test_a_function_with_nothing_to_check_is_left_undecorated():
+    """The hook leaves a function annotated with ``Any`` alone or none undecorated (its wrapper checked
+    nothing); one with any other annotation is decorated and checked."""
+    from typing import Any
+
+    from headprobe.probe.core.io import finite_json
+    from headprobe.probe.hooks.capture import head_results
+
+    assert not hasattr(finite_json, "__wrapped__") and hasattr(head_results, "__wrapped__")
+
+    def anything(x: Any, y) -> Any:
+        return x
+
+    def an_int(x: Any) -> int:
+        return x
+
+    assert hp_typecheck.checks_nothing(anything) and not hp_typecheck.checks_nothing(an_int)
+    decorate = jaxtyping.jaxtyped(typechecker=hp_typecheck.cached_beartype)
+    assert decorate(anything) is anything
+    checked = decorate(an_int)
+    assert checked is not an_int and checked(3) == 3
+    with pytest.raises(jaxtyping.TypeCheckError):
+        checked("3")
+
+
 def test_other_annotations_get_their_own_checker():
     built = hp_typecheck.stats["built"]
     flat, ints = _closure("pos"), _closure("batch head", Int)
