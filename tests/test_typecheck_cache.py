@@ -33,6 +33,48 @@ def test_a_closure_made_again_reuses_the_checker_and_still_checks():
             f(torch.ones(2, 3), k="2")  # k: int
 
 
+def test_a_closure_made_again_reuses_jaxtypings_synthetic_functions_and_still_checks():
+    """jaxtyping's two synthetic functions (parameters; parameters and return) are made once per
+    signature: a closure made again gets them back, and its checks still refuse what they refused."""
+    _closure("batch head")
+    made, remade = hp_typecheck.stats["made"], hp_typecheck.stats["remade"]
+    again = _closure("batch head")
+    assert hp_typecheck.stats["made"] == made and hp_typecheck.stats["remade"] == remade + 2
+    other = _closure("batch head pos")
+    assert hp_typecheck.stats["made"] == made + 2
+    assert again(torch.ones(2, 3)).shape == (2, 3) and other(torch.ones(2, 3, 4)).shape == (2, 3, 4)
+    for f, x in ((again, torch.ones(2, 3, 4)), (other, torch.ones(2, 3))):
+        with pytest.raises(jaxtyping.TypeCheckError):
+            f(x)
+    with pytest.raises(jaxtyping.TypeCheckError):
+        again(torch.ones(2, 3), k="2")
+
+
+def test_a_function_with_nothing_to_check_is_left_undecorated():
+    """The hook leaves a function annotated with ``Any`` alone or none undecorated (its wrapper checked
+    nothing); one with any other annotation is decorated and checked."""
+    from typing import Any
+
+    from headprobe.probe.core.io import finite_json
+    from headprobe.probe.hooks.capture import head_results
+
+    assert not hasattr(finite_json, "__wrapped__") and hasattr(head_results, "__wrapped__")
+
+    def anything(x: Any, y) -> Any:
+        return x
+
+    def an_int(x: Any) -> int:
+        return x
+
+    assert hp_typecheck.checks_nothing(anything) and not hp_typecheck.checks_nothing(an_int)
+    decorate = jaxtyping.jaxtyped(typechecker=hp_typecheck.cached_beartype)
+    assert decorate(anything) is anything
+    checked = decorate(an_int)
+    assert checked is not an_int and checked(3) == 3
+    with pytest.raises(jaxtyping.TypeCheckError):
+        checked("3")
+
+
 def test_other_annotations_get_their_own_checker():
     built = hp_typecheck.stats["built"]
     flat, ints = _closure("pos"), _closure("batch head", Int)
