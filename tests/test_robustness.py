@@ -236,6 +236,17 @@ def test_a_budget_below_one_scoring_forward_is_refused_before_the_run(
             robustness(model, device="cpu", text=str(text_file), memory_budget="1KiB", **SMALL)
 
 
+def test_a_given_period_4_gets_the_other_period_3():
+    """``--period 4`` was refused: its default other period max(4, 3 * 4 // 5) = 4 is --period; 3 is taken.
+    Other periods keep the rule (10 -> 6, 3 -> 4), and a given --other-period equal to --period is refused."""
+    from headprobe.commands.robustness import RobustnessConfig
+    from headprobe.probe.core.errors import HeadprobeError
+
+    assert [RobustnessConfig(model="m", period=p).resolved_other_period() for p in (4, 10, 3)] == [3, 6, 4]
+    with pytest.raises(HeadprobeError, match="--other-period 10 is --period 10"):
+        RobustnessConfig(model="m", period=10, other_period=10)
+
+
 @pytest.mark.parametrize("n_ctx, other", [(10, 3), (7, None)])
 def test_the_default_other_period_is_never_the_fitted_period(tiny_tokenizer, text_file, n_ctx, other):
     """Without --period a 10-token context fits period (10 - 1) // 2 = 4, and the default other period
