@@ -435,10 +435,24 @@ def _node_in_graph(name: str, node: str, value: Any) -> bool:
 
 
 def _check_mib_cfg(cfg: Any, name: str, layout: Layout | None) -> None:
-    """``cfg``'s n_layers, n_heads, d_model and parallel_attn_mlp against the model's, where both are
-    known: a graph built for parallel attention and MLP lacks the edges from a layer's heads to its
-    MLP that a sequential model has, and the other way round."""
-    if layout is None or not isinstance(cfg, dict):
+    """``cfg``'s n_layers, n_heads, d_model and parallel_attn_mlp: each one given of its type (a
+    positive whole number; a boolean), and against the model's where both are known: a graph built
+    for parallel attention and MLP lacks the edges from a layer's heads to its MLP that a sequential
+    model has, and the other way round.
+
+    Raises:
+        HeadprobeError: ``cfg`` not an object, a key of another type, or another model's (one line)."""
+    if not isinstance(cfg, dict):
+        raise HeadprobeError(f"{name}: cfg is {json.dumps(cfg)[:40]}, not an object (EAP-IG's graph config)")
+    for key in ("n_layers", "n_heads", "d_model"):
+        v = cfg.get(key)
+        if key in cfg and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise HeadprobeError(f"{name}: cfg {key} is {json.dumps(v)[:40]}, not a whole number >= 1")
+    if "parallel_attn_mlp" in cfg and not isinstance(cfg["parallel_attn_mlp"], bool):
+        raise HeadprobeError(
+            f"{name}: cfg parallel_attn_mlp is {json.dumps(cfg['parallel_attn_mlp'])[:40]}, not true or false"
+        )
+    if layout is None:
         return
     for key, size in (("n_layers", layout.n_layers), ("n_heads", layout.n_heads), ("d_model", layout.d_model)):
         if isinstance(cfg.get(key), int) and size is not None and cfg[key] != size:
@@ -459,7 +473,7 @@ def read_mib(data: dict, name: str, layout: Layout | None, scores: dict[Head, fl
         HeadprobeError: no ``nodes``, a node without a boolean ``in_graph``, a node that is no head
             of the model, or a ``cfg`` of another model (n_layers, n_heads, d_model, parallel_attn_mlp).
     """
-    cfg, nodes = data.get("cfg") or {}, data.get("nodes")
+    cfg, nodes = data.get("cfg", {}), data.get("nodes")
     if not isinstance(nodes, dict):
         raise HeadprobeError(f'{name} has no "nodes" (EAP-IG\'s graph JSON: cfg, nodes, edges)')
     _check_mib_cfg(cfg, name, layout)
@@ -475,14 +489,41 @@ def read_mib(data: dict, name: str, layout: Layout | None, scores: dict[Head, fl
             heads.append(head)
     if scores is None:
         scores = {}
-        for edge, info in (data.get("edges") or {}).items():
-            m = _MIB_HEAD.fullmatch(str(edge).split("->")[0])
-            if m and isinstance(info, dict) and isinstance(info.get("score"), (int, float)):
+        for edge, score in _mib_edge_scores(data.get("edges", {}), name).items():
+            if m := _MIB_HEAD.fullmatch(edge.split("->")[0]):
                 h = (int(m.group(1)), int(m.group(2)))
-                scores[h] = max(scores.get(h, 0.0), abs(finite_score(info["score"], name, edge)))
+                scores[h] = max(scores.get(h, 0.0), abs(score))
     return HeadFile(
         "mib", sorted(heads), "the attention nodes in the graph (in_graph true)", scores, meta=data.get("headprobe", {})
     )
+
+
+def _mib_edge_scores(edges: Any, name: str) -> dict[str, float]:
+    """Every edge's score of a graph JSON's ``edges`` (``{name: {"score": number, "in_graph": bool}}``,
+    as ``Graph.to_json`` writes and ``from_json`` reads both keys), MLP and input edges included.
+
+    Raises:
+        HeadprobeError: ``edges`` not an object, or an edge that is not such an object, whose score
+            is missing, not a number (a boolean is none) or not finite, or whose in_graph is missing
+            or not a boolean: one line naming the edge and the value."""
+    if not isinstance(edges, dict):
+        raise HeadprobeError(f"{name}: edges is {json.dumps(edges)[:40]}, not an object of edges")
+    out = {}
+    for edge, info in edges.items():
+        if not isinstance(info, dict):
+            raise HeadprobeError(
+                f'{name}: edge {edge!r} is {json.dumps(info)[:40]}, not {{"score": number, "in_graph": true|false}}'
+            )
+        for key in ("score", "in_graph"):
+            if key not in info:
+                raise HeadprobeError(f"{name}: edge {edge!r} has no {key} (EAP-IG's graph JSON gives every edge both)")
+        score, flag = info["score"], info["in_graph"]
+        if not isinstance(score, (int, float)) or isinstance(score, bool):
+            raise HeadprobeError(f"{name}: edge {edge!r} has score {json.dumps(score)[:40]}, not a number")
+        if not isinstance(flag, bool):
+            raise HeadprobeError(f"{name}: edge {edge!r} has in_graph {json.dumps(flag)[:40]}, not true or false")
+        out[str(edge)] = finite_score(score, name, edge)
+    return out
 
 
 def _prev_index(node: str, name: str, n_src: int, n_heads: int, parallel: bool) -> int:
@@ -567,6 +608,10 @@ def read_mib_pt(path: Path, layout: Layout | None) -> HeadFile:
         )
     prev = torch.tensor([_prev_index(str(n), name, n_src, n_heads, parallel) for n in dst])
     real = torch.arange(n_src)[:, None] < prev[None, :]
+    nonfinite = (real & ~torch.isfinite(d["edges_scores"].float())).nonzero().tolist()
+    if nonfinite:
+        i, j = nonfinite[0]
+        finite_score(float(d["edges_scores"][i, j]), name, f"{src[i]}->{dst[j]}")
     best = torch.where(real, d["edges_scores"].float().abs(), 0.0).amax(dim=1)
     scores = {
         (int(m.group(1)), int(m.group(2))): float(best[i])

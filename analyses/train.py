@@ -497,8 +497,9 @@ def _optimizer(
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """:func:`train`'s AdamW over ``model``'s parameters (``cfg.lr``, ``cfg.weight_decay``) and its
     schedule: a linear warm-up over ``cfg.warmup`` steps, then constant."""
+    warmup = max(cfg.warmup or 0, 1)  # set by TrainConfig.__post_init__
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup, 1)))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
     return opt, sched
 
 

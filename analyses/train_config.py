@@ -28,6 +28,9 @@ def copying_floor(n_words: int) -> float:
 
 N_CHARS = len(TEXT_CHARS)
 """96: the character vocabulary of ``corpus="text+copy"`` (newline and printable ASCII)."""
+WARMUP = 50
+"""Warm-up steps when :attr:`TrainConfig.warmup` is not given (fewer in a shorter run: ``min(50, steps)``)."""
+
 COPY_FRACTION = 0.5
 """The copy sequences' share of a ``corpus="text+copy"`` batch when :attr:`TrainConfig.copy_fraction` is not given."""
 
@@ -83,8 +86,10 @@ class TrainConfig:
     """AdamW learning rate (betas 0.9, 0.98; gradient norm clipped at 1)."""
     weight_decay: float = 0.01
     """AdamW weight decay."""
-    warmup: int = 50
-    """Steps of linear learning-rate warm-up; constant after."""
+    warmup: int | None = None
+    """Steps of linear learning-rate warm-up, constant after: step k (1-based) runs at
+    ``lr * min(1, k / warmup)``, so the peak ``lr`` is reached at step ``warmup``, which must not
+    exceed ``steps``. None: :data:`WARMUP` (50), or ``steps`` if fewer."""
     eval_every: int = 100
     """Steps between evaluations (the last step is always evaluated, and step 0 before training)."""
     n_eval: int = 64
@@ -120,6 +125,8 @@ class TrainConfig:
     ``checkpoints/step-NNNNNN/`` that ``headprobe scan`` and ``headprobe atlas --checkpoints`` read."""
 
     def __post_init__(self) -> None:
+        if self.warmup is None and isinstance(self.steps, int):
+            object.__setattr__(self, "warmup", min(WARMUP, self.steps))
         if self.copy_fraction is None and self.corpus == "text+copy":
             object.__setattr__(self, "copy_fraction", COPY_FRACTION)
 
@@ -154,8 +161,13 @@ class TrainConfig:
             raise HeadprobeError(f"--lr must be a positive number, got {self.lr}")
         if not 0 <= self.weight_decay < math.inf:
             raise HeadprobeError(f"--weight-decay must be a finite number, not negative, got {self.weight_decay}")
-        if self.warmup < 0:
+        if self.warmup is None or self.warmup < 0:
             raise HeadprobeError(f"--warmup must not be negative, got {self.warmup}")
+        if self.warmup > self.steps:  # the schedule's multiplier min(1, k / warmup) would stop below 1
+            raise HeadprobeError(
+                f"--warmup {self.warmup} is longer than --steps {self.steps}: the learning rate would stop at "
+                f"{self.steps}/{self.warmup} of --lr; give --warmup at most {self.steps}"
+            )
         if why := seed_error(self.seed):
             raise HeadprobeError(f"--seed {why}")
         if self.n_words < 2:

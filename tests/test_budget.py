@@ -372,6 +372,32 @@ def test_parse_sizes_and_counts():
         cost.parse_bytes("2", "--kv-limit", bare_at_least=KIB)
 
 
+def test_absurd_sizes_print_their_exact_integers():
+    """At 10**23 tokens every byte and FLOP count prints its exact integer (float division
+    printed 5**23 TiB as 11920928955078124 TiB); a crossover past 2**53 prints only the digits it knows."""
+    T = 10**23
+    text = budget.budget(preset="llama3-8b", seq_len=T).format()
+    kv = 2 * 8 * 128 * 2 * 32 * T  # K and V, 8 KV heads x d_head 128, 2 bytes, 32 layers
+    scores = 2 * 32 * T * T * (128 + 128)  # 32 heads, QK^T and AV
+    matrix = 32 * T * T * 2  # [1, 32, T, T] in bf16
+    assert kv % TIB == matrix % TIB == scores % 10**12 == 0
+    for value in (f"{kv // TIB} TiB", f"{scores // 10**12} TFLOP", f"{matrix // TIB} TiB"):
+        assert value in text, value
+    wide = budget.budget(d_model=10**23, n_layers=1, n_heads=1, seq_len=3).format()
+    assert "200,000,000,000,000,000,000,000" in wide  # 2D
+    table = budget.budget(d_model=1024, n_layers=1, n_heads=1, flops_table=[T + 1]).format()
+    proj, att = 8 * 1024**2 * (T + 1), 2 * (T + 1) ** 2 * 2048  # 8*T*D^2; 2*T^2*(d_qk + d_head)
+    assert f" {proj // 10**12}  {att // 10**12} " in table  # float: 838860800000000128, 409599999999999977...
+
+
+def test_huge_counts_and_sizes_parse_exactly():
+    """``1e23`` is 10**23, not the float's 99999999999999991611392; a size past a float is refused."""
+    assert cost.parse_count("1e23") == 10**23 and cost.parse_count("1.5e22k") == 15 * 10**24
+    assert cost.parse_bytes("1e30GiB") == 10**30 * GIB
+    with pytest.raises(HeadprobeError, match="too large"):
+        cost.parse_bytes("1e400GiB")
+
+
 @pytest.mark.parametrize(
     "kwargs, fragment",
     [

@@ -467,6 +467,23 @@ def _odd_file(case: str, d: Path) -> tuple[Path, list[str]]:
         }
         (d / "graph.json").write_text(json.dumps(graph))
         return d / "graph.json", []
+    if case in GRAPH_FAULTS:  # EAP-IG graphs the old reader took: a bad edge was skipped, a bad cfg key unchecked
+        graph = {
+            "cfg": {"n_layers": 2, "n_heads": 8, "parallel_attn_mlp": False, "d_model": 64},
+            "nodes": {"a0.h1": True, "m0": False},
+            "edges": {
+                "a0.h1->logits": {"score": 0.5, "in_graph": True},
+                "m0->logits": {"score": 0.1, "in_graph": False},
+            },
+        }
+        where, key, value = GRAPH_FAULTS[case]
+        part = graph if where is None else graph[where]
+        if value is _MISSING:
+            del part[key]
+        else:
+            part[key] = value
+        (d / "graph.json").write_text(json.dumps(graph))
+        return d / "graph.json", []
     if case == "list not UTF-8":  # read_text raised UnicodeDecodeError: a traceback
         (d / "heads.txt").write_bytes(b"0.1\n\xff\xfe1.2\n")
         return d / "heads.txt", []
@@ -485,6 +502,24 @@ def _odd_file(case: str, d: Path) -> tuple[Path, list[str]]:
     return d / "t.parquet", ["--score", "flag"]
 
 
+_MISSING = object()
+#: case -> (where, key, value): graph[where][key] (graph[key] where None) set to value, or deleted.
+GRAPH_FAULTS = {
+    "a word as an edge score": ("edges", "a0.h1->logits", {"score": "high", "in_graph": True}),
+    "null as an edge score": ("edges", "a0.h1->logits", {"score": None, "in_graph": True}),
+    "true as an edge score": ("edges", "a0.h1->logits", {"score": True, "in_graph": True}),
+    "an edge without a score": ("edges", "a0.h1->logits", {"in_graph": True}),
+    "NaN as an edge score": ("edges", "a0.h1->logits", {"score": float("nan"), "in_graph": True}),
+    "a word as an MLP edge's score": ("edges", "m0->logits", {"score": "x", "in_graph": False}),
+    "a word as an edge's in_graph": ("edges", "a0.h1->logits", {"score": 0.5, "in_graph": "yes"}),
+    "an edge without in_graph": ("edges", "a0.h1->logits", {"score": 0.5}),
+    "a number as an edge": ("edges", "a0.h1->logits", 0.5),
+    "a list as the edges": (None, "edges", []),
+    "a word as cfg n_heads": ("cfg", "n_heads", "8"),
+    "a fraction as cfg d_model": ("cfg", "d_model", 64.5),
+    "a word as cfg parallel_attn_mlp": ("cfg", "parallel_attn_mlp", "false"),
+}
+
 ODD = {
     "empty tsv": "no values",
     "cut config.json": "config.json",
@@ -499,6 +534,19 @@ ODD = {
     "head -1": "t.csv row 1: head '-1' is not a whole number >= 0",
     "layer 0.5": "t.csv row 1: layer '0.5' is not a whole number >= 0",
     "no score column": "t.csv has no retrieval or induction column (give --score COLUMN); it has layer, head, other",
+    "a word as an edge score": """graph.json: edge 'a0.h1->logits' has score "high", not a number""",
+    "null as an edge score": "graph.json: edge 'a0.h1->logits' has score null, not a number",
+    "true as an edge score": "graph.json: edge 'a0.h1->logits' has score true, not a number",
+    "an edge without a score": "graph.json: edge 'a0.h1->logits' has no score",
+    "NaN as an edge score": "graph.json: the score of a0.h1->logits is not a finite number (nan)",
+    "a word as an MLP edge's score": """graph.json: edge 'm0->logits' has score "x", not a number""",
+    "a word as an edge's in_graph": """graph.json: edge 'a0.h1->logits' has in_graph "yes", not true or false""",
+    "an edge without in_graph": "graph.json: edge 'a0.h1->logits' has no in_graph",
+    "a number as an edge": """graph.json: edge 'a0.h1->logits' is 0.5, not {"score": number, "in_graph": true|false}""",
+    "a list as the edges": "graph.json: edges is [], not an object of edges",
+    "a word as cfg n_heads": """graph.json: cfg n_heads is "8", not a whole number""",
+    "a fraction as cfg d_model": "graph.json: cfg d_model is 64.5, not a whole number",
+    "a word as cfg parallel_attn_mlp": """graph.json: cfg parallel_attn_mlp is "false", not true or false""",
 }
 
 

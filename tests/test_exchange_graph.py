@@ -455,6 +455,24 @@ def test_a_pt_file_of_another_shape_is_refused_in_one_line(tmp_path, make, fragm
     assert fragment in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_pt_graph_with_a_nan_edge_score_is_refused_naming_the_edge(tmp_path):
+    """A NaN score on a real edge made that head's score NaN (amax passes NaN on): refused in one
+    line naming the edge; NaN where EAP-IG has no edge (never read) is left alone."""
+    from headprobe.analyses.exchange import Layout, read_head_file
+    from headprobe.probe.core.errors import HeadprobeError
+
+    d = _graph_pt(2, 4, {"a0.h1"})
+    src, dst = d["src_nodes"], d["dst_nodes"]
+    d["edges_scores"][src.index("a1.h2"), dst.index("a0.h0<q>")] = float("nan")  # no edge: a later node
+    torch.save(d, tmp_path / "g.pt")
+    assert read_head_file(tmp_path / "g.pt", Layout("m", 2, 4), 3).heads == [(0, 1)]
+    d["edges_scores"][src.index("a0.h1"), dst.index("a1.h2<k>")] = float("nan")
+    torch.save(d, tmp_path / "g.pt")
+    with pytest.raises(HeadprobeError) as e:
+        read_head_file(tmp_path / "g.pt", Layout("m", 2, 4), 3)
+    assert str(e.value) == "g.pt: the score of a0.h1->a1.h2<k> is not a finite number (nan)"
+
+
 def test_import_refuses_a_bad_pt_file_in_one_line(tmp_path, tiny_dir, capsys):
     """The command: one line, exit 2 (never a UnicodeDecodeError traceback)."""
     (tmp_path / "g.pt").write_bytes(bytes(range(256)) * 4)

@@ -138,10 +138,6 @@ def test_a_bad_flag_of_every_command_is_refused_before_torch_is_imported(tmp_pat
             ["robustness", "--model", "nosuchmodel", "--period", "10", "--other-period", "10", "--out", "o"],
             "--other-period 10 is --period 10: the other-period condition would repeat the base",
         ),
-        (
-            ["robustness", "--model", "nosuchmodel", "--period", "4", "--out", "o"],
-            "the default other period (3/5 of it, at least 4) 4 is --period 4",
-        ),
     ],
 )
 def test_a_value_the_config_refuses_is_refused_before_torch_is_imported(tmp_path, argv, fragment):

@@ -234,3 +234,42 @@ def test_a_budget_below_one_scoring_forward_is_refused_before_the_run(
     for model in (str(tmp_path / "m"), load_model(str(tmp_path / "m"), device="cpu", backend="native")):
         with pytest.raises(HeadprobeError, match="robustness's natural scores .* working memory"):
             robustness(model, device="cpu", text=str(text_file), memory_budget="1KiB", **SMALL)
+
+
+def test_a_given_period_4_gets_the_other_period_3():
+    """``--period 4`` was refused: its default other period max(4, 3 * 4 // 5) = 4 is --period; 3 is taken.
+    Other periods keep the rule (10 -> 6, 3 -> 4), and a given --other-period equal to --period is refused."""
+    from headprobe.commands.robustness import RobustnessConfig
+    from headprobe.probe.core.errors import HeadprobeError
+
+    assert [RobustnessConfig(model="m", period=p).resolved_other_period() for p in (4, 10, 3)] == [3, 6, 4]
+    with pytest.raises(HeadprobeError, match="--other-period 10 is --period 10"):
+        RobustnessConfig(model="m", period=10, other_period=10)
+
+
+@pytest.mark.parametrize("n_ctx, other", [(10, 3), (7, None)])
+def test_the_default_other_period_is_never_the_fitted_period(tiny_tokenizer, text_file, n_ctx, other):
+    """Without --period a 10-token context fits period (10 - 1) // 2 = 4, and the default other period
+    max(4, 3 * 4 // 5) = 4 drew the base's own sequences ("repeats period 4"): the next shorter, 3, is
+    taken. At 7 tokens (period 3) no other block of 3 tokens or more fits: refused in one line."""
+    import zoo
+
+    from headprobe.commands.robustness import RobustnessConfig
+    from headprobe.commands.robustness_core import conditions, resolved
+    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.core.errors import HeadprobeError
+
+    model = wrap(zoo.make_checkpoint("llama", tiny_tokenizer, max_position_embeddings=n_ctx), backend="native")
+    config = RobustnessConfig(model="m", types="induction", vary="data", text=str(text_file), n_natural=2, n_repeated=2)
+    if other is None:
+        with pytest.raises(HeadprobeError) as e:
+            resolved(model, config)
+        assert "--period 3" in str(e.value) and "7 tokens" in str(e.value) and "\n" not in str(e.value)
+        return
+    cfg = resolved(model, config)
+    assert cfg.period == 4
+    conds, _ = conditions(model, cfg, 2)
+    base = conds[0].repeated.tokens
+    repeats = [c for c in conds if c.name.startswith("repeats period")]
+    assert [c.name for c in repeats] == [f"repeats period {other}"]
+    assert repeats[0].repeated.tokens.shape[1] == base.shape[1] - 2 * (4 - other)  # [BOS] + 2 x period

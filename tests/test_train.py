@@ -217,6 +217,33 @@ def test_copy_fraction_is_the_text_corpus_setting_and_refused_elsewhere():
         dataclasses.replace(TEXT, corpus="copy", n_words=64).validate()
 
 
+def test_a_warmup_longer_than_the_run_is_refused(tmp_path, capsys, monkeypatch):
+    """The schedule's multiplier at step k (0-based) is ``min(1, (k+1)/warmup)``: the peak --lr is
+    reached at step --warmup, so --warmup > --steps never reaches it (was accepted). Refused in one
+    line before a model is built; not given, the warm-up is ``min(50, steps)``."""
+    import headprobe.analyses.train as tr
+    from headprobe.analyses.train import _optimizer
+
+    def lrs(warmup: int, steps: int) -> list[float]:  # the learning rates the steps run with
+        opt, sched = _optimizer(dataclasses.replace(TINY, warmup=warmup, steps=steps), torch.nn.Linear(1, 1))
+        out = []
+        for _ in range(steps):
+            out.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        return out
+
+    assert lrs(5, 5)[-1] == TINY.lr and max(lrs(6, 5)) < TINY.lr  # the exact condition: warmup <= steps
+    monkeypatch.setattr(tr, "_untrained_model", lambda *a, **k: pytest.fail("a model was built"))
+    out = tmp_path / "out"
+    assert main(["train", "--out", str(out), *tiny_train_flags(5, 5), "--warmup", "100"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--warmup 100" in err and "--steps 5" in err and "Traceback" not in err
+    assert not out.exists()
+    assert TrainConfig(steps=5).warmup == 5 and TrainConfig(steps=500).warmup == 50
+    TrainConfig(steps=5, warmup=5).validate()
+
+
 def test_cli_refuses_non_empty_out(tmp_path, capsys):
     (tmp_path / "x").write_text("keep")
     assert main(["train", "--out", str(tmp_path), "--steps", "1"]) == 2
@@ -677,7 +704,7 @@ def test_first_step_and_phase_change_gate_use_the_rule_of_induction_formed():
 
     result = headprobe.train(steps=2, eval_every=2, d_model=16, n_eval=4, device="cpu")
     per_seq = result.final_scores["induction_per_sequence"]
-    top = per_seq[np.unravel_index(np.argmax(per_seq.mean(-1)), per_seq.shape[:2])]
+    top = per_seq[np.unravel_index(np.argmax(per_seq.mean(-1)), per_seq.shape[:2])].astype(np.float64)  # as logged
     lo = top.mean() - stats.t.ppf(0.975, len(top) - 1) * top.std(ddof=1) / np.sqrt(len(top))
     assert result.log["top_induction_ci95_low"].iloc[-1] == pytest.approx(lo, abs=1e-9)
 

@@ -31,6 +31,7 @@ import sys
 from collections.abc import Sequence
 from contextlib import redirect_stdout
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from headprobe.commands import Command
@@ -42,7 +43,7 @@ from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.core.vocabulary import unsupported_dtype
 from headprobe.probe.layout import cost
 from headprobe.probe.layout.attention import attention_module, windows_from_hf_config
-from headprobe.probe.layout.cost import AttentionLayout, format_bytes, format_flops, format_tflop
+from headprobe.probe.layout.cost import AttentionLayout, format_bytes, format_flops, format_tflop, format_whole
 from headprobe.settings import Flags, setting
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -592,8 +593,8 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
         ["quadratic share", f"{100 * r['quadratic_share']:.0f}%", mha(f"{100 * r['quadratic_share_as_mha']:.0f}%")],
         [
             "crossover T (projections = scores)",
-            f"{r['crossover_seq_len']:,.0f}",
-            mha(f"{r['crossover_seq_len_as_mha']:,.0f}" + two_d) if other else two_d.strip(" ="),
+            format_whole(r["crossover_seq_len"]),
+            mha(format_whole(r["crossover_seq_len_as_mha"]) + two_d) if other else two_d.strip(" ="),
         ],
         [
             "attention matrix per layer [batch, head, T, T]",
@@ -612,7 +613,9 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
         for i in (6, 7, 8, 9):  # the full-attention rows: what a global layer costs
             rows[i][0] += ", global layer"
     for w in r.get("windowed_layers", []):
-        cross = "never (projections dominate)" if w["crossover_seq_len"] is None else f"{w['crossover_seq_len']:,.0f}"
+        cross = (
+            "never (projections dominate)" if w["crossover_seq_len"] is None else format_whole(w["crossover_seq_len"])
+        )
         note = f"{w['n_layers']} layers, min(W, pos+1) keys per query"
         rows += [
             [f"scores + AV FLOPs per layer, window {w['window']:,}", format_flops(w["flops_scores_per_layer"]), note],
@@ -734,7 +737,7 @@ def format_flops_table(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: 
     sliding windows a ``layers`` column names each row's kind of layer and each kind gets its crossover."""
     top = max((max(r["projections"], r["scores"]) for r in rows), default=cost.TFLOP)
     unit, power = next(((u, p) for u, p in _FLOP_UNITS if top >= 10**p), _FLOP_UNITS[-1])
-    scale = cost.TFLOP / 10**power  # format_tflop counts TFLOP
+    scale = Fraction(cost.TFLOP, 10**power)  # format_tflop counts TFLOP; exact at any size
     windowed = lay.windows is not None
     table = [
         [
@@ -765,7 +768,7 @@ def _crossover_txt(row: dict[str, Any], lay: AttentionLayout, as_mha: bool, wind
     prefix = f"{kind}: " if kind else ""
     if row["crossover_seq_len"] is None:
         return f"{prefix}the two are never equal ({_never(lay, row['window'], as_mha).removeprefix('never: ')})"
-    return f"{prefix}the two are equal at T = {row['crossover_seq_len']:,.0f}"
+    return f"{prefix}the two are equal at T = {format_whole(row['crossover_seq_len'])}"
 
 
 def format_recommendation(rec: cost.Recommendation, dtype: str) -> str:

@@ -58,7 +58,7 @@ class RobustnessConfig(ModelSettings, DataSettings):
         kinds: ablation kinds whose verdicts are compared (the base is ``mean``).
         control_seeds: extra seeds of the control draws (seed+1 ... seed+N).
         other_period: the repeated block's length in the data group's other-period condition
-            (None: three fifths of ``period``, at least 4).
+            (None: :meth:`resolved_other_period`, never ``period``).
         n_boot: bootstrap resamples of each stability interval.
     """
 
@@ -104,7 +104,8 @@ class RobustnessConfig(ModelSettings, DataSettings):
     )
     other_period: int | None = setting(
         None,
-        "repeated block length of the other-period condition (default: 3/5 of --period, at least 4)",
+        "repeated block length of the other-period condition (default: 3/5 of --period, at least 4; where "
+        "that is --period or does not fit the context, the longest shorter one, at least 3, that does)",
         type=positive_int,
         needs=Needs("vary", ("data",), contains=True),
     )
@@ -125,18 +126,33 @@ class RobustnessConfig(ModelSettings, DataSettings):
         if self.other_period is not None and self.other_period < 2:
             raise HeadprobeError(f"--other-period must be at least 2, got {self.other_period}")
         # the same period and seed draw the base's own sequences: a condition that cannot differ from it
-        if "data" in self.vary and self.period is not None and (other := self.resolved_other_period()) == self.period:
-            given = "--other-period" if self.other_period else "the default other period (3/5 of it, at least 4)"
+        if "data" in self.vary and self.other_period is not None and self.other_period == self.period:
             raise HeadprobeError(
-                f"{given} {other} is --period {self.period}: the other-period condition would repeat the base "
-                "sequences; give another --other-period"
+                f"--other-period {self.other_period} is --period {self.period}: the other-period condition "
+                "would repeat the base sequences; give another --other-period"
             )
 
-    def resolved_other_period(self) -> int:
-        """The other-period condition's block length: ``--other-period``, else 3/5 of ``--period`` (at
-        least 4); ``period`` must be set (given, or :func:`~headprobe.commands.robustness_core.resolved`)."""
+    def resolved_other_period(self, n_ctx: int | None = None) -> int:
+        """The other-period condition's block length (tokens): ``--other-period``; else 3/5 of
+        ``--period``, at least 4, or where that is ``--period`` itself or its sequences (``[BOS] + 2``
+        blocks) pass the context ``n_ctx`` (None: not checked), the longest shorter block of at least
+        :data:`~headprobe.analyses.vocabulary.MIN_PERIOD` (3) tokens that is neither (``--period 4``: 3).
+        ``period`` must be set (given, or :func:`~headprobe.commands.robustness_core.resolved`).
+
+        Raises:
+            HeadprobeError: no such block (one line)."""
         assert self.period is not None
-        return self.other_period or max(4, 3 * self.period // 5)
+        if self.other_period:
+            return self.other_period
+        default = max(4, 3 * self.period // 5)
+        for p in range(default, vocab.MIN_PERIOD - 1, -1):
+            if p != self.period and (not n_ctx or 2 * p + 1 <= n_ctx):
+                return p
+        raise HeadprobeError(
+            f"no default other period beside --period {self.period}: a block of {vocab.MIN_PERIOD} to {default} "
+            f"tokens other than {self.period} does not fit the model's context ({n_ctx} tokens) twice; "
+            "give --other-period or leave data out of --vary"
+        )
 
     def check_other_period(self, n_ctx: int | None) -> None:
         """Refuse an ``other_period`` whose sequences (``[BOS] + 2 x other_period`` tokens) are longer

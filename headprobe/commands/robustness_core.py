@@ -96,7 +96,7 @@ def conditions(model: LoadedModel, cfg: RobustnessConfig, k: int) -> tuple[list[
     nat_types = tuple(t for t in cfg.types if DETECTORS[t].dataset == "natural" or DETECTORS[t].task == "natural")
     rep_types = tuple(t for t in cfg.types if DETECTORS[t].dataset == "repeated" or DETECTORS[t].task == "repeated")
     if "data" in cfg.vary:
-        other = cfg.resolved_other_period()
+        other = cfg.resolved_other_period(model.spec.n_ctx)
         out += [
             replace(base, name="text half 2", group="data", natural=half[1], types=nat_types),
             replace(
@@ -371,7 +371,8 @@ def resolved(model: LoadedModel, config: RobustnessConfig) -> RobustnessConfig:
 
     Raises:
         HeadprobeError: an encoder, a model whose self-check forbids head ablation, k at least the
-            head count, or a given --seq-len/--period/--other-period longer than the context.
+            head count, a given --seq-len/--period/--other-period longer than the context, or with the
+            data group no other period beside the period (:meth:`RobustnessConfig.resolved_other_period`).
     """
     spec = model.spec
     options.require_causal(spec, NEEDS_CAUSAL)
@@ -382,7 +383,10 @@ def resolved(model: LoadedModel, config: RobustnessConfig) -> RobustnessConfig:
         raise HeadprobeError(f"--top-k {k} leaves no control heads: the model has {n_heads} heads")
     seq_len, period = fit_lengths(spec.n_ctx, config.seq_len, config.period, model.trained_periods)
     config.check_other_period(spec.n_ctx)  # its sequences ran past the context without a word
-    return replace(config, k=k, seq_len=seq_len, period=period)
+    cfg = replace(config, k=k, seq_len=seq_len, period=period)
+    if "data" in cfg.vary:
+        cfg.resolved_other_period(spec.n_ctx)  # none beside a fitted period: refused before any work
+    return cfg
 
 
 def _task_shapes(model: LoadedModel, cfg: RobustnessConfig) -> list[tuple[str, int, int, int]]:
@@ -394,7 +398,7 @@ def _task_shapes(model: LoadedModel, cfg: RobustnessConfig) -> list[tuple[str, i
     start = int(model.prepend_bos)
     periods = [cfg.period]
     if "data" in cfg.vary:
-        periods.append(cfg.resolved_other_period())
+        periods.append(cfg.resolved_other_period(model.spec.n_ctx))
     return [("natural", cfg.n_natural, cfg.seq_len, first_scored("natural", start, None))] + [
         ("repeated", cfg.n_repeated, start + 2 * p, first_scored("repeated", start, p)) for p in dict.fromkeys(periods)
     ]

@@ -8,7 +8,7 @@ import argparse
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from headprobe.analyses.train_config import CORPORA, TrainConfig
+from headprobe.analyses.train_config import CORPORA, WARMUP, TrainConfig
 from headprobe.commands import Command, lazy_names, resolve
 from headprobe.options import kept_line, out_as_it_was
 from headprobe.probe.core.io import prepare_output_dir
@@ -62,7 +62,9 @@ class TrainFlags(TrainConfig):
     steps: int = setting(_T.steps, "optimiser steps (default %(default)s)", type=int)
     lr: float = setting(_T.lr, "AdamW learning rate (default %(default)s)", type=float)
     weight_decay: float = setting(_T.weight_decay, "AdamW weight decay (default %(default)s)", type=float)
-    warmup: int = setting(_T.warmup, "linear warm-up steps (default %(default)s)", type=int)
+    warmup: int | None = setting(
+        _T.warmup, f"linear warm-up steps, at most --steps (default {WARMUP}, or --steps if fewer)", type=int
+    )
     eval_every: int = setting(_T.eval_every, "steps between head scores (default %(default)s)", type=int)
     n_eval: int = setting(_T.n_eval, "sequences per evaluation set (default %(default)s)", type=int)
     eval_period: int = setting(

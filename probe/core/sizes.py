@@ -4,12 +4,17 @@
 
 Units: bytes. Binary prefixes KiB MiB GiB TiB are powers of 1024, decimal kB MB GB TB powers of
 1000 (IEC 80000-13); unit letters are read in any case. Torch-free.
+
+Integers are read and printed exactly, in integer arithmetic (``1e23`` is ``10**23``, and ``5**23
+TiB`` prints as 11920928955078125 TiB, not a float's 11920928955078124).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal
+from fractions import Fraction
 
 from headprobe.probe.core.errors import HeadprobeError
 
@@ -95,15 +100,37 @@ def parse_count(text: str, what: str = "--params") -> int:
 
 
 def _whole(number: str, unit: int, text: object, what: str) -> int:
-    """``number`` (a decimal numeral, maybe with an exponent) times ``unit``, fractions dropped.
+    """``number`` (a decimal numeral, maybe with an exponent) times ``unit``, exactly, fractions dropped.
 
     Raises:
-        HeadprobeError: the numeral overflows a float (``1e400GiB``: infinity has no whole value).
+        HeadprobeError: the value overflows a float (``1e400GiB``): the cost formulas take floats of it.
     """
-    value = float(number) * unit
-    if not math.isfinite(value):
+    if not math.isfinite(float(number) * unit):
         raise HeadprobeError(f"{what} {text!r} is too large to be a number")
-    return int(value)
+    return int(Fraction(Decimal(number)) * unit)
+
+
+def exact(x: int | float | Fraction) -> Fraction:
+    """``x`` as an exact fraction: an int or fraction as is, a float by its binary value, or past
+    2**53 (where a float's last integer digits are rounding noise) by its shortest decimal (repr)."""
+    if isinstance(x, float) and abs(x) >= 2**53 and math.isfinite(x):
+        return Fraction(Decimal(repr(x)))
+    return Fraction(x)
+
+
+def fixed(x: int | float | Fraction, places: int) -> str:
+    """``x`` with ``places`` decimals, rounded exactly (half to even), without a float's noise:
+    ``fixed(5**23, 0)`` is ``"11920928955078125"``; like ``f"{x:.{places}f}"`` otherwise."""
+    q = round(exact(x) * 10**places)
+    digits = str(abs(q)).rjust(places + 1, "0")
+    whole, frac = digits[: len(digits) - places], digits[len(digits) - places :]
+    return ("-" if q < 0 else "") + whole + (f".{frac}" if places else "")
+
+
+def format_whole(x: int | float) -> str:
+    """``x`` rounded to an integer with thousands separators (``4,096``), exact past 2**53
+    (:func:`exact`: ``2e23`` prints as 200,000,000,000,000,000,000,000)."""
+    return f"{int(fixed(x, 0)):,}"
 
 
 def format_bytes(n: int | float) -> str:
@@ -112,13 +139,14 @@ def format_bytes(n: int | float) -> str:
     At most two decimals, trailing zeros dropped: the digits shown are the digits known, and the
     text reads back through :func:`parse_bytes` to within half of its last digit. The unit is
     the largest that ``n`` reaches, or the next one where the rounded value would print as 1024
-    (``2**40 - 1`` bytes is ``1 TiB``, not ``1024 GiB``).
+    (``2**40 - 1`` bytes is ``1 TiB``, not ``1024 GiB``). Exact (:func:`fixed`) at any size.
     """
     units = [("B", 1), *reversed(_BINARY)]
-    i = max(i for i, (_, size) in enumerate(units) if i == 0 or abs(n) >= size)
-    if i + 1 < len(units) and round(abs(n) / units[i][1], 2) >= 1024:  # e.g. 1023.999 GiB
+    x = exact(n)
+    i = max(i for i, (_, size) in enumerate(units) if i == 0 or abs(x) >= size)
+    if i + 1 < len(units) and round(abs(x) / units[i][1], 2) >= 1024:  # e.g. 1023.999 GiB
         i += 1
-    unit, v = units[i][0], n / units[i][1]
-    if v == int(v):
-        return f"{int(v)} {unit}"
-    return f"{v:.2f}".rstrip("0").rstrip(".") + f" {unit}"
+    unit, v = units[i][0], x / units[i][1]
+    if v.denominator == 1:
+        return f"{v.numerator} {unit}"
+    return fixed(v, 2).rstrip("0").rstrip(".") + f" {unit}"

@@ -35,13 +35,25 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
+from fractions import Fraction
 from typing import Any
 
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.registry import did_you_mean
 
 # Sizes as text are read and printed by headprobe.probe.core.sizes, one way for every floor; re-exported here.
-from headprobe.probe.core.sizes import GIB, KIB, MIB, TIB, format_bytes, parse_bytes, parse_count  # noqa: F401
+from headprobe.probe.core.sizes import (  # noqa: F401
+    GIB,
+    KIB,
+    MIB,
+    TIB,
+    exact,
+    fixed,
+    format_bytes,
+    format_whole,
+    parse_bytes,
+    parse_count,
+)
 
 # The layout lives in headprobe.probe.layout.attention; re-exported so that cost.AttentionLayout keeps working.
 from headprobe.probe.layout.attention import (  # noqa: F401
@@ -378,7 +390,7 @@ def crossover_seq_len(layout: AttentionLayout, window: int | None = None, as_mha
     s = score_flops(layout, 1, 1)
     if window is None:
         return p / s
-    t = 2 * p / s - 1
+    t = (2 * p - s) / s  # 2p/s - 1 in one correctly rounded division
     if t <= window:
         return t
     if s * window <= p:
@@ -806,16 +818,15 @@ def policy_cost(layout: AttentionLayout, policy: KVPolicy, seq_len: int, batch: 
 # ---------------------------------------------------------------------------------------------
 
 
-def format_tflop(flops: int | float) -> str:
+def format_tflop(flops: int | float | Fraction) -> str:
     """FLOPs as a number of TFLOP (10**12 FLOPs), as in the lesson's table: two decimals below 10
-    (``0.14``, ``1.10``, ``4.40``), one below 100 (``17.6``), none above (``281``)."""
-    t = flops / TFLOP
-    if t < 10:
-        return f"{t:.2f}"
-    return f"{t:.1f}" if t < 100 else f"{t:.0f}"
+    (``0.14``, ``1.10``, ``4.40``), one below 100 (``17.6``), none above (``281``); exact
+    (:func:`~headprobe.probe.core.sizes.fixed`) at any size."""
+    t = exact(flops) / TFLOP
+    return fixed(t, 2 if t < 10 else 1 if t < 100 else 0)
 
 
-def format_flops(flops: float, like: float | None = None) -> str:
+def format_flops(flops: int | float, like: float | None = None) -> str:
     """FLOPs with a decimal prefix: ``4.40 TFLOP`` from 10**11 up, else ``GFLOP``, ``MFLOP``...
 
     ``like``: format in the unit this other count would get (a row that compares two counts reads
@@ -825,8 +836,8 @@ def format_flops(flops: float, like: float | None = None) -> str:
         return f"{format_tflop(flops)} TFLOP"
     for unit, size in (("GFLOP", 10**9), ("MFLOP", 10**6), ("kFLOP", 10**3)):
         if ref >= size:
-            return f"{format_tflop(flops * TFLOP / size)} {unit}"
-    return f"{flops:.0f} FLOP"
+            return f"{format_tflop(exact(flops) * Fraction(TFLOP, size))} {unit}"
+    return f"{fixed(flops, 0)} FLOP"
 
 
 # ---------------------------------------------------------------------------------------------
