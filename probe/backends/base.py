@@ -309,24 +309,41 @@ class LoadedModel:
         Raises:
             HeadprobeError: ``layer`` out of range (:meth:`layer_index`), as every method taking a layer.
         """
-        layer = self.layer_index(layer)
+        return self._post_attention_norm_hooks(self.layer_index(layer))
+
+    def _post_attention_norm_hooks(self, layer: int) -> tuple[str, str] | None:
+        """What :meth:`post_attention_norm_hooks` returns (``layer`` checked): both hooks where the model has them."""
         names = (norm_hook(layer, "ln1_post", "in"), norm_hook(layer, "ln1_post", "out"))
         return names if names[0] in self.model.hook_dict and names[1] in self.model.hook_dict else None
 
     def attn_out_hook(self, layer: int) -> str:
         """The hook holding layer ``layer``'s raw attention output ``sum_h z_h W_O^(h) + b_O``
         ``[batch, pos, d_model]``: the post-attention norm's input where there is one, else
-        ``blocks.{layer}.hook_attn_out``. Replacing it changes what the rest of the block sees."""
-        layer = self.layer_index(layer)
-        post = self.post_attention_norm_hooks(layer)
+        ``blocks.{layer}.hook_attn_out``. Replacing it changes what the rest of the block sees.
+
+        Raises:
+            HeadprobeError: ``layer`` out of range (:meth:`layer_index`).
+        """
+        return self._attn_out_hook(self.layer_index(layer))
+
+    def _attn_out_hook(self, layer: int) -> str:
+        """What :meth:`attn_out_hook` returns (``layer`` checked)."""
+        post = self._post_attention_norm_hooks(layer)
         return post[0] if post is not None else block_hook(layer, "attn_out")
 
     @torch.inference_mode()
     def post_attention_norm_weight(self, layer: int) -> Float[Tensor, " d_model"]:
         """The elementwise weight ``w`` of layer ``layer``'s post-attention RMS-type norm, read off
         the norm itself: ``norm(c * 1) = w * c / sqrt(c^2 + eps) = w`` to float rounding for
-        ``c = 1e3`` (so Gemma's ``1 + w`` convention needs no special case)."""
-        layer = self.layer_index(layer)
+        ``c = 1e3`` (so Gemma's ``1 + w`` convention needs no special case).
+
+        Raises:
+            HeadprobeError: ``layer`` out of range (:meth:`layer_index`).
+        """
+        return self._post_attention_norm_weight(self.layer_index(layer))
+
+    def _post_attention_norm_weight(self, layer: int) -> Float[Tensor, " d_model"]:
+        """What :meth:`post_attention_norm_weight` returns (``layer`` checked), read once per layer."""
         if layer not in self._post_norm_weights:
             block = self.model.blocks[layer]
             with self._aligned(block):
@@ -663,8 +680,10 @@ class LoadedModel:
 
     def layer_index(self, layer: int) -> int:
         """``layer`` as an index into the model's ``spec.n_layers`` layers (``-1``: the last), checked as
-        :func:`headprobe.capture_heads` checks its ``layers``: what every method taking a layer (:meth:`W_O`,
-        :meth:`b_O`, :meth:`forward_from`, :meth:`attention_input`, :meth:`qk_terms`, ...) checks it with.
+        :func:`headprobe.capture_heads` checks its ``layers``. Every public method taking a layer (:meth:`W_O`,
+        :meth:`b_O`, :meth:`forward_from`, :meth:`attention_input`, :meth:`qk_terms`, ...) is a template here that
+        checks it with this, then calls its ``_`` hook (``W_O`` -> ``_W_O``), which a backend implements
+        with ``layer`` checked already: no backend checks a layer itself.
 
         Raises:
             HeadprobeError: ``layer 30 is out of range: there are 30 (0 .. 29, or -30 .. -1 from the end)``,
@@ -680,7 +699,10 @@ class LoadedModel:
         Raises:
             HeadprobeError: ``layer`` out of range (:meth:`layer_index`).
         """
-        layer = self.layer_index(layer)
+        return self._b_O(self.layer_index(layer))
+
+    def _b_O(self, layer: int) -> Float[Tensor, " d_model"] | None:
+        """What :meth:`b_O` returns (``layer`` checked): the block's ``attn.b_O``."""
         with self._aligned(self.model.blocks[layer]):
             return self.model.blocks[layer].attn.b_O
 
@@ -698,7 +720,10 @@ class LoadedModel:
             HeadprobeError: an odd ``d_model`` (the probe needs a mean-zero +-1 vector), ``layer`` out of
                 range (:meth:`layer_index`).
         """
-        layer = None if layer is None else self.layer_index(layer)
+        return self._norm_weights(None if layer is None else self.layer_index(layer))
+
+    def _norm_weights(self, layer: int | None) -> NormWeights | None:
+        """What :meth:`norm_weights` returns (``layer`` checked; None: the final norm)."""
         module = (
             getattr(self.model, "ln_final", None) if layer is None else getattr(self.model.blocks[layer], "ln1", None)
         )
@@ -868,7 +893,21 @@ class LoadedModel:
         :meth:`attn_out_hook` holds) is ``attn_out[i]``. The rest of the block (post-attention
         norm, MLP, parallel residual), the later blocks and the unembedding run as in
         :meth:`forward`; returns :meth:`scored_losses` of each of the ``n`` (nats/token).
+
+        Raises:
+            HeadprobeError: ``layer`` out of range (:meth:`layer_index`).
         """
+        return self._resume_scored_losses(self.layer_index(layer), tokens, resid_pre, attn_out, first)
+
+    def _resume_scored_losses(
+        self,
+        layer: int,
+        tokens: Int[Tensor, "batch pos"],
+        resid_pre: Float[Tensor, "n pos d_model"],
+        attn_out: Float[Tensor, "n pos d_model"],
+        first: int,
+    ) -> Float[Tensor, " n"]:
+        """What each backend implements behind :meth:`resume_scored_losses` (``layer`` checked)."""
         raise NotImplementedError
 
     def scored_losses_from(
@@ -885,10 +924,29 @@ class LoadedModel:
         caller's promise: every hook is on layer ``layer`` or later). Saves the first ``layer``
         blocks of every forward of a head-set ablation (:func:`headprobe.analyses.ablation.set_ablation_losses`).
 
-        This base version is the honest full forward (``resid_pre`` unused), which is what a
-        backend that cannot start a forward mid-way does (the TransformerLens bridge)."""
-        self.layer_index(layer)
+        Raises:
+            HeadprobeError: ``layer`` out of range (:meth:`layer_index`).
+        """
+        return self._scored_losses_from(self.layer_index(layer), tokens, resid_pre, first, fwd_hooks)
+
+    def _scored_losses_from(
+        self,
+        layer: int,
+        tokens: Int[Tensor, "n pos"],
+        resid_pre: Float[Tensor, "n pos d_model"],
+        first: int,
+        fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+    ) -> Float[Tensor, " n"]:
+        """What a backend implements behind :meth:`scored_losses_from` (``layer`` checked). This
+        base version is the honest full forward (``resid_pre`` unused), which is what a backend
+        that cannot start a forward mid-way does (the TransformerLens bridge)."""
         return self.scored_losses(tokens, first, fwd_hooks)
+
+    def _offers(self, hook: str) -> bool:
+        """Whether this backend implements ``hook``, one of the hooks below whose :class:`LoadedModel`
+        version refuses the feature whatever its arguments: their templates check ``layer`` only
+        then, so a backend without the feature names what it lacks, not the layer."""
+        return getattr(type(self), hook) is not getattr(LoadedModel, hook)
 
     def forward_from(
         self,
@@ -904,8 +962,20 @@ class LoadedModel:
         are not run, so path patching into a late receiver skips them.
 
         Raises:
-            HeadprobeError: not the native backend.
+            HeadprobeError: not the native backend; ``layer`` out of range (:meth:`layer_index`).
         """
+        if self._offers("_forward_from"):
+            layer = self.layer_index(layer)
+        return self._forward_from(layer, resid_pre, fwd_hooks, attention_mask)
+
+    def _forward_from(
+        self,
+        layer: int,
+        resid_pre: Float[Tensor, "batch pos d_model"],
+        fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+    ) -> Float[Tensor, "batch pos d_vocab"]:
+        """What a backend with :attr:`path_patching` implements behind :meth:`forward_from` (``layer`` checked)."""
         raise self.lacks("path_patching", f"resuming a forward at a layer needs the native backend, not {self.name}")
 
     def attention_input(
@@ -916,8 +986,17 @@ class LoadedModel:
         patching and edge attribution (:mod:`headprobe.analyses.circuit`) build a receiver's input with it.
 
         Raises:
-            HeadprobeError: a backend or architecture without it (the bridge; post-LN encoders).
+            HeadprobeError: a backend or architecture without it (the bridge; post-LN encoders);
+                ``layer`` out of range (:meth:`layer_index`).
         """
+        if self._offers("_attention_input"):
+            layer = self.layer_index(layer)
+        return self._attention_input(layer, resid)
+
+    def _attention_input(
+        self, layer: int, resid: Float[Tensor, "batch pos d_model"]
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """What a backend with :attr:`path_patching` implements behind :meth:`attention_input` (``layer`` checked)."""
         raise self.lacks(
             "path_patching",
             f"a head's attention input (path patching, edge attribution) needs the native backend, not {self.name}",
@@ -928,8 +1007,14 @@ class LoadedModel:
         its attention soft-cap ``c`` (scores ``c tanh(s / c)``, Gemma-2), or None.
 
         Raises:
-            HeadprobeError: not the native backend.
+            HeadprobeError: not the native backend; ``layer`` out of range (:meth:`layer_index`).
         """
+        if self._offers("_attention_scale"):
+            layer = self.layer_index(layer)
+        return self._attention_scale(layer)
+
+    def _attention_scale(self, layer: int) -> tuple[float, float | None]:
+        """What a backend implements behind :meth:`attention_scale` (``layer`` checked)."""
         raise HeadprobeError(f"the attention scale of a layer is read on the native backend only, not {self.name}")
 
     def qk_terms(
@@ -949,8 +1034,30 @@ class LoadedModel:
 
         Raises:
             HeadprobeError: not the native backend, an attention it does not split (MLA with a query latent),
-                or ``layer`` or ``head`` out of range (:meth:`layer_index`'s line).
+                or ``layer`` or ``head`` (of the layer's :meth:`_n_heads`) out of range (:meth:`layer_index`'s line).
         """
+        if self._offers("_qk_terms"):
+            from headprobe.probe.core.heads import indices
+
+            layer = self.layer_index(layer)
+            head = indices([head], self._n_heads(layer), "head")[0]
+        return self._qk_terms(layer, head, side, terms, ref, pos)
+
+    def _n_heads(self, layer: int) -> int:
+        """Query heads in layer ``layer`` (checked), what :meth:`qk_terms` checks ``head`` against:
+        ``spec.n_heads`` here; a backend whose layers keep fewer (a pruned model) says so."""
+        return self.spec.n_heads
+
+    def _qk_terms(
+        self,
+        layer: int,
+        head: int,
+        side: Literal["q", "k"],
+        terms: Float[Tensor, "n d_model"],
+        ref: Float[Tensor, " d_model"],
+        pos: int,
+    ) -> Float[Tensor, "n_plus_1 d_qk"]:
+        """What a backend implements behind :meth:`qk_terms` (``layer`` and ``head`` checked)."""
         raise HeadprobeError(f"QK attribution needs the native backend (--backend native), not {self.name}")
 
     def online_stats_geometry(self, layer: int) -> tuple[Any, bool]:
@@ -961,8 +1068,15 @@ class LoadedModel:
 
         Raises:
             HeadprobeError: a backend without :attr:`streams_statistics`, a pruned layer, or a layer
-                whose hooked queries are not the ones attention reads.
+                whose hooked queries are not the ones attention reads; ``layer`` out of range (:meth:`layer_index`).
         """
+        if self._offers("_online_stats_geometry"):
+            layer = self.layer_index(layer)
+        return self._online_stats_geometry(layer)
+
+    def _online_stats_geometry(self, layer: int) -> tuple[Any, bool]:
+        """What a backend with :attr:`streams_statistics` implements behind :meth:`online_stats_geometry`
+        (``layer`` checked)."""
         from headprobe.probe.hooks.online_stats import STREAMING_REFUSAL
 
         raise self.lacks("streams_statistics", STREAMING_REFUSAL.format(backend=self.name))
