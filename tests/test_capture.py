@@ -333,3 +333,100 @@ def test_qk_terms_refuses_a_head_out_of_range(fixture, request):
             model.qk_terms(0, head, "k", terms, ref, 2)
         assert str(e.value) == f"head {head} is out of range: there are {H} (0 .. {H - 1}, or -{H} .. -1 from the end)"
     assert torch.equal(model.qk_terms(0, -1, "k", terms, ref, 2), model.qk_terms(0, H - 1, "k", terms, ref, 2))
+
+
+def _public_per_layer_methods() -> set[str]:
+    """Every public method of ``LoadedModel`` whose first argument is ``layer`` (``layer_index``, the check, aside)."""
+    import inspect
+
+    from headprobe.probe.backends.base import LoadedModel
+
+    return {
+        name
+        for name, f in vars(LoadedModel).items()
+        if not name.startswith("_")
+        and name != "layer_index"
+        and inspect.isfunction(f)
+        and list(inspect.signature(f).parameters)[1:2] == ["layer"]
+    }
+
+
+def test_a_new_backend_implementing_only_the_hooks_gets_every_range_check(tiny_gpt2_native):
+    """Only ``W_O`` and ``sink_logits`` (and ``W_Q``/``W_K``/``W_V``) were templates checking their layer on
+    ``LoadedModel``; every other per-layer method checked it inline in each backend (``forward_from``,
+    ``qk_terms``, ``resume_scored_losses``, ...), so a new backend had to repeat each check. Now every
+    public method taking a layer checks it, and ``qk_terms`` its head, on the base class and then calls the
+    backend's ``_`` hook: a backend with only the hooks refuses a layer out of range in ``layer_index``'s
+    line without its hook being called, and its hook sees ``-1`` as the last layer (head)."""
+    from headprobe.probe.backends.base import LoadedModel
+    from headprobe.probe.core.errors import HeadprobeError
+
+    calls: list[tuple] = []
+
+    class Reached(Exception):
+        """A hook was called (raised, not returned: the interface's return types are checked at run time)."""
+
+    def hook(name):
+        def record(self, layer, *args, **kwargs):
+            calls.append((name, layer, args[0]) if name == "_qk_terms" else (name, layer))
+            raise Reached(name)
+
+        return record
+
+    hooks = (
+        "_W_O _sink_logits _projection _b_O _norm_weights _post_attention_norm_hooks _attn_out_hook "
+        "_post_attention_norm_weight _resume_scored_losses _scored_losses_from _forward_from _attention_input "
+        "_attention_scale _qk_terms _online_stats_geometry"
+    ).split()
+    HooksOnly = type("HooksOnly", (LoadedModel,), {"name": "hooks-only", **{h: hook(h) for h in hooks}})
+    spec = tiny_gpt2_native.spec
+    model = HooksOnly(None, None, spec)  # no module at all: nothing but the hooks can answer
+    n, H, d = spec.n_layers, spec.n_heads, spec.d_model
+    x, tokens = torch.zeros(1, 4, d), torch.zeros(1, 4, dtype=torch.long)
+    cases = {
+        "W_O": (model.W_O, "_W_O"),
+        "W_Q": (model.W_Q, "_projection"),
+        "W_K": (model.W_K, "_projection"),
+        "W_V": (model.W_V, "_projection"),
+        "sink_logits": (model.sink_logits, "_sink_logits"),
+        "b_O": (model.b_O, "_b_O"),
+        "norm_weights": (model.norm_weights, "_norm_weights"),
+        "post_attention_norm_hooks": (model.post_attention_norm_hooks, "_post_attention_norm_hooks"),
+        "attn_out_hook": (model.attn_out_hook, "_attn_out_hook"),
+        "post_attention_norm_weight": (model.post_attention_norm_weight, "_post_attention_norm_weight"),
+        "resume_scored_losses": (lambda l: model.resume_scored_losses(l, tokens, x, x, 1), "_resume_scored_losses"),
+        "scored_losses_from": (lambda l: model.scored_losses_from(l, tokens, x, 1), "_scored_losses_from"),
+        "forward_from": (lambda l: model.forward_from(l, x), "_forward_from"),
+        "attention_input": (lambda l: model.attention_input(l, x), "_attention_input"),
+        "attention_scale": (model.attention_scale, "_attention_scale"),
+        "qk_terms": (lambda l: model.qk_terms(l, -1, "q", x[0], x[0, 0], 1), "_qk_terms"),
+        "online_stats_geometry": (model.online_stats_geometry, "_online_stats_geometry"),
+    }
+    assert set(cases) == _public_per_layer_methods()  # a new per-layer method joins this test
+    for method, (call, name) in cases.items():
+        for layer in (n, 99, -n - 1):
+            calls.clear()
+            with pytest.raises(HeadprobeError) as e:
+                call(layer)
+            said = f"layer {layer} is out of range: there are {n} (0 .. {n - 1}, or -{n} .. -1 from the end)"
+            assert (str(e.value), calls) == (said, []), method
+        calls.clear()
+        with pytest.raises(Reached):
+            call(-1)
+        assert calls == [(name, n - 1, H - 1) if name == "_qk_terms" else (name, n - 1)], method
+    for head in (H, 99, -H - 1):
+        with pytest.raises(HeadprobeError) as e:
+            model.qk_terms(0, head, "k", x[0], x[0, 0], 1)
+        assert str(e.value) == f"head {head} is out of range: there are {H} (0 .. {H - 1}, or -{H} .. -1 from the end)"
+
+
+def test_no_backend_overrides_a_per_layer_template():
+    """A backend implements a per-layer method's ``_`` hook, never the public method, so no backend can
+    skip the range check (``NativeModel.forward_from`` and ``BridgeModel.resume_scored_losses`` once held
+    their own)."""
+    from headprobe.probe.core.vocabulary import BACKEND_REGISTRY
+
+    methods = _public_per_layer_methods()
+    assert {"W_O", "forward_from", "qk_terms", "resume_scored_losses"} <= methods
+    overrides = {name: sorted(methods & set(vars(BACKEND_REGISTRY.get(name)))) for name in BACKEND_REGISTRY.names()}
+    assert all(not o for o in overrides.values()), overrides

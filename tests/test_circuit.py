@@ -246,7 +246,7 @@ def test_forward_from_a_layer_equals_the_whole_forward(tiny_tokenizer, family):
     )
     torch.testing.assert_close(model.forward_from(1, seen["r"]), want, rtol=1e-5, atol=1e-5)
     with pytest.raises(HeadprobeError, match="native backend"):
-        LoadedModel.forward_from(model, 1, seen["r"])
+        LoadedModel._forward_from(model, 1, seen["r"])  # the base version of the hook: refuses
 
 
 @pytest.mark.parametrize("side", ["right", "left"])

@@ -5,9 +5,9 @@ of its members (tokenizing, the norms read off the modules, hook bookkeeping, ca
 self-check) are the same code on every backend, so a Protocol would have to be re-declared by a
 base class anyway, and the two drifted apart (a 25-member Protocol beside a base re-declaring
 24 of them, with members used that neither declared). Here every member an analysis or a
-command uses is declared once, on :class:`LoadedModel`: implemented where the backends share it,
-and with a documented body that raises where each backend implements it (``forward``, ``W_O``,
-``scored_losses``, ...). ``tests/test_architecture.py`` checks that no function in ``analyses/``
+command uses is declared once, on :class:`LoadedModel` or a mixin it inherits: implemented where
+the backends share it, and with a documented body that raises where each backend implements it
+(``forward``, ``W_O``, ``scored_losses``, ...). ``tests/test_architecture.py`` checks that no function in ``analyses/``
 or ``headprobe/`` takes an unannotated or ``Any`` model, and that analyses never reach into a
 backend's modules.
 
@@ -18,32 +18,41 @@ The backends are :class:`headprobe.probe.backends.native.NativeModel` (headprobe
 :func:`headprobe.probe.backends.loading.wrap` builds from it, and ``LoadedModel(module, tokenizer, spec)``
 picks the registered class whose :meth:`LoadedModel.wraps` accepts ``module``.
 
-The losses here (:func:`token_losses`, :func:`scored_loss`, :func:`cross_entropy_inplace`,
-:func:`chunked_token_losses`) are
-cross-entropies in nats, the unit of every loss headprobe reports.
+This module holds the interface itself: the construction, the capability flags, the per-layer
+templates that check a layer once (:meth:`LoadedModel.layer_index`) before calling a backend's ``_`` hook,
+and the members each backend implements. What every backend shares is in the modules beside it, which
+:class:`LoadedModel` inherits or this module re-exports: :mod:`~headprobe.probe.backends.wrapped`
+(:class:`~headprobe.probe.backends.wrapped.WrappedModule`: devices, dtype, fingerprint, the norms and
+biases read off the blocks; :class:`NormWeights`), :mod:`~headprobe.probe.backends.tokens`
+(:class:`~headprobe.probe.backends.tokens.Tokenizing`) and :mod:`~headprobe.probe.backends.losses` (the
+losses, :func:`token_losses`, :func:`scored_loss`, :func:`cross_entropy_inplace`: cross-entropies in
+nats, the unit of every loss headprobe reports; :func:`chunked_token_losses`, which unembeds through
+the model, is here).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
-import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from headprobe.probe.backends.devicemap import aligned
+# re-exported: the losses were defined here, and `from headprobe.probe.backends.base import scored_loss` stays
+from headprobe.probe.backends.losses import LOSS_ROWS as LOSS_ROWS
+from headprobe.probe.backends.losses import cross_entropy_inplace as cross_entropy_inplace
+from headprobe.probe.backends.losses import scored_loss as scored_loss
+from headprobe.probe.backends.losses import token_losses as token_losses
+from headprobe.probe.backends.tokens import Tokenizing
+from headprobe.probe.backends.wrapped import NormWeights as NormWeights  # re-exported: norm_weights' result
+from headprobe.probe.backends.wrapped import WrappedModule
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.core.vocabulary import CAPABILITIES as CAPABILITIES  # re-exported: the flags of LoadedModel
 from headprobe.probe.core.vocabulary import lacks_line
-from headprobe.probe.hooks.names import block_hook, norm_hook
 from headprobe.probe.hooks.selfcheck import SelfCheck
 from headprobe.probe.layout.spec import Checkpoint, ModelSpec
 
@@ -55,43 +64,9 @@ HookFn = Callable[..., Any]
 """A TransformerLens hook: ``fn(activation, hook) -> replacement or None``."""
 
 
-def token_losses(
-    logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]
-) -> Float[Tensor, "batch pos_minus_1"]:
-    """Cross-entropy (nats) of predicting ``tokens[:, i+1]`` from ``logits[:, i]``."""
-    logp = F.log_softmax(logits[:, :-1].float(), dim=-1)
-    return -logp.gather(-1, tokens[:, 1:, None].to(logp.device)).squeeze(-1)
-
-
-def scored_loss(
-    logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"], first: int
-) -> Float[Tensor, " batch"]:
-    """Per-sequence mean cross-entropy (nats/token) of the predictions from index ``first`` on
-    (index i predicts token i + 1)."""
-    return token_losses(logits, tokens)[:, first:].mean(dim=1)
-
-
-def cross_entropy_inplace(logits: Float[Tensor, "n d_vocab"], target: Int[Tensor, " n"]) -> Float[Tensor, " n"]:
-    """``F.cross_entropy(logits, target, reduction="none")`` (nats), overwriting ``logits``.
-
-    ``logsumexp(logits) - logits[target]`` with the exponentials taken in place, so the
-    ``[n, d_vocab]`` log-softmax is never written: on a CPU the loss over a 49,152-token
-    vocabulary then costs about a third of PyTorch's ``cross_entropy``. Float32 in and out.
-    """
-    picked = logits.gather(1, target[:, None])[:, 0]
-    top = logits.amax(dim=1, keepdim=True)
-    return logits.sub_(top).exp_().sum(dim=1).log_() + top[:, 0] - picked
-
-
 HYBRID_LACKS: tuple[str, ...] = ("streams_statistics", "kv_policies", "path_patching", "removes_heads")
 """The capabilities a hybrid model (linear-attention layers without heads, ``AttentionLayout.head_layers``)
 lacks on every backend: they address every layer's heads (set False on the instance)."""
-
-
-LOSS_ROWS = 1024
-"""Most positions (rows of ``[rows, d_vocab]`` logits) unembedded at once by the chunked losses
-(:func:`chunked_token_losses`, the native backend's scored losses): 192 MiB of float32 logits for
-a 49,152-token vocabulary, whatever the sequence length (a whole 8,192-token sequence would be 1.5 GiB)."""
 
 
 @torch.inference_mode()
@@ -126,9 +101,11 @@ def chunked_token_losses(
     return torch.cat(out, dim=1)
 
 
-class LoadedModel:
+class LoadedModel(Tokenizing, WrappedModule):
     """A pretrained model behind TransformerLens hook points, with its tokenizer and layout: the
-    whole surface a head analysis or a command may use.
+    whole surface a head analysis or a command may use (with what it inherits: tokenizing from
+    :class:`~headprobe.probe.backends.tokens.Tokenizing`, devices, dtype and what is read off the
+    module's blocks from :class:`~headprobe.probe.backends.wrapped.WrappedModule`).
 
     Hook names are TransformerLens': ``blocks.{l}.hook_resid_pre`` ``[batch, pos, d_model]``,
     ``blocks.{l}.attn.hook_attn_scores`` ``[batch, head, q_pos, k_pos]`` (scaled and, where the
@@ -267,7 +244,7 @@ class LoadedModel:
         if not getattr(self, capability):
             raise self.lacks(capability, what)
 
-    # ---- what every backend shares -------------------------------------------------------------
+    # ---- what every backend shares (with the devices, tokenizing and block readouts it inherits) --
 
     @property
     def backend(self) -> str:
@@ -293,10 +270,6 @@ class LoadedModel:
         to its MLP; None where the backend does not know."""
         return None
 
-    def hook_names(self) -> list[str]:
-        """Every hook point the backend offers (TransformerLens names)."""
-        return list(self.model.hook_dict)
-
     @property
     def has_post_attention_norm(self) -> bool:
         """Whether the blocks normalise the attention output before adding it to the residual
@@ -309,30 +282,28 @@ class LoadedModel:
         Raises:
             HeadprobeError: ``layer`` out of range (:meth:`layer_index`), as every method taking a layer.
         """
-        layer = self.layer_index(layer)
-        names = (norm_hook(layer, "ln1_post", "in"), norm_hook(layer, "ln1_post", "out"))
-        return names if names[0] in self.model.hook_dict and names[1] in self.model.hook_dict else None
+        return self._post_attention_norm_hooks(self.layer_index(layer))
 
     def attn_out_hook(self, layer: int) -> str:
         """The hook holding layer ``layer``'s raw attention output ``sum_h z_h W_O^(h) + b_O``
         ``[batch, pos, d_model]``: the post-attention norm's input where there is one, else
-        ``blocks.{layer}.hook_attn_out``. Replacing it changes what the rest of the block sees."""
-        layer = self.layer_index(layer)
-        post = self.post_attention_norm_hooks(layer)
-        return post[0] if post is not None else block_hook(layer, "attn_out")
+        ``blocks.{layer}.hook_attn_out``. Replacing it changes what the rest of the block sees.
+
+        Raises:
+            HeadprobeError: ``layer`` out of range (:meth:`layer_index`).
+        """
+        return self._attn_out_hook(self.layer_index(layer))
 
     @torch.inference_mode()
     def post_attention_norm_weight(self, layer: int) -> Float[Tensor, " d_model"]:
         """The elementwise weight ``w`` of layer ``layer``'s post-attention RMS-type norm, read off
         the norm itself: ``norm(c * 1) = w * c / sqrt(c^2 + eps) = w`` to float rounding for
-        ``c = 1e3`` (so Gemma's ``1 + w`` convention needs no special case)."""
-        layer = self.layer_index(layer)
-        if layer not in self._post_norm_weights:
-            block = self.model.blocks[layer]
-            with self._aligned(block):
-                ones = torch.full((1, 1, self.spec.d_model), 1e3, dtype=self.dtype, device=self._block_device(layer))
-                self._post_norm_weights[layer] = block.ln1_post(ones)[0, 0].detach().to(self.device)
-        return self._post_norm_weights[layer]
+        ``c = 1e3`` (so Gemma's ``1 + w`` convention needs no special case).
+
+        Raises:
+            HeadprobeError: ``layer`` out of range (:meth:`layer_index`).
+        """
+        return self._post_attention_norm_weight(self.layer_index(layer))
 
     @property
     def self_check(self) -> SelfCheck:
@@ -345,43 +316,12 @@ class LoadedModel:
         return self._self_check
 
     @property
-    def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
-
-    @property
     def logit_entry_bytes(self) -> int:
         """Bytes per (position, vocabulary entry) a forward's returned logits hold at their peak, as
         memory plans of a forward without a loss count them: here float32 logits and one more copy
         (8; this backend's own code makes them). The native backend counts its own
         (:meth:`headprobe.probe.backends.native.NativeModel.logit_entry_bytes`)."""
         return 8
-
-    @property
-    def device(self) -> torch.device:
-        """Where inputs go and logits come out: the device of the weights, or of the embedding
-        when the model is split over devices (:meth:`dispatch`)."""
-        return self._main_device if self._main_device is not None else next(self.model.parameters()).device
-
-    @property
-    def device_map(self) -> dict[str, int | str] | None:
-        """``{piece: device}`` of a model split by :meth:`dispatch` (``disk``: offloaded), else None."""
-        if self._main_device is None:
-            return None
-        hf = getattr(self.model, "original_model", self.model)  # the bridge: transformers split the Hugging Face model
-        return getattr(hf, "hf_device_map", None)
-
-    def _aligned(self, module: torch.nn.Module) -> AbstractContextManager[None]:
-        """The weights of ``module`` real for the ``with`` body where the model is split and they are
-        offloaded (:func:`headprobe.probe.backends.devicemap.aligned`); nothing for a model on one device."""
-        return aligned(module) if self._main_device is not None else contextlib.nullcontext()
-
-    def _block_device(self, layer: int) -> torch.device:
-        """The device block ``layer`` computes on (the model's unless it is split)."""
-        hook = getattr(self.model.blocks[layer], "_hf_hook", None)
-        device = getattr(hook, "execution_device", None)
-        return (
-            self.device if device is None else torch.device(device if not isinstance(device, int) else f"cuda:{device}")
-        )
 
     def dispatch(
         self,
@@ -402,61 +342,6 @@ class LoadedModel:
             f"the {self.name} backend is split only as transformers loads it, in float32 "
             f"(load_model(device_map=...), no --dtype): --dtype with --device-map needs --backend native",
         )
-
-    def weights_fingerprint(self) -> str:
-        """A SHA-256 over every parameter and persistent buffer (name, dtype, shape and an exact
-        on-device digest of its bytes, :func:`~headprobe.probe.core.checksum.tensor_digest`, in the
-        module's order), as loaded: what a resumed run must have been computed from
-        (:class:`~headprobe.probe.core.io.RunCheckpoint`). Sound where a file's size and time are
-        not (a model replaced in place, a GGUF dequantized alike, a cast) and the same on every
-        device; only 1/2048 of the bytes leave the device (0.35 s for 134M float32 parameters on 2
-        idle CPU cores). Offloaded weights are brought back one module at a time."""
-        import hashlib
-
-        from headprobe.probe.core.checksum import tensor_digest
-
-        h = hashlib.sha256()
-        for prefix, module in self.model.named_modules():
-            with self._own_weights(module):
-                own = [
-                    *module.named_parameters(recurse=False),
-                    *(
-                        (n, b)
-                        for n, b in module.named_buffers(recurse=False)
-                        if n not in module._non_persistent_buffers_set
-                    ),
-                ]
-                for name, t in own:
-                    h.update(f"{prefix}.{name}:{t.dtype}:{tuple(t.shape)};".encode())
-                    h.update(tensor_digest(t))
-        return h.hexdigest()
-
-    def _own_weights(self, module: torch.nn.Module) -> AbstractContextManager[None]:
-        """``module``'s own weights real for the ``with`` body where the model is split and they are
-        offloaded (not its submodules', as :meth:`_aligned` would)."""
-        if self._main_device is None:
-            return contextlib.nullcontext()
-        from accelerate.utils import align_module_device, has_offloaded_params
-
-        return align_module_device(module) if has_offloaded_params(module) else contextlib.nullcontext()
-
-    def tokenizer_fingerprint(self) -> str:
-        """A SHA-256 of the tokenizer: its whole serialisation where it is a fast (``tokenizers``)
-        one (vocabulary, merges, added tokens, normalizer, pre- and post-processing), else its
-        vocabulary; with its special tokens and whether BOS is prepended."""
-        import hashlib
-        import json
-
-        tok = self.tokenizer
-        backend = getattr(tok, "backend_tokenizer", None)
-        body = backend.to_str() if backend is not None else json.dumps(sorted(tok.get_vocab().items()))
-        special = json.dumps(getattr(tok, "special_tokens_map", {}), sort_keys=True, default=str)
-        return hashlib.sha256(f"{body}\n{special}\n{self.prepend_bos}".encode()).hexdigest()
-
-    @property
-    def n_params(self) -> int:
-        """Number of parameters of the wrapped model (a tied embedding counted once)."""
-        return sum(p.numel() for p in self.model.parameters())
 
     def to(self, dtype: torch.dtype) -> LoadedModel:
         """Cast the weights to ``dtype`` in place; returns ``self``.
@@ -490,22 +375,6 @@ class LoadedModel:
             if module._buffers[leaf].dtype != b.dtype:
                 module._buffers[leaf] = b.to(module._buffers[leaf].device)
         return self
-
-    @property
-    def bos_token_id(self) -> int | None:
-        """The tokenizer's BOS id, or None if it has none; an encoder's (BERT) is its ``[CLS]``."""
-        bos = getattr(self.tokenizer, "bos_token_id", None)
-        if bos is None and not self.spec.causal:
-            bos = getattr(self.tokenizer, "cls_token_id", None)
-        return bos
-
-    @property
-    def end_token_id(self) -> int | None:
-        """The token an encoder's input ends with (BERT's ``[SEP]``) when ``prepend_bos`` (its
-        special tokens are on); None for decoders and without ``prepend_bos``."""
-        if self.spec.causal or not self.prepend_bos:
-            return None
-        return getattr(self.tokenizer, "sep_token_id", None)
 
     # ---- head-level KV-cache policies (headprobe kv): the native backend implements them --------
 
@@ -576,84 +445,6 @@ class LoadedModel:
             f"transformer-lens, not {self.name}"
         )
 
-    def to_tokens(
-        self, text: str | Sequence[str], padding_side: str = "right"
-    ) -> Int[Tensor, "batch pos"] | tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
-        """Tokenize ``text`` into ids ``[1, pos]`` (a batch of one, as TransformerLens' ``to_tokens``),
-        with exactly one BOS in front when ``prepend_bos`` (an encoder: ``[CLS]`` in front and
-        ``[SEP]`` at the end, as its tokenizer would). A tokenizer that already adds BOS does not
-        get a second one.
-
-        A list of strings gives a padded batch ``(tokens [batch, pos], attention_mask [batch, pos])``:
-        each text tokenized as one string would be, padded to the longest with :attr:`pad_token_id`
-        after (``padding_side="right"``) or before (``"left"``) it; the mask is 1 on real tokens, 0
-        on padding (Hugging Face's convention). Pass the mask on to :meth:`forward`,
-        :func:`~headprobe.probe.hooks.capture.capture_heads`, ...: the native backend counts positions
-        over real tokens only and masks padded keys, so either side gives the unpadded numbers at
-        the real tokens (tests/test_padding.py).
-
-        Raises:
-            TypeError: ``text`` is neither a string nor a list/tuple of strings.
-            HeadprobeError: an empty list, ``padding_side`` not ``left``/``right``, or a token id
-                outside the model's vocabulary (:meth:`check_token_ids`).
-        """
-        if not isinstance(text, str):
-            if not isinstance(text, (list, tuple)) or not all(isinstance(t, str) for t in text):
-                raise TypeError(f"to_tokens takes a string or a list of strings, got {type(text).__name__}")
-            if not text:
-                raise HeadprobeError("to_tokens got an empty list of texts")
-            if padding_side not in ("left", "right"):
-                raise HeadprobeError(
-                    f"padding_side must be 'left' or 'right', got {padding_side!r}{did_you_mean(str(padding_side), ('left', 'right'))}"
-                )
-            from headprobe.probe.hooks.capture import pad_prompts
-
-            return pad_prompts([self.to_tokens(t)[0] for t in text], self.pad_token_id, padding_side)
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if self.prepend_bos:
-            if not ids or ids[0] != self.bos_token_id:
-                ids = [self.bos_token_id, *ids]
-        if self.end_token_id is not None and ids[-1] != self.end_token_id:  # an encoder: [CLS] ... [SEP]
-            ids = [*ids, self.end_token_id]
-        self.check_token_ids(ids)
-        return torch.tensor([ids], dtype=torch.long)
-
-    def check_token_ids(self, ids: Sequence[int] | Tensor, what: str = "the text") -> None:
-        """Refuse token ids (``ids`` of any shape, e.g. ``[batch, pos]``, read flattened) the
-        embedding has no row for (``0 <= id < spec.d_vocab``): a tokenizer
-        with tokens added after the model was made (an added special token) gives such ids, and the
-        forward would end in ``IndexError: index out of range in self``. Run on every id
-        :meth:`to_tokens` returns and on the token sets (:mod:`headprobe.analyses.data`).
-
-        Raises:
-            HeadprobeError: an id outside the embedding's rows, named with its token and the model's vocabulary size.
-        """
-        flat = torch.as_tensor(ids).reshape(-1)
-        n = self.spec.d_vocab
-        bad = flat[(flat < 0) | (flat >= n)]
-        if bad.numel():
-            tid = int(bad[0])
-            token = (
-                self.tokenizer.convert_ids_to_tokens(tid)
-                if tid >= 0 and hasattr(self.tokenizer, "convert_ids_to_tokens")  # a negative id has no token
-                else None
-            )
-            raise HeadprobeError(
-                f"{what} has token id {tid}{f' ({token!r})' if token else ''}, outside the model's "
-                f"vocabulary of {n} tokens (ids 0..{n - 1}): the tokenizer has tokens the embedding "
-                f"has no rows for (added after the model was made?)"
-            )
-
-    @property
-    def pad_token_id(self) -> int:
-        """The id :meth:`to_tokens` pads with: the tokenizer's pad token, else EOS, else BOS, else 0
-        (which one does not matter: padded keys are masked and padded positions never scored)."""
-        for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
-            tid = getattr(self.tokenizer, name, None)
-            if isinstance(tid, int):
-                return tid
-        return 0
-
     def hooks(
         self, fwd_hooks: Sequence[tuple[str, HookFn]] = (), bwd_hooks: Sequence[tuple[str, HookFn]] = ()
     ) -> AbstractContextManager[None]:
@@ -663,8 +454,10 @@ class LoadedModel:
 
     def layer_index(self, layer: int) -> int:
         """``layer`` as an index into the model's ``spec.n_layers`` layers (``-1``: the last), checked as
-        :func:`headprobe.capture_heads` checks its ``layers``: what every method taking a layer (:meth:`W_O`,
-        :meth:`b_O`, :meth:`forward_from`, :meth:`attention_input`, :meth:`qk_terms`, ...) checks it with.
+        :func:`headprobe.capture_heads` checks its ``layers``. Every public method taking a layer (:meth:`W_O`,
+        :meth:`b_O`, :meth:`forward_from`, :meth:`attention_input`, :meth:`qk_terms`, ...) is a template here that
+        checks it with this, then calls its ``_`` hook (``W_O`` -> ``_W_O``), which a backend implements
+        with ``layer`` checked already: no backend checks a layer itself.
 
         Raises:
             HeadprobeError: ``layer 30 is out of range: there are 30 (0 .. 29, or -30 .. -1 from the end)``,
@@ -680,9 +473,7 @@ class LoadedModel:
         Raises:
             HeadprobeError: ``layer`` out of range (:meth:`layer_index`).
         """
-        layer = self.layer_index(layer)
-        with self._aligned(self.model.blocks[layer]):
-            return self.model.blocks[layer].attn.b_O
+        return self._b_O(self.layer_index(layer))
 
     @torch.inference_mode()
     def norm_weights(self, layer: int | None = None) -> NormWeights | None:
@@ -698,31 +489,7 @@ class LoadedModel:
             HeadprobeError: an odd ``d_model`` (the probe needs a mean-zero +-1 vector), ``layer`` out of
                 range (:meth:`layer_index`).
         """
-        layer = None if layer is None else self.layer_index(layer)
-        module = (
-            getattr(self.model, "ln_final", None) if layer is None else getattr(self.model.blocks[layer], "ln1", None)
-        )
-        if module is None:
-            return None
-        D = self.spec.d_model
-        if D % 2:
-            raise HeadprobeError(f"cannot read the norm weights of a model with odd d_model ({D})")
-        u = torch.ones(D, dtype=torch.float32, device=self.device)
-        u[1::2] = -1
-        c = 1e3
-        probe = torch.stack([c * u, -c * u, c * u + 3 * c]).to(self.dtype)[None]  # [1, 3, d_model]
-        with self._aligned(self.model.blocks[layer] if layer is not None else module):
-            device = self.device if layer is None else self._block_device(layer)
-            out = module(probe.to(device))[0].float().to(self.device)
-        w, b = (out[0] - out[1]) / (2 * u), (out[0] + out[1]) / 2
-        centers = bool(torch.allclose(out[2], out[0], rtol=1e-2, atol=1e-2 * float(out[0].abs().max())))
-        return NormWeights(w, b, centers)
-
-    def final_norm(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        """The model's final norm (``ln_final``) applied to the final residual stream ``resid``
-        (``resid`` itself where the model has none)."""
-        norm = getattr(self.model, "ln_final", None)
-        return resid if norm is None else norm(resid)
+        return self._norm_weights(None if layer is None else self.layer_index(layer))
 
     def logits_from_residual(
         self,
@@ -868,7 +635,21 @@ class LoadedModel:
         :meth:`attn_out_hook` holds) is ``attn_out[i]``. The rest of the block (post-attention
         norm, MLP, parallel residual), the later blocks and the unembedding run as in
         :meth:`forward`; returns :meth:`scored_losses` of each of the ``n`` (nats/token).
+
+        Raises:
+            HeadprobeError: ``layer`` out of range (:meth:`layer_index`).
         """
+        return self._resume_scored_losses(self.layer_index(layer), tokens, resid_pre, attn_out, first)
+
+    def _resume_scored_losses(
+        self,
+        layer: int,
+        tokens: Int[Tensor, "batch pos"],
+        resid_pre: Float[Tensor, "n pos d_model"],
+        attn_out: Float[Tensor, "n pos d_model"],
+        first: int,
+    ) -> Float[Tensor, " n"]:
+        """What each backend implements behind :meth:`resume_scored_losses` (``layer`` checked)."""
         raise NotImplementedError
 
     def scored_losses_from(
@@ -885,10 +666,29 @@ class LoadedModel:
         caller's promise: every hook is on layer ``layer`` or later). Saves the first ``layer``
         blocks of every forward of a head-set ablation (:func:`headprobe.analyses.ablation.set_ablation_losses`).
 
-        This base version is the honest full forward (``resid_pre`` unused), which is what a
-        backend that cannot start a forward mid-way does (the TransformerLens bridge)."""
-        self.layer_index(layer)
+        Raises:
+            HeadprobeError: ``layer`` out of range (:meth:`layer_index`).
+        """
+        return self._scored_losses_from(self.layer_index(layer), tokens, resid_pre, first, fwd_hooks)
+
+    def _scored_losses_from(
+        self,
+        layer: int,
+        tokens: Int[Tensor, "n pos"],
+        resid_pre: Float[Tensor, "n pos d_model"],
+        first: int,
+        fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+    ) -> Float[Tensor, " n"]:
+        """What a backend implements behind :meth:`scored_losses_from` (``layer`` checked). This
+        base version is the honest full forward (``resid_pre`` unused), which is what a backend
+        that cannot start a forward mid-way does (the TransformerLens bridge)."""
         return self.scored_losses(tokens, first, fwd_hooks)
+
+    def _offers(self, hook: str) -> bool:
+        """Whether this backend implements ``hook``, one of the hooks below whose :class:`LoadedModel`
+        version refuses the feature whatever its arguments: their templates check ``layer`` only
+        then, so a backend without the feature names what it lacks, not the layer."""
+        return getattr(type(self), hook) is not getattr(LoadedModel, hook)
 
     def forward_from(
         self,
@@ -904,8 +704,20 @@ class LoadedModel:
         are not run, so path patching into a late receiver skips them.
 
         Raises:
-            HeadprobeError: not the native backend.
+            HeadprobeError: not the native backend; ``layer`` out of range (:meth:`layer_index`).
         """
+        if self._offers("_forward_from"):
+            layer = self.layer_index(layer)
+        return self._forward_from(layer, resid_pre, fwd_hooks, attention_mask)
+
+    def _forward_from(
+        self,
+        layer: int,
+        resid_pre: Float[Tensor, "batch pos d_model"],
+        fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+    ) -> Float[Tensor, "batch pos d_vocab"]:
+        """What a backend with :attr:`path_patching` implements behind :meth:`forward_from` (``layer`` checked)."""
         raise self.lacks("path_patching", f"resuming a forward at a layer needs the native backend, not {self.name}")
 
     def attention_input(
@@ -916,8 +728,17 @@ class LoadedModel:
         patching and edge attribution (:mod:`headprobe.analyses.circuit`) build a receiver's input with it.
 
         Raises:
-            HeadprobeError: a backend or architecture without it (the bridge; post-LN encoders).
+            HeadprobeError: a backend or architecture without it (the bridge; post-LN encoders);
+                ``layer`` out of range (:meth:`layer_index`).
         """
+        if self._offers("_attention_input"):
+            layer = self.layer_index(layer)
+        return self._attention_input(layer, resid)
+
+    def _attention_input(
+        self, layer: int, resid: Float[Tensor, "batch pos d_model"]
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """What a backend with :attr:`path_patching` implements behind :meth:`attention_input` (``layer`` checked)."""
         raise self.lacks(
             "path_patching",
             f"a head's attention input (path patching, edge attribution) needs the native backend, not {self.name}",
@@ -928,8 +749,14 @@ class LoadedModel:
         its attention soft-cap ``c`` (scores ``c tanh(s / c)``, Gemma-2), or None.
 
         Raises:
-            HeadprobeError: not the native backend.
+            HeadprobeError: not the native backend; ``layer`` out of range (:meth:`layer_index`).
         """
+        if self._offers("_attention_scale"):
+            layer = self.layer_index(layer)
+        return self._attention_scale(layer)
+
+    def _attention_scale(self, layer: int) -> tuple[float, float | None]:
+        """What a backend implements behind :meth:`attention_scale` (``layer`` checked)."""
         raise HeadprobeError(f"the attention scale of a layer is read on the native backend only, not {self.name}")
 
     def qk_terms(
@@ -949,8 +776,30 @@ class LoadedModel:
 
         Raises:
             HeadprobeError: not the native backend, an attention it does not split (MLA with a query latent),
-                or ``layer`` or ``head`` out of range (:meth:`layer_index`'s line).
+                or ``layer`` or ``head`` (of the layer's :meth:`_n_heads`) out of range (:meth:`layer_index`'s line).
         """
+        if self._offers("_qk_terms"):
+            from headprobe.probe.core.heads import indices
+
+            layer = self.layer_index(layer)
+            head = indices([head], self._n_heads(layer), "head")[0]
+        return self._qk_terms(layer, head, side, terms, ref, pos)
+
+    def _n_heads(self, layer: int) -> int:
+        """Query heads in layer ``layer`` (checked), what :meth:`qk_terms` checks ``head`` against:
+        ``spec.n_heads`` here; a backend whose layers keep fewer (a pruned model) says so."""
+        return self.spec.n_heads
+
+    def _qk_terms(
+        self,
+        layer: int,
+        head: int,
+        side: Literal["q", "k"],
+        terms: Float[Tensor, "n d_model"],
+        ref: Float[Tensor, " d_model"],
+        pos: int,
+    ) -> Float[Tensor, "n_plus_1 d_qk"]:
+        """What a backend implements behind :meth:`qk_terms` (``layer`` and ``head`` checked)."""
         raise HeadprobeError(f"QK attribution needs the native backend (--backend native), not {self.name}")
 
     def online_stats_geometry(self, layer: int) -> tuple[Any, bool]:
@@ -961,8 +810,15 @@ class LoadedModel:
 
         Raises:
             HeadprobeError: a backend without :attr:`streams_statistics`, a pruned layer, or a layer
-                whose hooked queries are not the ones attention reads.
+                whose hooked queries are not the ones attention reads; ``layer`` out of range (:meth:`layer_index`).
         """
+        if self._offers("_online_stats_geometry"):
+            layer = self.layer_index(layer)
+        return self._online_stats_geometry(layer)
+
+    def _online_stats_geometry(self, layer: int) -> tuple[Any, bool]:
+        """What a backend with :attr:`streams_statistics` implements behind :meth:`online_stats_geometry`
+        (``layer`` checked)."""
         from headprobe.probe.hooks.online_stats import STREAMING_REFUSAL
 
         raise self.lacks("streams_statistics", STREAMING_REFUSAL.format(backend=self.name))
@@ -996,22 +852,6 @@ class LoadedModel:
         """
         self.check_prunable()
         raise NotImplementedError
-
-
-@dataclass(frozen=True)
-class NormWeights:
-    """The affine part of a norm ``N(x) = w * normalize(x) + b`` (:meth:`LoadedModel.norm_weights`).
-
-    Attributes:
-        weight: ``w`` ``[d_model]`` (float32).
-        bias: ``b`` ``[d_model]`` (zeros for RMS-type norms).
-        centers: the norm subtracts the mean of its input (LayerNorm), so it reads only the
-            component orthogonal to the all-ones direction.
-    """
-
-    weight: Float[Tensor, " d_model"]
-    bias: Float[Tensor, " d_model"]
-    centers: bool
 
 
 def _module_type(module: Any, module_name: str, class_name: str) -> bool:

@@ -274,7 +274,7 @@ class BridgeModel(LoadedModel):
         return scored_loss(self.forward(tokens, fwd_hooks), tokens, first)
 
     @torch.inference_mode()
-    def resume_scored_losses(
+    def _resume_scored_losses(
         self,
         layer: int,
         tokens: Int[Tensor, "batch pos"],
@@ -285,7 +285,6 @@ class BridgeModel(LoadedModel):
         """See :meth:`headprobe.probe.backends.base.LoadedModel.resume_scored_losses`: one forward of
         ``tokens`` per ``batch`` of the ``n`` sequences, with ``blocks.{layer}.hook_resid_pre`` and
         the raw attention output replaced (the layers before ``layer`` are recomputed)."""
-        layer = self.layer_index(layer)
         tokens = tokens.to(self.device)
         B = tokens.shape[0]
         out = []

@@ -161,7 +161,7 @@ class NativeModel(LoadedModel):
         return self._losses(resid, tokens, first, normed=True)
 
     @torch.inference_mode()
-    def resume_scored_losses(
+    def _resume_scored_losses(
         self,
         layer: int,
         tokens: Int[Tensor, "batch pos"],
@@ -172,7 +172,7 @@ class NativeModel(LoadedModel):
         """See :meth:`headprobe.probe.backends.base.LoadedModel.resume_scored_losses`: layer ``layer``'s
         :meth:`~headprobe.probe.model.transformer.Block.resume` (post-attention norm and parallel MLP as in the
         forward pass), the later blocks, and logits only at the scored positions."""
-        layer, net = self.layer_index(layer), self.model
+        net = self.model
         tokens = tokens.to(self.device)
         block_device = self._block_device(layer)
         with self._aligned(net.blocks[layer]):  # resume is not a forward: accelerate's hook does not load the weights
@@ -183,7 +183,7 @@ class NativeModel(LoadedModel):
         return self._losses(x.to(self.device), tokens, first)
 
     @torch.inference_mode()
-    def scored_losses_from(
+    def _scored_losses_from(
         self,
         layer: int,
         tokens: Int[Tensor, "n pos"],
@@ -193,7 +193,6 @@ class NativeModel(LoadedModel):
     ) -> Float[Tensor, " n"]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.scored_losses_from`: blocks ``layer`` on
         from ``resid_pre``, then logits only at the scored positions."""
-        layer = self.layer_index(layer)
         with self.hooks(fwd_hooks):
             resid = self._resid_from(layer, resid_pre)
         return self._losses(resid.to(self.device), tokens.to(self.device), first)
@@ -221,7 +220,7 @@ class NativeModel(LoadedModel):
     ) -> Float[Tensor, " n"]:
         return _scored_losses_from_resid(self.model, resid, tokens, first, normed)
 
-    def forward_from(
+    def _forward_from(
         self,
         layer: int,
         resid_pre: Float[Tensor, "batch pos d_model"],
@@ -229,15 +228,14 @@ class NativeModel(LoadedModel):
         attention_mask: Int[Tensor, "batch pos"] | None = None,
     ) -> Float[Tensor, "batch pos d_vocab"]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.forward_from`."""
-        layer = self.layer_index(layer)
         with self.hooks(fwd_hooks):  # hooks on ln_final fire too
             return self.model.logits(self._resid_from(layer, resid_pre, attention_mask).to(self.device))
 
-    def attention_input(
+    def _attention_input(
         self, layer: int, resid: Float[Tensor, "batch pos d_model"]
     ) -> Float[Tensor, "batch pos d_model"]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.attention_input`."""
-        block = self.model.blocks[self.layer_index(layer)]
+        block = self.model.blocks[layer]
         if block.post_ln:
             raise HeadprobeError(
                 "a post-LN block (BERT) normalises the residual after the attention: "
@@ -245,12 +243,16 @@ class NativeModel(LoadedModel):
             )
         return resid if block.ln1 is None else block.ln1(resid)
 
-    def attention_scale(self, layer: int) -> tuple[float, float | None]:
+    def _attention_scale(self, layer: int) -> tuple[float, float | None]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.attention_scale`."""
-        attn = self.model.blocks[self.layer_index(layer)].attn
+        attn = self.model.blocks[layer].attn
         return float(attn.scale), attn.softcap
 
-    def qk_terms(
+    def _n_heads(self, layer: int) -> int:
+        """Query heads in layer ``layer``: its attention module's (fewer in a pruned layer)."""
+        return self.model.blocks[layer].attn.n_heads
+
+    def _qk_terms(
         self,
         layer: int,
         head: int,
@@ -260,19 +262,15 @@ class NativeModel(LoadedModel):
         pos: int,
     ) -> Float[Tensor, "n_plus_1 d_qk"]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.qk_terms`."""
-        from headprobe.probe.core.heads import indices
         from headprobe.probe.hooks.qk import head_qk_terms
 
-        layer = self.layer_index(layer)
-        head = indices([head], self.model.blocks[layer].attn.n_heads, "head")[0]
         with self._aligned(self.model.blocks[layer]):
             return head_qk_terms(self.model, layer, head, side, terms, ref, pos)
 
-    def online_stats_geometry(self, layer: int) -> tuple[Any, bool]:
+    def _online_stats_geometry(self, layer: int) -> tuple[Any, bool]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.online_stats_geometry`: read off the layer's attention module."""
         from headprobe.probe.hooks.online_stats import AttentionGeometry
 
-        layer = self.layer_index(layer)
         attn = self.model.blocks[layer].attn
         if hasattr(attn, "kept_heads"):
             raise HeadprobeError(
