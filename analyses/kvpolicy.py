@@ -107,7 +107,9 @@ class Quality:
         natural_loss: mean next-token loss on natural text, nats/token.
         long_range_loss: mean loss on the repeated block's tokens 2..block_len, nats/token.
         copy_accuracy: share of those tokens that are the top-1 prediction, 0..1.
-        per_distance: distance (tokens) -> ``{"loss", "accuracy"}`` over that distance's sequences.
+        per_distance: distance (tokens) -> ``{"n_sequences", "loss", "loss_ci95_lo", "loss_ci95_hi",
+            "accuracy", "accuracy_ci95_lo", "accuracy_ci95_hi"}`` over that distance's sequences, each
+            with its 95% interval over them (:func:`per_distance_quality`; NaN from one sequence).
         natural_token_loss: the per-token losses the natural loss averages, ``[window, pos]``
             nats (CPU), or None (a Quality built from numbers alone): what the intervals resample.
         copy_hits: the top-1 hits (0/1) the copy accuracy averages, ``[sequence, block_len - 1]``
@@ -188,12 +190,53 @@ def evaluate(
     losses and hits it averages (for :func:`paired_difference`: no further forward pass)."""
     loss, hit = long_range_quality(model, lr, policy)
     loss, hit = loss.cpu(), hit.cpu()
-    per = {
-        int(d): {"loss": float(loss[lr.distance == d].mean()), "accuracy": float(hit[lr.distance == d].mean())}
-        for d in lr.distance.unique()
-    }
+    per = per_distance_quality(loss, hit, lr.distance.cpu())
     nat = natural_token_losses(model, natural, start, policy)
     return Quality(float(nat.mean()), float(loss.mean()), float(hit.mean()), per, nat.float().cpu(), hit)
+
+
+def per_distance_quality(
+    loss: Float[Tensor, "sequence copy"], hits: Float[Tensor, "sequence copy"], distance: Int[Tensor, " sequence"]
+) -> dict[int, dict[str, float]]:
+    """Per distance of the long-range task, the loss and the top-1 copy accuracy over that distance's
+    sequences' copied tokens, each with a 95% interval.
+
+    The interval is the Student-t interval of the mean over the distance's sequences
+    (:func:`~headprobe.analyses.statistics.mean_ci`, Student 1908), each sequence's mean over its
+    ``copy`` tokens the unit, as the copy accuracy's interval in :func:`paired_difference`: a
+    sequence's copied tokens come from one planted block and succeed or fail together, so they are a
+    cluster, and a binomial interval over the tokens (independent draws) would be too narrow by the
+    design effect (Kish 1965, *Survey Sampling*, ch. 5). Every sequence has the same number of
+    copied tokens, so the mean of the sequences' means is the token mean printed, and the t interval
+    over them is the cluster-robust one with ``G - 1`` degrees of freedom that Cameron & Miller 2015
+    (J. Human Resources 50(2):317-372, sec. VI) recommend for few clusters. The accuracy's bounds are
+    clipped to [0, 1] and the loss's lower bound to 0 (a t interval over 2 or 3 sequences overshoots
+    the range). Where every sequence has the same value (all copied, typical of the full cache at
+    short range) the interval has zero width: it says the sequences agree, not that the accuracy is
+    known exactly.
+
+    Args:
+        loss: per-token losses (nats), ``[sequence, block_len - 1]``.
+        hits: top-1 hits (0/1, or fractions for a mean of policies), the same shape.
+        distance: each sequence's distance (tokens), ``[sequence]``.
+
+    Returns:
+        distance (int, ascending) -> ``{"n_sequences", "loss", "loss_ci95_lo", "loss_ci95_hi", "accuracy",
+        "accuracy_ci95_lo", "accuracy_ci95_hi"}``; the bounds NaN (JSON ``null``) for a distance with
+        fewer than :data:`~headprobe.analyses.statistics.MIN_N_FOR_CI` sequences (no interval, never a
+        made-up one: the default ``--n-per-distance 1``).
+    """
+    from headprobe.analyses.statistics import mean_ci
+
+    out: dict[int, dict[str, float]] = {}
+    for d in distance.unique():
+        rows = distance == d
+        entry: dict[str, float] = {"n_sequences": int(rows.sum())}
+        for name, x, top in (("loss", loss[rows], math.inf), ("accuracy", hits[rows], 1.0)):
+            lo, hi = np.clip(mean_ci(x.double().mean(1).numpy()), 0.0, top)
+            entry.update({name: float(x.mean()), f"{name}_ci95_lo": float(lo), f"{name}_ci95_hi": float(hi)})
+        out[int(d)] = entry
+    return out
 
 
 def mean_quality(qualities: list[Quality]) -> Quality:

@@ -214,3 +214,83 @@ def test_each_curve_row_says_whether_the_tolerance_holds_beyond_its_interval():
     assert [r["within_tolerance"] for r in got] == [kp.tolerance_check(r, 0.015)["within_tolerance"] for r in rows]
     # the other columns kept, the given rows unchanged (one NaN object: dict equality compares it by identity)
     assert [{k: v for k, v in r.items() if k != "within_tolerance"} for r in got] == given == rows
+
+
+def _evaluated(monkeypatch, loss: torch.Tensor, hits: torch.Tensor, distance: list[int]) -> kp.Quality:
+    """:func:`kp.evaluate` on hand-made per-token losses and hits (its forward passes replaced, the
+    model a stand-in): the long-range set needs only its ``distance``."""
+    from unittest.mock import Mock
+
+    from headprobe.analyses.data import LongRangeSet
+    from headprobe.probe.backends.base import LoadedModel
+
+    monkeypatch.setattr(kp, "long_range_quality", lambda model, lr, policy=None: (loss, hits))
+    monkeypatch.setattr(kp, "natural_token_losses", lambda model, tokens, start, policy=None: torch.ones(1, 30))
+    lr = Mock(spec=LongRangeSet, distance=torch.tensor(distance))
+    return kp.evaluate(Mock(spec=LoadedModel), torch.zeros(1, 31, dtype=torch.long), 0, lr)
+
+
+def test_per_distance_intervals_by_hand(monkeypatch):
+    """Each distance's copy accuracy and loss carry a 95% interval over its sequences, worked out by
+    hand (t quantiles from a table: t(3, 0.975) = 3.182446, t(2, 0.975) = 4.302653):
+
+    * distance 8, 4 sequences of 4 copied tokens with 1, 2, 2 and 3 hits: accuracy 0.5, the
+      sequences' accuracies 0.25, 0.5, 0.5, 0.75 have sd sqrt(0.125 / 3) = 0.204124, so
+      0.5 +- 3.182446 * 0.204124 / 2 = [0.175192, 0.824808]. A binomial (Wilson) interval over the 16
+      tokens as if independent would be [0.280, 0.720]: narrower, the clustering ignored.
+      Their losses 1, 2, 3, 2 nats: mean 2, sd sqrt(2 / 3) = 0.816497, [0.700771, 3.299229];
+    * distance 20, 2 sequences all copied and 1 all wrong: 2/3 +- 4.302653 * 0.577350 / sqrt 3 =
+      [-0.768, 2.101], clipped to [0, 1]; losses 0.5, 0.5, 3.5: 1.5 +- 4.302653 * sqrt 3 / sqrt 3,
+      the lower bound clipped to 0: [0, 5.802653];
+    * distance 40, 3 sequences all copied: [1, 1] (the sequences agree);
+    * distance 60, one sequence: no interval (NaN, JSON null).
+
+    Old code: per_distance held only ``loss`` and ``accuracy`` (no interval)."""
+    blocks = {  # distance -> per sequence (hits of its 4 copied tokens, its loss per token)
+        8: [([1, 0, 0, 0], 1.0), ([1, 1, 0, 0], 2.0), ([0, 1, 0, 1], 3.0), ([1, 1, 1, 0], 2.0)],
+        20: [([1, 1, 1, 1], 0.5), ([0, 0, 0, 0], 3.5), ([1, 1, 1, 1], 0.5)],
+        40: [([1, 1, 1, 1], 0.25)] * 3,
+        60: [([0, 1, 1, 1], 1.0)],
+    }
+    distance = [d for d, seqs in blocks.items() for _ in seqs]
+    hits = torch.tensor([h for seqs in blocks.values() for h, _ in seqs], dtype=torch.float32)
+    loss = torch.tensor([[x] * 4 for seqs in blocks.values() for _, x in seqs], dtype=torch.float32)
+    loss[1] += torch.tensor([0.1, -0.1, 0.2, -0.2])  # token losses vary within a sequence; its mean is still 2
+    per = _evaluated(monkeypatch, loss, hits, distance).per_distance
+    assert list(per) == [8, 20, 40, 60] and [per[d]["n_sequences"] for d in per] == [4, 3, 3, 1]
+
+    def ci(d: int, q: str) -> list[float]:
+        return [per[d][f"{q}_ci95_lo"], per[d][f"{q}_ci95_hi"]]
+
+    assert per[8]["accuracy"] == 0.5 and ci(8, "accuracy") == pytest.approx([0.175192, 0.824808], abs=1e-6)
+    assert per[8]["loss"] == pytest.approx(2.0) and ci(8, "loss") == pytest.approx([0.700771, 3.299229], abs=1e-6)
+    assert per[20]["accuracy"] == pytest.approx(2 / 3) and ci(20, "accuracy") == [0.0, 1.0]
+    assert per[20]["loss"] == pytest.approx(1.5) and ci(20, "loss") == pytest.approx([0.0, 5.802653], abs=1e-6)
+    assert per[40]["accuracy"] == 1.0 and ci(40, "accuracy") == [1.0, 1.0] and ci(40, "loss") == [0.25, 0.25]
+    assert per[60]["accuracy"] == 0.75 and all(np.isnan(ci(60, q)).all() for q in ("loss", "accuracy"))
+    # the interval over sequences is wider than a binomial one over the tokens (Wilson, 16 tokens at 0.5)
+    z, n = 1.959964, 16
+    wilson_half = z * np.sqrt(0.25 / n + z**2 / (4 * n**2)) / (1 + z**2 / n)
+    assert ci(8, "accuracy")[1] - ci(8, "accuracy")[0] > 2 * wilson_half + 0.2
+
+
+def test_per_distance_interval_widens_with_fewer_sequences(monkeypatch):
+    """The same sequences' accuracies (0.25, 0.5, 0.5, 0.75 repeated), the first 16, 8, 4 and 2 of them
+    at one distance: the accuracy stays 0.5 while the interval widens as the sequences get fewer
+    (sd / sqrt(n), and a larger t quantile), each bound the t interval of the sequences' accuracies
+    (scipy's); one sequence gives none."""
+    from scipy.stats import ttest_1samp
+
+    pattern = [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [1, 1, 1, 0]]
+    widths = []
+    for n in (16, 8, 4, 2, 1):
+        hits = torch.tensor((pattern * 4)[:n], dtype=torch.float32)
+        per = _evaluated(monkeypatch, torch.ones(n, 4), hits, [30] * n).per_distance[30]
+        lo, hi = per["accuracy_ci95_lo"], per["accuracy_ci95_hi"]
+        if n == 1:
+            assert np.isnan([lo, hi]).all() and per["accuracy"] == 0.25
+            break
+        ref = ttest_1samp(hits.double().mean(1).numpy(), 0.0).confidence_interval(0.95)
+        assert [lo, hi] == pytest.approx(np.clip([ref.low, ref.high], 0, 1)) and lo <= per["accuracy"] <= hi
+        widths.append(hi - lo)
+    assert widths == sorted(widths) and len(set(widths)) == len(widths), widths  # strictly wider as n falls
