@@ -477,12 +477,48 @@ def test_too_few_tokens_or_sequences_give_null_intervals_with_reasons(llama, tex
     s, report = r.summary(), r.report()
     why = s["interval_null_reasons"]
     assert "22 tokens in blocks of 3 make 8" in why["natural_loss"] and "at least 2" in why["copy_accuracy"]
+    assert "at least 2" in why["per_distance"] and "--n-per-distance" in why["per_distance"]
+    per = s["full"]["per_distance"][12]  # one sequence at the distance: its numbers, no interval
+    assert per["n_sequences"] == 1 and math.isnan(per["accuracy_ci95_lo"]) and math.isnan(per["loss_ci95_hi"])
     assert all(math.isnan(s["chosen"][k]) for k in ("natural_loss_increase_ci95_lo", "copy_accuracy_drop_ci95_hi"))
     assert "[n/a]" in next(x for x in report.splitlines() if x.lstrip().startswith("chosen "))
     for key, control in (("beats_uniform", "uniform"), ("beats_random", "random_mean")):
         claims = s[f"chosen_minus_{control}"]["not_distinguishable"]
         assert s[key] is None if claims else s[key] is not None
     assert "nan" not in report.lower()
+
+
+def test_per_distance_intervals_reach_summary_json(llama, text_file, tmp_path):
+    """3 sequences at each of 2 distances: summary.json's ``full.per_distance`` gives each distance's
+    loss and copy accuracy with their 95% interval over its sequences, the t interval of the
+    sequences' own means (scipy's, from the run's per-token values), holding its estimate; the rule
+    is in ``definitions.intervals``; no null reason. Old code: ``loss`` and ``accuracy`` alone."""
+    from scipy.stats import ttest_1samp
+
+    _, model = llama
+    cfg = tiny_kv(text_file, distances=(10, 30), n_per_distance=3, n_random=1, budgets=(0.5,))
+    r = run(model, cfg, progress=False)
+    r.save(tmp_path / "out")
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert "per_distance" not in s.get("interval_null_reasons", {})
+    assert "long-range sequences of the distance" in s["definitions"]["intervals"]["per_distance"]
+    lr = long_range_tokens(model, 48, [10, 30], 6, cfg.seed + 1, 3, text_file.read_text())
+    loss, hits = (x.cpu() for x in kp.long_range_quality(model, lr))
+    torch.testing.assert_close(hits, r.full.copy_hits)  # the run's sequences, rebuilt
+    for i, d in enumerate((10, 30)):
+        per = s["full"]["per_distance"][str(d)]
+        rows = slice(3 * i, 3 * i + 3)
+        assert per["n_sequences"] == 3
+        for q, x, top in (("accuracy", hits[rows], 1.0), ("loss", loss[rows], math.inf)):
+            assert per[q] == pytest.approx(float(x.mean()), abs=1e-6)
+            lo, hi = per[f"{q}_ci95_lo"], per[f"{q}_ci95_hi"]
+            unit = x.double().mean(1).numpy()
+            if unit.std() == 0:  # the sequences agree: a zero-width interval at their value
+                assert lo == hi == pytest.approx(per[q])
+                continue
+            ref = ttest_1samp(unit, 0.0).confidence_interval(0.95)
+            assert [lo, hi] == pytest.approx([max(ref.low, 0.0), min(ref.high, top)], abs=1e-6), (d, q)
+            assert lo - 1e-9 <= per[q] <= hi + 1e-9
 
 
 def test_the_bridge_is_refused(tiny_llama_gqa):

@@ -199,11 +199,11 @@ class KVResult(CompactRepr, WritesOutputs):
 
         nat, hits = self.full.natural_token_loss, self.full.copy_hits
         return {
-            "columns": "*_ci95_lo / *_ci95_hi: the 95% interval of the quantity before it; every interval is of "
-            "a paired difference (the same tokens under both policies, from the evaluations that give the "
-            "numbers: no further forward pass); natural_loss_increase and copy_accuracy_drop are the policy "
-            "against the full cache, chosen_minus_* the chosen policy's natural loss and copy accuracy minus "
-            "the control's",
+            "columns": "*_ci95_lo / *_ci95_hi: the 95% interval of the quantity before it; every interval but "
+            "per_distance's is of a paired difference (the same tokens under both policies, from the evaluations "
+            "that give the numbers: no further forward pass); natural_loss_increase and copy_accuracy_drop are "
+            "the policy against the full cache, chosen_minus_* the chosen policy's natural loss and copy accuracy "
+            "minus the control's",
             "natural_loss": "unavailable (no per-token losses)"
             if nat is None
             else block_bootstrap_rule(nat.shape[1], nat.shape[0]),
@@ -212,6 +212,14 @@ class KVResult(CompactRepr, WritesOutputs):
             else interval_rule("long-range sequences") + f" ({hits.shape[0]} here, {hits.shape[1]} copied tokens "
             "each; a sequence's copied tokens come from one planted block and succeed or fail together, so the "
             "sequence is the unit)",
+            "per_distance": "unavailable (no per-token hits)"
+            if hits is None
+            else "full.per_distance: each distance's loss (nats/token) and copy accuracy (0..1), not a difference: "
+            + interval_rule("long-range sequences of the distance")
+            + f" ({self.config.n_per_distance} per distance here, {hits.shape[1]} copied tokens each; each "
+            "sequence's mean over its copied tokens is the unit, a cluster: a binomial interval over the tokens "
+            "would be too narrow); the accuracy clipped to [0, 1], the loss to [0, inf); zero width where every "
+            "sequence of a distance has the same value (they agree, not an exact accuracy)",
             "random_mean": "the chosen policy minus the random policies' mean, token by token: given these "
             f"{self.config.n_random} draws (the spread over draws is the random rows' range, not in the interval)",
         }
@@ -233,6 +241,8 @@ class KVResult(CompactRepr, WritesOutputs):
             out["copy_accuracy"] = "undefined: no per-token hits (a result built from numbers alone)"
         elif why := no_interval_reason(hits.shape[0], "long-range sequences"):
             out["copy_accuracy"] = f"{why} (raise --n-per-distance or give more --distances)"
+        if hits is not None and (why := no_interval_reason(self.config.n_per_distance, "long-range sequences")):
+            out["per_distance"] = f"{why} per distance (raise --n-per-distance)"
         return out
 
     def _interval_line(self) -> str:
