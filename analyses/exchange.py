@@ -617,8 +617,9 @@ def read_mib_pt(path: Path, layout: Layout | None) -> HeadFile:
     ``prev_index``).
 
     Raises:
-        HeadprobeError: not a PyTorch file, Python objects besides those, no ``to_pt`` keys, or
-            tensors whose shapes are not those of ``cfg``'s graph.
+        HeadprobeError: not a PyTorch file, Python objects besides those, no ``to_pt`` keys,
+            tensors whose shapes are not those of ``cfg``'s graph, ``nodes_in_graph`` not a bool
+            tensor, or ``src_nodes`` not EAP-IG's forward nodes in order.
     """
     import pickle
     import zipfile
@@ -672,6 +673,18 @@ def read_mib_pt(path: Path, layout: Layout | None) -> HeadFile:
         raise HeadprobeError(
             f"{name}: {bad[0]} has shape {shapes[bad[0]]}; a graph of {n_layers} layers x {n_heads} "
             f"heads has {want[bad[0]]} (EAP-IG's to_pt)"
+        )
+    if d["nodes_in_graph"].dtype != torch.bool:  # bool(0.7) read as in the graph, as JSON's 1 is not
+        raise HeadprobeError(
+            f"{name}: nodes_in_graph is a {str(d['nodes_in_graph'].dtype).removeprefix('torch.')} tensor, not bool "
+            "(EAP-IG's to_pt saves the node flags as bool)"
+        )
+    order = mib_nodes(n_layers, n_heads)[:-1]  # the forward nodes: nodes_in_graph[i] is src_nodes[i]'s flag
+    if list(map(str, src)) != order:
+        i = next(i for i, (a, b) in enumerate(zip(map(str, src), order)) if a != b)
+        raise HeadprobeError(
+            f"{name}: src_nodes[{i}] is {str(src[i])[:40]!r}, not {order[i]!r} (EAP-IG's forward order: input, per "
+            "layer a{l}.h{h} then m{l})"
         )
     prev = torch.tensor([_prev_index(str(n), name, n_src, n_heads, parallel) for n in dst])
     real = torch.arange(n_src)[:, None] < prev[None, :]

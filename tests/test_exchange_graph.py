@@ -625,3 +625,40 @@ def test_a_parallel_graph_has_no_edge_from_a_layers_heads_to_its_mlp():
     graph["cfg"]["parallel_attn_mlp"] = True
     with pytest.raises(HeadprobeError, match=r"edge 'a0.h1->m0' is no edge of EAP-IG's graph .*parallel_attn_mlp true"):
         read_mib(graph, "g.json", None)
+
+
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        ({"nodes_in_graph": torch.tensor([0.0, 0.7, 0, 0, 0, 0, 0, 0, 0, 0, 0])}, "nodes_in_graph is a float32 tensor"),
+        ({"nodes_in_graph": torch.tensor([0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0])}, "nodes_in_graph is a int64 tensor"),
+        (
+            {
+                "src_nodes": [
+                    "input",
+                    "a0.h1",
+                    "a0.h0",
+                    "a0.h2",
+                    "a0.h3",
+                    "m0",
+                    "a1.h0",
+                    "a1.h1",
+                    "a1.h2",
+                    "a1.h3",
+                    "m1",
+                ]
+            },
+            "src_nodes[1] is 'a0.h1', not 'a0.h0'",
+        ),
+    ],
+)
+def test_a_pt_graphs_node_flags_and_names_are_checked_as_the_jsons(tmp_path, change, fragment):
+    """``nodes_in_graph`` was read with ``bool()`` (0.7 in the graph; JSON refuses 1 for true), the
+    node names it flags were not checked. Old code: heads returned."""
+    from headprobe.analyses.exchange import Layout, read_head_file
+    from headprobe.probe.core.errors import HeadprobeError
+
+    torch.save(_graph_pt(2, 4, {"a0.h1"}) | change, tmp_path / "g.pt")
+    with pytest.raises(HeadprobeError) as e:
+        read_head_file(tmp_path / "g.pt", Layout("m", 2, 4), 3)
+    assert fragment in str(e.value) and "\n" not in str(e.value), e.value
