@@ -410,6 +410,20 @@ def test_json_crossover_is_an_exact_integer_where_whole(capsys):
     assert cost.crossover_seq_len(wide) == 2**61 and cost.crossover_seq_len(wide, window=2**62) == 2**62 - 1
 
 
+def test_recommend_rounds_a_huge_budget_exactly():
+    """``--recommend`` worked the shape out in floats: at ``--params`` 6 d**2 (2m + 1) + 1, whose
+    layers ``params / (12 d**2) = m + 1/2 + 1/(12 d**2)`` round to m + 1, the float quotient was m +
+    1/2 and rounded to m (even); with ``--d-model 64`` a quotient of 2**53 + 1 layers read 2**53. Old
+    code: 79822 and 9007199254740992."""
+    d, m = 10217472, 79822  # shape_for_params' width near 1e20
+    n = 6 * d * d * (2 * m + 1) + 1
+    rec = cost.recommend(seq_len=8192, n_params=n)
+    assert (rec.layout.d_model, rec.layout.n_layers) == (d, m + 1)
+    rec = cost.recommend(seq_len=8, n_params=12 * 64**2 * (2**53 + 1), d_model=64)
+    assert rec.layout.n_layers == 2**53 + 1
+    assert rec.kv_bytes_per_request == (2**53 + 1) * 8 * 2 * 64 * 2  # K and V, 1 head of 64, bf16
+
+
 def test_huge_counts_and_sizes_parse_exactly():
     """``1e23`` is 10**23, not the float's 99999999999999991611392; a size past a float is refused."""
     assert cost.parse_count("1e23") == 10**23 and cost.parse_count("1.5e22k") == 15 * 10**24

@@ -1057,10 +1057,29 @@ def shape_for_params(n_params: int, d_head: int | None = None) -> tuple[int, int
     aspect = 128 if big else 64
     d_head = d_head or (128 if big else 64)
     step = d_head * (8 if big else 4)  # n_heads a multiple of 8 (of 4 below 1B): many GQA choices
-    n_layers = max(1, round((n_params / (12 * aspect**2)) ** (1 / 3)))
-    d_model = max(step, round(math.sqrt(n_params / (12 * n_layers)) / step) * step)
-    n_layers = max(1, round(n_params / (12 * d_model**2)))
-    return d_model, n_layers
+    n_layers = max(1, nearest_root(Fraction(n_params, 12 * aspect**2), 3))
+    d_model = max(step, nearest_root(Fraction(n_params, 12 * n_layers * step**2), 2) * step)
+    return d_model, layers_for_params(n_params, d_model)
+
+
+def layers_for_params(n_params: int, d_model: int) -> int:
+    """``n_params / (12 d_model**2)`` rounded to the nearest whole number of layers (half to even), at
+    least 1, in integers (a float's quotient rounded 79822.5 + 1e-15 to 79822 at ``--params``
+    99998499664381870081)."""
+    return max(1, round(Fraction(n_params, 12 * d_model**2)))
+
+
+def nearest_root(q: Fraction, k: int) -> int:
+    """The whole number nearest ``q ** (1/k)`` for ``q >= 0`` and ``k`` 2 or 3 (an exact half rounds
+    up), in integers: ``floor(q**(1/k) + 1/2) = (floor((2**k q) ** (1/k)) + 1) // 2``."""
+    n = math.floor(q * 2**k)
+    if k == 2:
+        return (math.isqrt(n) + 1) // 2
+    assert k == 3, k
+    r = (1 << -(-n.bit_length() // 3)) if n else 0  # >= the cube root; Newton's integer steps fall to its floor
+    while r and (y := (2 * r + n // (r * r)) // 3) < r:
+        r = y
+    return (r + 1) // 2
 
 
 def recommend(
@@ -1174,7 +1193,8 @@ def _recommended_shape(target: str, n_params: int | None, d_model: int | None, n
     elif n_layers is None:
         if n_params is None:
             raise HeadprobeError("recommend with --d-model needs --n-layers or a parameter budget (--params)")
-        n_layers = max(1, round(n_params / (12 * d_model**2)))
+        _check_positive("d_model", d_model)  # before it divides
+        n_layers = layers_for_params(n_params, d_model)
     _check_positive("d_model", d_model)
     _check_positive("n_layers", n_layers)
     return d_model, n_layers
