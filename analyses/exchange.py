@@ -21,8 +21,9 @@ Sources of each format (read, not copied):
   "n_heads", "parallel_attn_mlp", "d_model"}, "nodes": {name: {"in_graph": bool}}, "edges":
   {"<parent>-><child>[<q|k|v>]": {"score": float, "in_graph": bool}}}``, nodes ``input``,
   ``a{l}.h{h}``, ``m{l}``, ``logits`` in that order; ``Graph.from_json`` and MIB's
-  ``load_graph_from_json`` rebuild the graph from ``cfg`` (``d_model`` included) and read each
-  node's ``in_graph`` by value. ``Graph.to_pt`` saves ``cfg``, ``src_nodes``, ``dst_nodes`` and the
+  ``load_graph_from_json`` rebuild the graph from ``cfg`` (``d_model`` included), read each
+  node's ``in_graph`` by value, assert the keys ``cfg``, ``nodes`` and ``edges`` and look every
+  edge up in ``Graph.from_model(cfg)``'s edges (a KeyError for any other name). ``Graph.to_pt`` saves ``cfg``, ``src_nodes``, ``dst_nodes`` and the
   tensors ``edges_scores``, ``edges_in_graph`` ``[n_src, n_dst]`` and ``nodes_in_graph`` ``[n_src]``.
 """
 
@@ -54,6 +55,13 @@ IMPORT_KINDS = ("duo", "headkv", "mib", "parquet", "csv", "kv-policy", "list")
 _HEADKV_KEY = re.compile(r"^(\d+)-(\d+)$")
 _MIB_HEAD = re.compile(r"^a(\d+)\.h(\d+)$")
 _MIB_DST = re.compile(r"^(?:a(\d+)\.h\d+<[qkv]>|m(\d+)|logits)$")
+_MIB_EDGE = re.compile(
+    r"^(?P<parent>input|a(?P<pl>\d+)\.h(?P<ph>\d+)|m(?P<pm>\d+))->"
+    r"(?P<child>a(?P<cl>\d+)\.h(?P<ch>\d+)<[qkv]>|m(?P<cm>\d+)|logits)$"
+)
+"""An edge name of EAP-IG's graph (``Edge.name``): ``<parent>-><child>``, ``<q|k|v>`` after a head child."""
+MIB_JSON_KEYS = ("cfg", "nodes", "edges")
+"""The keys of EAP-IG's graph JSON that its ``Graph.from_json`` asserts (``to_json`` writes all three)."""
 MIB_PT_KEYS = ("cfg", "src_nodes", "dst_nodes", "edges_scores", "edges_in_graph", "nodes_in_graph")
 """The keys of EAP-IG's ``Graph.to_pt`` file that its ``from_pt`` requires."""
 PT_SUFFIXES = (".pt", ".pth")
@@ -470,12 +478,20 @@ def read_mib(data: dict, name: str, layout: Layout | None, scores: dict[Head, fl
     head's score is the largest |score| of its outgoing edges (``scores``: given, else from ``edges``).
 
     Raises:
-        HeadprobeError: no ``nodes``, a node without a boolean ``in_graph``, a node that is no head
-            of the model, or a ``cfg`` of another model (n_layers, n_heads, d_model, parallel_attn_mlp).
+        HeadprobeError: no ``cfg``, ``nodes`` or (``scores`` not given) ``edges``, the keys
+            ``Graph.from_json`` asserts; a node without a boolean ``in_graph``, a node that is no head
+            of the model, a ``cfg`` of another model (n_layers, n_heads, d_model, parallel_attn_mlp),
+            or an edge EAP-IG's graph of ``cfg`` does not have (:func:`_mib_edge_parent`).
     """
-    cfg, nodes = data.get("cfg", {}), data.get("nodes")
+    missing = [k for k in MIB_JSON_KEYS if k not in data and not (k == "edges" and scores is not None)]
+    if missing:  # a graph without edges was read as heads without scores
+        raise HeadprobeError(
+            f"{name} has no {' or '.join(map(json.dumps, missing))} (EAP-IG's graph JSON: Graph.from_json needs "
+            "cfg, nodes and edges)"
+        )
+    cfg, nodes = data["cfg"], data["nodes"]
     if not isinstance(nodes, dict):
-        raise HeadprobeError(f'{name} has no "nodes" (EAP-IG\'s graph JSON: cfg, nodes, edges)')
+        raise HeadprobeError(f"{name}: nodes is {json.dumps(nodes)[:40]}, not an object of nodes (EAP-IG's graph JSON)")
     _check_mib_cfg(cfg, name, layout)
     heads = []
     for node, value in nodes.items():
@@ -489,13 +505,64 @@ def read_mib(data: dict, name: str, layout: Layout | None, scores: dict[Head, fl
             heads.append(head)
     if scores is None:
         scores = {}
-        for edge, score in _mib_edge_scores(data.get("edges", {}), name).items():
-            if m := _MIB_HEAD.fullmatch(edge.split("->")[0]):
-                h = (int(m.group(1)), int(m.group(2)))
-                scores[h] = max(scores.get(h, 0.0), abs(score))
+        sizes = _mib_sizes(cfg, layout)
+        for edge, score in _mib_edge_scores(data["edges"], name).items():
+            if (sender := _mib_edge_parent(edge, name, *sizes)) is not None:
+                scores[sender] = max(scores.get(sender, 0.0), abs(score))
     return HeadFile(
         "mib", sorted(heads), "the attention nodes in the graph (in_graph true)", scores, meta=data.get("headprobe", {})
     )
+
+
+def _mib_sizes(cfg: dict, layout: Layout | None) -> tuple[int | None, int | None, bool | None]:
+    """``(n_layers, n_heads, parallel_attn_mlp)`` of a graph: ``cfg``'s (checked by :func:`_check_mib_cfg`),
+    else the model's, else None (unknown)."""
+    own = (None, None, None) if layout is None else (layout.n_layers, layout.n_heads, layout.parallel_attn_mlp)
+    keys = ("n_layers", "n_heads", "parallel_attn_mlp")
+    return tuple(cfg[k] if k in cfg else v for k, v in zip(keys, own))  # type: ignore[return-value]
+
+
+def _mib_edge_parent(
+    edge: str, name: str, n_layers: int | None, n_heads: int | None, parallel: bool | None
+) -> Head | None:
+    """The head an edge of EAP-IG's graph leaves (None: it leaves ``input`` or an MLP), the edge
+    checked against the graph ``Graph.from_model`` builds (``from_json`` looks every edge up there):
+    ``<parent>-><child>`` with parent ``input``, ``a{l}.h{h}`` or ``m{l}`` and child
+    ``a{l}.h{h}<q|k|v>``, ``m{l}`` or ``logits``; where the sizes are known, each node inside them
+    and the parent before the child (a head reads the layers before its own; an MLP its own layer's
+    heads too, unless ``parallel``; ``logits`` every node).
+
+    Raises:
+        HeadprobeError: another name, or an edge that graph lacks: one line naming the edge."""
+    m = _MIB_EDGE.fullmatch(edge)
+    if m is None:
+        raise HeadprobeError(
+            f"{name}: edge {edge!r} is no EAP-IG edge name (<parent>-><child>: parent input, a{{l}}.h{{h}} or "
+            "m{l}; child a{l}.h{h}<q|k|v>, m{l} or logits)"
+        )
+    g = {k: int(v) for k, v in m.groupdict().items() if v is not None and k not in ("parent", "child")}
+    layers = [g[k] for k in ("pl", "pm", "cl", "cm") if k in g]
+    heads = [g[k] for k in ("ph", "ch") if k in g]
+    if (n_layers is not None and max(layers, default=-1) >= n_layers) or (
+        n_heads is not None and max(heads, default=-1) >= n_heads
+    ):
+        raise HeadprobeError(
+            f"{name}: edge {edge!r} names a node outside the graph's {n_layers} layers of {n_heads} heads"
+        )
+    # where the parent writes: its layer (input: -1) and whether it is a head
+    parent_layer, parent_head = g.get("pl", g.get("pm", -1)), "ph" in g
+    if "cl" in g:  # a head reads the layers before its own
+        reads = parent_layer < g["cl"]
+    elif "cm" in g:  # an MLP reads the layers before and, in a sequential block, its own layer's heads
+        reads = parent_layer < g["cm"] or (parent_layer == g["cm"] and parent_head and parallel is not True)
+    else:  # logits read every node
+        reads = True
+    if not reads:
+        raise HeadprobeError(
+            f"{name}: edge {edge!r} is no edge of EAP-IG's graph (its child does not read its parent"
+            + ("; parallel_attn_mlp true)" if parent_head and "cm" in g else ")")
+        )
+    return (g["pl"], g["ph"]) if parent_head else None
 
 
 def _mib_edge_scores(edges: Any, name: str) -> dict[str, float]:
@@ -550,8 +617,9 @@ def read_mib_pt(path: Path, layout: Layout | None) -> HeadFile:
     ``prev_index``).
 
     Raises:
-        HeadprobeError: not a PyTorch file, Python objects besides those, no ``to_pt`` keys, or
-            tensors whose shapes are not those of ``cfg``'s graph.
+        HeadprobeError: not a PyTorch file, Python objects besides those, no ``to_pt`` keys,
+            tensors whose shapes are not those of ``cfg``'s graph, ``nodes_in_graph`` not a bool
+            tensor, or ``src_nodes`` not EAP-IG's forward nodes in order.
     """
     import pickle
     import zipfile
@@ -606,6 +674,18 @@ def read_mib_pt(path: Path, layout: Layout | None) -> HeadFile:
             f"{name}: {bad[0]} has shape {shapes[bad[0]]}; a graph of {n_layers} layers x {n_heads} "
             f"heads has {want[bad[0]]} (EAP-IG's to_pt)"
         )
+    if d["nodes_in_graph"].dtype != torch.bool:  # bool(0.7) read as in the graph, as JSON's 1 is not
+        raise HeadprobeError(
+            f"{name}: nodes_in_graph is a {str(d['nodes_in_graph'].dtype).removeprefix('torch.')} tensor, not bool "
+            "(EAP-IG's to_pt saves the node flags as bool)"
+        )
+    order = mib_nodes(n_layers, n_heads)[:-1]  # the forward nodes: nodes_in_graph[i] is src_nodes[i]'s flag
+    if list(map(str, src)) != order:
+        i = next(i for i, (a, b) in enumerate(zip(map(str, src), order)) if a != b)
+        raise HeadprobeError(
+            f"{name}: src_nodes[{i}] is {str(src[i])[:40]!r}, not {order[i]!r} (EAP-IG's forward order: input, per "
+            "layer a{l}.h{h} then m{l})"
+        )
     prev = torch.tensor([_prev_index(str(n), name, n_src, n_heads, parallel) for n in dst])
     real = torch.arange(n_src)[:, None] < prev[None, :]
     nonfinite = (real & ~torch.isfinite(d["edges_scores"].float())).nonzero().tolist()
@@ -648,8 +728,8 @@ def sniff(path: Path) -> str:
         data = load_json(path)
         if isinstance(data, dict) and data.get("format") == "headprobe-kv-policy":
             return "kv-policy"
-        if isinstance(data, dict) and "nodes" in data and "edges" in data:
-            return "mib"
+        if isinstance(data, dict) and ("nodes" in data or "edges" in data):
+            return "mib"  # read_mib names a missing key of cfg, nodes and edges
         if isinstance(data, dict) and data and all(_HEADKV_KEY.fullmatch(str(k)) for k in data):
             return "headkv"
         raise HeadprobeError(

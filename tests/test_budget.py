@@ -390,6 +390,40 @@ def test_absurd_sizes_print_their_exact_integers():
     assert f" {proj // 10**12}  {att // 10**12} " in table  # float: 838860800000000128, 409599999999999977...
 
 
+def test_json_crossover_is_an_exact_integer_where_whole(capsys):
+    """``--json`` gave the crossover as a float: 2D at d_model 10**23 was 2e23, which reads back as
+    199999999999999983222784. A whole crossover is now an int (exact); another stays the double
+    nearest the fraction p/s (GQA's, and a window's ``s*W(W-1) / (2(s*W - p))``). Old code: 2e+23."""
+    code, out, _ = run_cli(
+        capsys, "--d-model", str(10**23), "--n-layers", "1", "--n-heads", "1", "--seq-len", "3", "--json"
+    )
+    r = json.loads(out)
+    assert code == 0 and r["crossover_seq_len"] == 2 * 10**23 and type(r["crossover_seq_len"]) is int
+    assert r["crossover_seq_len_as_mha"] == 2 * 10**23 and type(r["crossover_seq_len_as_mha"]) is int
+    # GQA without a window: p/s = 2(2 D H d + 2 D kv d) / (4 H d) = D (H + kv) / H tokens
+    code, out, _ = run_cli(capsys, "--preset", "llama3-8b", "--seq-len", "8192", "--json")
+    r = json.loads(out)
+    assert r["crossover_seq_len"] == 4096 * (32 + 8) // 32 == 5120 and type(r["crossover_seq_len"]) is int
+    lay = AttentionLayout(d_model=64, n_layers=1, n_heads=3, n_kv_heads=1, d_head=16)
+    assert cost.crossover_seq_len(lay) == 64 * 4 / 3  # 85.33...: the nearest double, as before
+    wide = AttentionLayout(d_model=2**60, n_layers=1, n_heads=1)
+    assert cost.crossover_seq_len(wide) == 2**61 and cost.crossover_seq_len(wide, window=2**62) == 2**62 - 1
+
+
+def test_recommend_rounds_a_huge_budget_exactly():
+    """``--recommend`` worked the shape out in floats: at ``--params`` 6 d**2 (2m + 1) + 1, whose
+    layers ``params / (12 d**2) = m + 1/2 + 1/(12 d**2)`` round to m + 1, the float quotient was m +
+    1/2 and rounded to m (even); with ``--d-model 64`` a quotient of 2**53 + 1 layers read 2**53. Old
+    code: 79822 and 9007199254740992."""
+    d, m = 10217472, 79822  # shape_for_params' width near 1e20
+    n = 6 * d * d * (2 * m + 1) + 1
+    rec = cost.recommend(seq_len=8192, n_params=n)
+    assert (rec.layout.d_model, rec.layout.n_layers) == (d, m + 1)
+    rec = cost.recommend(seq_len=8, n_params=12 * 64**2 * (2**53 + 1), d_model=64)
+    assert rec.layout.n_layers == 2**53 + 1
+    assert rec.kv_bytes_per_request == (2**53 + 1) * 8 * 2 * 64 * 2  # K and V, 1 head of 64, bf16
+
+
 def test_huge_counts_and_sizes_parse_exactly():
     """``1e23`` is 10**23, not the float's 99999999999999991611392; a size past a float is refused."""
     assert cost.parse_count("1e23") == 10**23 and cost.parse_count("1.5e22k") == 15 * 10**24

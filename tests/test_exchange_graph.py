@@ -529,3 +529,136 @@ def test_export_function_takes_out_and_not_the_old_to(circuit_run, tmp_path):
     with pytest.raises(TypeError, match=r"export\(\) got an unknown setting 'to' \(settings: source, out, format"):
         headprobe.export(str(circuit_run), to=str(tmp_path / "b"), format="mib")
     assert not (tmp_path / "b").exists()
+
+
+# --- import: what EAP-IG's graph JSON requires, its edge names, a .pt's node flags -----------------
+
+
+def _small_graph(**change) -> dict:
+    """A 2 x 4 sequential graph in ``to_json``'s layout with one head edge, one MLP and one input edge."""
+    src, _, _ = eap_ig_names(2, 4)
+    graph = {
+        "cfg": {"n_layers": 2, "n_heads": 4, "parallel_attn_mlp": False, "d_model": 32},
+        "nodes": {n: {"in_graph": n in ("input", "a0.h1")} for n in src} | {"logits": {"in_graph": True}},
+        "edges": {
+            "a0.h1->a1.h2<q>": {"score": -0.5, "in_graph": True},
+            "input->a0.h1<k>": {"score": 0.9, "in_graph": True},
+            "m0->logits": {"score": 0.7, "in_graph": False},
+        },
+    }
+    return graph | change
+
+
+@pytest.mark.parametrize("key", ["edges", "cfg", "nodes"])
+def test_a_graph_json_without_cfg_nodes_or_edges_is_refused_naming_it(key, tmp_path, tiny_dir, capsys):
+    """EAP-IG's ``Graph.from_json`` asserts ``cfg``, ``nodes`` and ``edges``: a graph without edges
+    was read as heads without scores (read_mib) or as no known format (the command); now one line
+    names the key. Old code: read_mib returned the heads; the command said "no known head format"."""
+    from headprobe.analyses.exchange import Layout, read_mib
+    from headprobe.probe.core.errors import HeadprobeError
+
+    graph = _small_graph()
+    del graph[key]
+    with pytest.raises(HeadprobeError, match=f'g.json has no "{key}" '):
+        read_mib(graph, "g.json", Layout("m", 2, 4))
+    graph = _small_graph(cfg={"n_layers": 2, "n_heads": 8, "parallel_attn_mlp": False, "d_model": 64})
+    del graph[key]
+    (tmp_path / "g.json").write_text(json.dumps(graph))
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main(["import", "--heads-file", str(tmp_path / "g.json"), "--model", str(tiny_dir)]))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith(f'headprobe: error: g.json has no "{key}" (EAP-IG\'s graph JSON'), err
+
+
+def test_a_graph_with_mlp_and_input_edges_scores_its_heads_by_their_edges_only():
+    """MLP and input edges are EAP-IG's (``from_model`` makes them) and are read, but give no head a score."""
+    from headprobe.analyses.exchange import Layout, read_mib
+
+    got = read_mib(_small_graph(), "g.json", Layout("m", 2, 4))
+    assert got.heads == [(0, 1)] and got.scores == {(0, 1): 0.5}
+
+
+@pytest.mark.parametrize(
+    "edge, fragment",
+    [
+        ("a0.h1", "no EAP-IG edge name"),  # read as a0.h1's edge
+        ("a0.h1->", "no EAP-IG edge name"),
+        ("a0.h1->junk", "no EAP-IG edge name"),  # read as a0.h1's edge
+        ("junk->a1.h2<q>", "no EAP-IG edge name"),  # skipped
+        ("a0.h1->a1.h2", "no EAP-IG edge name"),  # a head's input without <q|k|v>
+        ("a0.h1->a1.h2<x>", "no EAP-IG edge name"),
+        ("a0.h1->logits<q>", "no EAP-IG edge name"),
+        ("logits->a1.h2<q>", "no EAP-IG edge name"),
+        ("a2.h0->logits", "outside the graph's 2 layers of 4 heads"),
+        ("a0.h4->logits", "outside the graph's 2 layers of 4 heads"),
+        ("a0.h1->m2", "outside the graph's 2 layers of 4 heads"),
+        ("a1.h2->a0.h1<q>", "no edge of EAP-IG's graph"),  # a later head into an earlier one
+        ("a0.h1->a0.h2<q>", "no edge of EAP-IG's graph"),  # heads of one layer read each other
+        ("m0->m0", "no edge of EAP-IG's graph"),
+        ("m1->a1.h0<v>", "no edge of EAP-IG's graph"),
+    ],
+)
+def test_an_edge_eap_ig_has_not_is_refused_naming_it(edge, fragment):
+    """``from_json`` looks every edge up in ``from_model(cfg)``'s graph (a KeyError for any other):
+    a name of another form, or outside the graph, was skipped or read as a head's edge. Old code:
+    no error (these twelve returned heads)."""
+    from headprobe.analyses.exchange import Layout, read_mib
+    from headprobe.probe.core.errors import HeadprobeError
+
+    graph = _small_graph()
+    graph["edges"][edge] = {"score": 3.0, "in_graph": False}
+    with pytest.raises(HeadprobeError) as e:
+        read_mib(graph, "g.json", Layout("m", 2, 4))
+    assert str(e.value).startswith(f"g.json: edge {edge!r} ") and fragment in str(e.value), e.value
+    assert "\n" not in str(e.value)
+
+
+def test_a_parallel_graph_has_no_edge_from_a_layers_heads_to_its_mlp():
+    """With ``parallel_attn_mlp`` true EAP-IG builds no ``a{l}.h{h}->m{l}``; sequential, it does."""
+    from headprobe.analyses.exchange import read_mib
+    from headprobe.probe.core.errors import HeadprobeError
+
+    graph = _small_graph()
+    graph["edges"]["a0.h1->m0"] = {"score": 2.0, "in_graph": False}
+    assert read_mib(graph, "g.json", None).scores == {(0, 1): 2.0}
+    graph["cfg"]["parallel_attn_mlp"] = True
+    with pytest.raises(HeadprobeError, match=r"edge 'a0.h1->m0' is no edge of EAP-IG's graph .*parallel_attn_mlp true"):
+        read_mib(graph, "g.json", None)
+
+
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        ({"nodes_in_graph": torch.tensor([0.0, 0.7, 0, 0, 0, 0, 0, 0, 0, 0, 0])}, "nodes_in_graph is a float32 tensor"),
+        ({"nodes_in_graph": torch.tensor([0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0])}, "nodes_in_graph is a int64 tensor"),
+        (
+            {
+                "src_nodes": [
+                    "input",
+                    "a0.h1",
+                    "a0.h0",
+                    "a0.h2",
+                    "a0.h3",
+                    "m0",
+                    "a1.h0",
+                    "a1.h1",
+                    "a1.h2",
+                    "a1.h3",
+                    "m1",
+                ]
+            },
+            "src_nodes[1] is 'a0.h1', not 'a0.h0'",
+        ),
+    ],
+)
+def test_a_pt_graphs_node_flags_and_names_are_checked_as_the_jsons(tmp_path, change, fragment):
+    """``nodes_in_graph`` was read with ``bool()`` (0.7 in the graph; JSON refuses 1 for true), the
+    node names it flags were not checked. Old code: heads returned."""
+    from headprobe.analyses.exchange import Layout, read_head_file
+    from headprobe.probe.core.errors import HeadprobeError
+
+    torch.save(_graph_pt(2, 4, {"a0.h1"}) | change, tmp_path / "g.pt")
+    with pytest.raises(HeadprobeError) as e:
+        read_head_file(tmp_path / "g.pt", Layout("m", 2, 4), 3)
+    assert fragment in str(e.value) and "\n" not in str(e.value), e.value

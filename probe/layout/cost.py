@@ -377,25 +377,29 @@ def score_flops(layout: AttentionLayout, seq_len: int, batch: int = 1, window: i
     return 2 * batch * layout.n_heads * visible_keys(seq_len, window) * (layout.d_qk + layout.d_head)
 
 
-def crossover_seq_len(layout: AttentionLayout, window: int | None = None, as_mha: bool = False) -> float | None:
-    """The T at which projections and scores+AV cost the same FLOPs (a real number of tokens).
+def crossover_seq_len(layout: AttentionLayout, window: int | None = None, as_mha: bool = False) -> int | float | None:
+    """The T at which projections and scores+AV cost the same FLOPs (a real number of tokens): an
+    int where it is a whole number (``2*D`` for MHA, exact at any size), else the double nearest
+    the exact fraction.
 
     Projections cost ``p*T`` and scores ``s * visible_keys(T, window)``. Without a window
     ``T = p / s`` (``2*D`` for MHA, lesson 003). With a window ``W``: below ``W`` the scores are
     ``s*T(T+1)/2``, equal at ``T = 2p/s - 1``; past ``W`` they grow as ``s*W`` per token, so
     when ``s*W > p`` they catch up at ``T = s*W(W-1) / (2(s*W - p))``, and when ``s*W <= p`` never
-    (None: the projections dominate at every length; Mistral 7B with W = 4096).
+    (None: the projections dominate at every length; Mistral 7B with W = 4096). Computed in
+    fractions (a float's ``p / s`` printed 2e23 as 199999999999999983222784 in ``--json``).
     """
     p = projection_flops(layout, 1, 1, as_mha=as_mha)
     s = score_flops(layout, 1, 1)
     if window is None:
-        return p / s
-    t = (2 * p - s) / s  # 2p/s - 1 in one correctly rounded division
-    if t <= window:
-        return t
-    if s * window <= p:
-        return None
-    return s * window * (window - 1) / (2 * (s * window - p))
+        t = Fraction(p, s)
+    else:
+        t = Fraction(2 * p - s, s)  # 2p/s - 1
+        if t > window:
+            if s * window <= p:
+                return None
+            t = Fraction(s * window * (window - 1), 2 * (s * window - p))
+    return t.numerator if t.denominator == 1 else float(t)
 
 
 @dataclass(frozen=True)
@@ -407,8 +411,9 @@ class AttentionFlops:
         projections: FLOPs of W_Q, W_K, W_V, W_O (linear in T).
         scores: FLOPs of QK^T and AV (quadratic in T on a global layer, linear past ``window``).
         quadratic_share: ``scores / (projections + scores)``, between 0 and 1.
-        crossover_seq_len: the T at which the two terms are equal (2*D for MHA); a real number,
-            or None when a window keeps the scores below the projections at every length.
+        crossover_seq_len: the T at which the two terms are equal (2*D for MHA); a real number
+            (an int where whole, exact; else the nearest double), or None when a window keeps the
+            scores below the projections at every length.
         window: the layer's sliding window (positions), or None for a global layer.
         n_layers: layers of this kind in the layout (1 when costed alone).
     """
@@ -417,7 +422,7 @@ class AttentionFlops:
     projections: int
     scores: int
     quadratic_share: float
-    crossover_seq_len: float | None
+    crossover_seq_len: int | float | None
     window: int | None = None
     n_layers: int = 1
 
@@ -1052,10 +1057,29 @@ def shape_for_params(n_params: int, d_head: int | None = None) -> tuple[int, int
     aspect = 128 if big else 64
     d_head = d_head or (128 if big else 64)
     step = d_head * (8 if big else 4)  # n_heads a multiple of 8 (of 4 below 1B): many GQA choices
-    n_layers = max(1, round((n_params / (12 * aspect**2)) ** (1 / 3)))
-    d_model = max(step, round(math.sqrt(n_params / (12 * n_layers)) / step) * step)
-    n_layers = max(1, round(n_params / (12 * d_model**2)))
-    return d_model, n_layers
+    n_layers = max(1, nearest_root(Fraction(n_params, 12 * aspect**2), 3))
+    d_model = max(step, nearest_root(Fraction(n_params, 12 * n_layers * step**2), 2) * step)
+    return d_model, layers_for_params(n_params, d_model)
+
+
+def layers_for_params(n_params: int, d_model: int) -> int:
+    """``n_params / (12 d_model**2)`` rounded to the nearest whole number of layers (half to even), at
+    least 1, in integers (a float's quotient rounded 79822.5 + 1e-15 to 79822 at ``--params``
+    99998499664381870081)."""
+    return max(1, round(Fraction(n_params, 12 * d_model**2)))
+
+
+def nearest_root(q: Fraction, k: int) -> int:
+    """The whole number nearest ``q ** (1/k)`` for ``q >= 0`` and ``k`` 2 or 3 (an exact half rounds
+    up), in integers: ``floor(q**(1/k) + 1/2) = (floor((2**k q) ** (1/k)) + 1) // 2``."""
+    n = math.floor(q * 2**k)
+    if k == 2:
+        return (math.isqrt(n) + 1) // 2
+    assert k == 3, k
+    r = (1 << -(-n.bit_length() // 3)) if n else 0  # >= the cube root; Newton's integer steps fall to its floor
+    while r and (y := (2 * r + n // (r * r)) // 3) < r:
+        r = y
+    return (r + 1) // 2
 
 
 def recommend(
@@ -1169,7 +1193,8 @@ def _recommended_shape(target: str, n_params: int | None, d_model: int | None, n
     elif n_layers is None:
         if n_params is None:
             raise HeadprobeError("recommend with --d-model needs --n-layers or a parameter budget (--params)")
-        n_layers = max(1, round(n_params / (12 * d_model**2)))
+        _check_positive("d_model", d_model)  # before it divides
+        n_layers = layers_for_params(n_params, d_model)
     _check_positive("d_model", d_model)
     _check_positive("n_layers", n_layers)
     return d_model, n_layers
