@@ -51,7 +51,14 @@ from headprobe.analyses.ablation import (
 )
 from headprobe.analyses.data import TokenSet
 from headprobe.analyses.verdicts import VerdictRule
-from headprobe.analyses.vocabulary import ALPHA, CORRECTION, PRIMARY_KIND, check_verification_choices, reachable
+from headprobe.analyses.vocabulary import (
+    ALPHA,
+    CORRECTION,
+    PRIMARY_KIND,
+    check_verification_choices,
+    draws_advice,
+    reachable,
+)
 from headprobe.analyses.vocabulary import unreachable_note as _unreachable_note
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
@@ -444,7 +451,7 @@ def _unreachable_reason(x: _Test, n: int, plan: dict) -> str:
     return (
         f"{few}: its smallest p-value 1/{n + 1} = {1 / (n + 1):.3f} cannot reach alpha = {plan['alpha']:g} after "
         f"{plan['correction']} over {_tests(plan['family_size'])}"
-        + (f" (use --n-random {plan['lone_draws_needed']} or more)" if n >= plan["n_random"] else "")
+        + (f"; {draws_advice(plan['alpha'], plan['family_size'], plan['correction'])}" if n >= plan["n_random"] else "")
         + ("; not run: none of them was ablated, as they could decide nothing" if x.not_run else "")
     )
 
@@ -668,6 +675,16 @@ def _non_finite_top(tests: list[_Test], primary: str = PRIMARY_KIND) -> list[str
     return out
 
 
+def short_draws(plan: dict) -> bool:
+    """Whether every verdict of the plan's family is withheld by the draws asked for alone (``--keep-n-random``
+    below what the family needs, :func:`~headprobe.analyses.vocabulary.unreachable_note`): then the plan says
+    so in one line, the verdicts' reasons name the count only, and scan's report points to that line."""
+    m, n = plan["family_size"], plan["n_random"]
+    if not m or _unreachable_note(n, plan["alpha"], m, plan["correction"]) is None:
+        return False
+    return all(t["confirmable"] == "never" and not t.get("not_run") and t["control_sets"] >= n for t in plan["tests"])
+
+
 def plan_lines(plan: dict) -> list[str]:
     """The plan as printed before the control sets are ablated: one line, and one more per
     verdict the draws cannot reach on its own."""
@@ -694,6 +711,8 @@ def plan_lines(plan: dict) -> list[str]:
         else ""
     )
     out = [line]
+    if short_draws(plan):  # every verdict held back by the draws alone: one line, not one per type
+        return [*out, f"NOTE: {_unreachable_note(n, plan['alpha'], m, plan['correction'])}"]
     hard = [t for t in plan["tests"] if t["confirmable"] != "alone"]
     for t in hard:
         short = (

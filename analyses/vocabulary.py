@@ -226,24 +226,42 @@ def lone_draws_needed(m: int, alpha: float) -> int:
     return max(1, math.ceil(max(m, 1) / exact_level(alpha)) - 1)
 
 
-def unreachable_note(
-    n_random: int, alpha: float, tests: int = 1, correction: str = "", encoder_tests: int = 0, encoder_only: str = ""
-) -> str | None:
-    """The one line said before a verification whose draws cannot reach ``alpha`` (None if they can).
-    ``tests`` > 1 verdicts under ``correction``: the line also gives the draws one verdict needs to
-    be CONFIRMED on its own (:func:`lone_draws_needed`, as the plan's later lines say), and, where an
-    encoder would verify more (``encoder_tests`` > ``tests``: the types ``encoder_only`` names), its count."""
-    if reachable(n_random, alpha):
-        return None
-    need = math.ceil(1 / exact_level(alpha)) - 1
-    lone = lone_draws_needed(tests, alpha)
-    more = f"; {lone} or more for one verdict on its own under {correction} over {tests} tests" if lone > need else ""
-    if more and encoder_tests > tests:  # said before the load: whether the model is an encoder is not known
-        more += f"; {lone_draws_needed(encoder_tests, alpha)} on an encoder, which also verifies {encoder_only}"
+def together_draws_needed(m: int, alpha: float, correction: str) -> int:
+    """The fewest control sets with which all ``m`` tests of a family can be confirmed together (each at its
+    smallest p-value ``1 / (n + 1)``): under BH all m at ``p <= alpha`` are rejected together, so ``n >= 1 /
+    alpha - 1`` (19 at alpha 0.05); Holm compares the smallest p with ``alpha / m`` whatever the others are, so
+    its number is the lone one (:func:`lone_draws_needed`, 99 for five tests)."""
+    if correction == "holm":
+        return lone_draws_needed(m, alpha)
+    return max(1, math.ceil(1 / exact_level(alpha)) - 1)
+
+
+def draws_advice(alpha: float, tests: int = 1, correction: str = "") -> str:
+    """``use --n-random 19 or more ...``: the draws a family of ``tests`` verdicts under ``correction`` needs,
+    explained: the number for all confirmed together (BH) and the number for one on its own, or one number
+    where they agree (one test, or Holm)."""
+    together, lone = together_draws_needed(tests, alpha, correction), lone_draws_needed(tests, alpha)
+    if lone <= together:
+        why = f"p <= {alpha:g}" if tests <= 1 else f"{correction} compares the smallest p with {alpha:g}/{tests}"
+        return f"use --n-random {lone} or more ({why})"
     return (
-        f"--n-random {n_random} cannot reach alpha={alpha:g} (the smallest p-value of {n_random} draws is "
-        f"1/{n_random + 1} = {1 / (n_random + 1):.3f}): no verdict can be CONFIRMED; the ablations still run and "
-        f"report their p-values (use --n-random {need} or more{more})"
+        f"use --n-random {together} or more, enough under {correction} when the {tests} tests are CONFIRMED "
+        f"together (each p <= {alpha:g}); {lone} or more for one verdict on its own (p <= {alpha:g}/{tests})"
+    )
+
+
+def unreachable_note(n_random: int, alpha: float, tests: int = 1, correction: str = "") -> str | None:
+    """The one line said before a verification whose draws cannot reach ``alpha`` (None if they can):
+    what the draws allow, and the draws ``tests`` verdicts under ``correction`` need (:func:`draws_advice`)."""
+    if reachable(n_random, alpha) and n_random >= together_draws_needed(tests, alpha, correction):
+        return None
+    after = "" if reachable(n_random, alpha) else f" {alpha:g}"
+    return (
+        f"--n-random {n_random} cannot reach alpha {alpha:g} (the smallest p-value of {n_random} draws is "
+        f"1/{n_random + 1} = {1 / (n_random + 1):.3f}"
+        + (f", and {correction} over {tests} tests needs <= {alpha:g}/{tests}" if after == "" else "")
+        + "): no verdict can be CONFIRMED; the ablations still run and report their p-values; "
+        + draws_advice(alpha, tests, correction)
     )
 
 

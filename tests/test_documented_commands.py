@@ -441,3 +441,31 @@ def test_check_argv_reads_no_file(tmp_path):
     assert check_argv(["budget", "--preset", "llama3-8b", "--policy", missing]) is not None
     assert check_argv(["view", missing]) is not None
     assert check_argv(["scan", "--help"]) is None and check_argv(["--version"]) is None
+
+
+def test_the_readme_names_what_the_code_names_and_glosses_its_terms_at_first_use():
+    """A newcomer's README walk: the encoder's scores were "next-token and [SEP]-sink" where the output and
+    ``--types`` say ``next_token`` and ``last_token``; the command table promised ``budget`` "recommendations",
+    which need ``--recommend``; and the opening used "control sets", "layer-matched", "BH" and "sequential Monte
+    Carlo" before saying what they are."""
+    from headprobe.analyses.columns import DETECTORS
+    from headprobe.settings import flag_names
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    (encoder,) = [b for b in readme.split("\n- ") if b.startswith("**An encoder comes in a wheel too.**")]
+    encoder = " ".join(encoder.split())
+    for name in (t for t, d in DETECTORS.items() if d.encoder_only):  # the encoder's own scores, by their names
+        assert f"`{name}`" in encoder, (name, encoder)
+    (row,) = [ln for ln in readme.splitlines() if ln.startswith("| `headprobe budget` |")]
+    assert "recommend" in row and "--recommend" in flag_names(COMMANDS.get("budget").config_class()).values()
+    assert "`--recommend`" in row, row
+    flat = " ".join(readme.split())
+    glosses = {  # the term -> words said at (or before) its first use
+        "control set": "layer-matched",
+        "layer-matched": "same layers",
+        "BH": "Benjamini-Hochberg",
+        "sequential Monte Carlo": "drawn until",
+    }
+    for term, gloss in glosses.items():
+        first = flat.index(term)
+        assert gloss in flat[: first + 160], (term, flat[first - 80 : first + 160])

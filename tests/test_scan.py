@@ -726,3 +726,78 @@ def test_overview_colour_bar_note_follows_the_type_not_its_column_name(tiny_llam
         # the words by hand; the line breaks are the layout's (a label taller than a small model's panels is broken)
         assert " ".join(fig.axes[-1].get_ylabel().split()) == " ".join(want.split()), [d.name for d in dets]
         assert figs.overview_score_label(units) == want
+
+
+def test_a_quick_scans_console_says_each_thing_once_and_consistently(tiny_llama_gqa_native, word_text, capsys):
+    """README's quick look (``--n-random 10 --keep-n-random``) said each type's "cannot be CONFIRMED" three times
+    (a NOTE per type before the verification, a WARNING per type and again on its p-value line) with two
+    thresholds (19 and 99 in the first note, 99 in the others); its table listed 4 heads under "the top 10 of
+    each type were ablated"; its zero-ablation rows showed 5 sets for 10 asked with no reason; and the
+    repeated sequences' length (``--period``, not ``--seq-len``) was said nowhere."""
+    from headprobe.commands.scan_core import batch_line
+
+    cfg = ScanConfig(
+        model="tiny",
+        n_natural=4,
+        seq_len=24,
+        n_repeated=3,
+        period=8,
+        k=5,
+        n_random=10,
+        keep_n_random=True,
+        text=str(word_text),
+        metrics=False,
+        pattern_len=0,
+    )
+    capsys.readouterr()
+    result = run(tiny_llama_gqa_native, cfg, progress=False)
+    err, report = capsys.readouterr().err, result.report()
+    plan = result.verification["plan"]
+    assert plan["family"] == ["induction"] and plan["n_random"] == 10  # the random model trusts one task
+    # said once, before the verification, with the draws that suffice (1/(n + 1) <= alpha: 19 for one test)
+    need = next(n for n in range(1, 100) if 1 / (n + 1) <= 0.05)
+    said = [ln for ln in err.splitlines() if ln.startswith("NOTE:")]
+    assert len(said) == 1 and f"use --n-random {need} or more" in said[0], err
+    assert "cannot be CONFIRMED at all" not in err
+    # the report: one WARNING naming the type, no threshold; the type's p-value line short
+    assert report.count(f"--n-random {need}") == 0 and "cannot reach alpha" not in report, report
+    warned = [ln for ln in report.splitlines() if ln.startswith("WARNING: no verdict for")]
+    assert warned == [
+        "WARNING: no verdict for induction: --n-random 10 is too few (the NOTE before the verification says how "
+        "many are enough)"
+    ], report
+    (line,) = [ln for ln in report.splitlines() if ln.startswith("  induction: ")]
+    assert line.endswith("; no verdict: --n-random 10 too few (WARNING above)") and len(line) < 160, line
+    # the natural task's untrusted reason: its WARNING once, the types' lines point to it
+    nat = [ln for ln in report.splitlines() if ln.startswith("  previous-token: ")]
+    assert nat and nat[0].endswith("no verdict: see the natural task's WARNING above"), nat
+    assert report.count("no better than a uniform guess") == 1, report
+    # the table shows 4 of the 5 ablated heads per type, and says so
+    assert "the top 5 of each type were ablated, the first 4 shown" in report
+    rows = [ln for ln in report.splitlines() if ln.startswith("induction  ")]
+    assert len(rows) == 1 and rows[0].count("(") == 4, rows
+    # a zero-ablation row says it used the first 5 of the 10 sets, as summary.json's record does
+    zero = [v for v in result.verifications if v.kind == "zero"]
+    assert zero and all(v.draws == 5 for v in zero)
+    zero_rows = [ln for ln in report.splitlines() if " zero " in ln]
+    assert len(zero_rows) == len(zero) and all(
+        ln.endswith("(reported, not tested: the first 5 control sets)") for ln in zero_rows
+    ), zero_rows
+    # the header names the data: --seq-len sets the natural text, --period the repeated blocks
+    header = batch_line(tiny_llama_gqa_native, cfg).splitlines()
+    assert header[0] == (
+        "data: natural text: 4 windows of 24 tokens (--seq-len); repeated: 3 random blocks of 8 tokens, each "
+        "twice = 17 tokens with BOS (--period; --seq-len sets natural text only)"
+    ), header
+    assert header[1].startswith("batch: ") and result.repeated.tokens.shape == (3, 17)
+
+
+def test_the_top_heads_table_shows_only_ablated_heads_when_k_is_small(tiny_llama_gqa_native, word_text):
+    """At k = 3 the table listed 4 heads per type under "the top 3 of each type were ablated": the fourth was not."""
+    cfg = ScanConfig(
+        model="tiny", n_natural=2, seq_len=24, n_repeated=2, period=8, k=3, n_random=2, text=str(word_text),
+        metrics=False, pattern_len=0, types="induction",
+    )  # fmt: skip
+    report = run(tiny_llama_gqa_native, cfg, progress=False).report()
+    (row,) = [ln for ln in report.splitlines() if ln.startswith("induction  ")]
+    assert row.count("(") == 3 and "the top 3 of each type were ablated;" in report, report

@@ -147,3 +147,45 @@ def test_besag_clifford_h_is_exact_at_every_decimal_level():
         for m in (1, 2, 3, 7):
             n = lone_draws_needed(m, alpha)
             assert Fraction(1, n + 1) <= a / m and (n == 1 or Fraction(1, n) > a / m), (alpha, m, n)
+
+
+def test_the_draws_advice_gives_the_numbers_each_correction_needs():
+    """The quick scan's first note said "use --n-random 19 or more; 99 or more for one verdict on its own" and its
+    later lines "(use --n-random 99 or more)"; under Holm 19 confirms nothing of five. Now one form, whose numbers
+    are the fewest draws with which the corrected smallest p-values (``adjust_p_values``, the reference) reject
+    all m tests together and one test alone; the plan says it in one line, not one per type."""
+    from headprobe.analyses import statistics as st
+    from headprobe.analyses.vocabulary import unreachable_note
+
+    def fewest(m: int, correction: str, alone: bool) -> int:
+        for n in range(1, 1000):
+            p = [1 / (n + 1)] + [1.0 if alone else 1 / (n + 1)] * (m - 1)
+            if st.adjust_p_values(p, correction)[0] <= 0.05 * (1 + 1e-12):
+                return n
+        raise AssertionError
+
+    bh = unreachable_note(10, 0.05, 5, "bh")
+    together, lone = fewest(5, "bh", False), fewest(5, "bh", True)
+    assert (together, lone) == (19, 99)
+    assert f"use --n-random {together} or more, enough under bh when the 5 tests are CONFIRMED together" in bh, bh
+    assert f"{lone} or more for one verdict on its own (p <= 0.05/5)" in bh, bh
+    holm = unreachable_note(19, 0.05, 5, "holm")  # 19 draws reach 0.05, but Holm compares the first with 0.05/5
+    assert holm is not None and fewest(5, "holm", False) == fewest(5, "holm", True) == 99
+    assert "use --n-random 99 or more (holm compares the smallest p with 0.05/5)" in holm and "19 or more" not in holm
+    assert unreachable_note(10, 0.05, 1, "bh").endswith("use --n-random 19 or more (p <= 0.05)")
+    assert unreachable_note(99, 0.05, 5, "holm") is None and unreachable_note(19, 0.05, 5, "bh") is None
+
+    from headprobe.analyses.verification import plan_lines, short_draws
+
+    def plan(control_sets: int) -> dict:
+        test = {"head_type": "induction", "confirmable": "never", "control_sets": control_sets, "capped": False}
+        return {
+            "family_size": 5, "lone_draws_needed": 99, "n_random": 10, "family": ["induction"] * 5,
+            "correction": "bh", "alpha": 0.05, "raised": False, "kept": True, "n_random_requested": 10,
+            "max_sets": 2, "tests": [test] * 5,
+        }  # fmt: skip
+
+    lines = plan_lines(plan(10))
+    assert short_draws(plan(10)) and lines[1:] == [f"NOTE: {bh}"], lines
+    few = plan_lines(plan(3))  # fewer distinct sets than asked: each test's own reason, per type
+    assert not short_draws(plan(3)) and len(few) == 6 and all("only 3 distinct" in ln for ln in few[1:]), few

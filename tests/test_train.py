@@ -154,6 +154,15 @@ def test_cli_reports_no_phase_change_without_induction_and_counts_its_files(tmp_
     assert f"top induction head {head} (layer.head), induction score {score:.2f};" in text
     n_files = len([p for p in out.iterdir() if p.is_file() and not p.name.startswith(".")])  # not the file list
     assert f"wrote {n_files} files" in text
+    # each evaluation's line printed "in-context -4.145", a negative "loss" defined nowhere on the console: it
+    # now reads as the figure's legend, "in-context loss (late − early)", with train_log.csv's value
+    log = pd.read_csv(out / "train_log.csv").set_index("step")
+    steps = [ln for ln in text.splitlines() if ln.startswith("step ")]
+    assert steps, text
+    for line in steps:
+        icl = log.loc[int(line.split()[1]), "in_context_loss"]
+        assert f"  in-context loss (late - early) {icl:+.3f}  " in line, line
+    assert f"in-context loss (late - early) {final['in_context_loss']:+.3f} [" in text
 
 
 @pytest.mark.parametrize(
@@ -647,7 +656,8 @@ def test_in_context_loss_carries_its_t_interval_over_the_held_out_sequences():
     last = result.log.iloc[-1]
     assert [last["in_context_loss_ci95_low"], last["in_context_loss_ci95_high"]] == pytest.approx([lo, hi], abs=1e-6)
     assert (
-        f"in-context loss {d.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] (95% CI over 6 held-out sequences)" in result.report()
+        f"in-context loss (late - early) {d.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] (95% CI over 6 held-out sequences)"
+        in result.report()
     )
     from headprobe.analyses.train import in_context_ci  # the identity check behind the interval
 

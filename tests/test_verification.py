@@ -248,25 +248,17 @@ def test_settings_reachability_and_effect_rule():
     assert not VerificationSettings(k=3, n_random=10).reachable
     note = unreachable_note(VerificationSettings(k=3, n_random=10))
     assert "no verdict can be CONFIRMED" in note and "--n-random 19" in note
-    # scan's first note said 19 where the plan's later lines said 39 (two types under BH): it gives both
+    # scan's first note said 19 where the plan's later lines said 39 (two types under BH): it gives both, each
+    # explained; it is now said once, by the plan, which knows the family (tests/test_statistics.py checks it)
     from headprobe.analyses import statistics, vocabulary
-    from headprobe.commands.scan import ScanConfig
-    from headprobe.commands.scan import unreachable_note as scan_note
 
-    both = scan_note(ScanConfig(types="induction,previous_token", n_random=10, keep_n_random=True))
+    both = vocabulary.unreachable_note(10, 0.05, 2, "bh")
     lone = statistics.lone_draws_needed(2, 0.05)
     assert lone == 39 and both.endswith(
-        f"(use --n-random 19 or more; {lone} or more for one verdict on its own under bh over 2 tests)"
+        "use --n-random 19 or more, enough under bh when the 2 tests are CONFIRMED together (each p <= 0.05); "
+        f"{lone} or more for one verdict on its own (p <= 0.05/2)"
     )
-    assert vocabulary.unreachable_note(10, 0.05, 1, "bh").endswith("(use --n-random 19 or more)")
-    # the default types: said before the load, it counted the encoder-only next/last-token types of
-    # a decoder's family (139 over 7 tests where the plan's lines say 99 over 5)
-    default = scan_note(ScanConfig(n_random=10, keep_n_random=True))
-    five, seven = statistics.lone_draws_needed(5, 0.05), statistics.lone_draws_needed(7, 0.05)
-    assert (five, seven) == (99, 139) and default.endswith(
-        f"{five} or more for one verdict on its own under bh over 5 tests; "
-        f"{seven} on an encoder, which also verifies next_token, last_token)"
-    )
+    assert vocabulary.unreachable_note(10, 0.05, 1, "bh").endswith("use --n-random 19 or more (p <= 0.05)")
     assert (
         VerificationSettings(k=3, n_random=10, alpha=0.1).reachable and VerificationSettings(k=3, n_random=19).reachable
     )
@@ -327,11 +319,12 @@ def test_too_few_draws_confirm_nothing_and_say_so(tiny_llama_gqa, text_file, mon
     assert all(
         v.confirmed is None and "cannot reach alpha = 0.05" in v.no_verdict for v in result.verifications if v.tested
     )
-    assert "no verdict: 5 control sets: its smallest p-value 1/6" in result.report()
-    assert any("induction: no verdict" in w for w in result.warnings)
+    # the reason in full in summary.json's warnings; the report names the type once and says why in short
+    assert any(w.startswith("induction: no verdict: 5 control sets: its smallest p-value 1/6") for w in result.warnings)
+    assert "WARNING: no verdict for induction: --n-random 5 is too few" in result.report()
 
 
-def test_cli_says_before_running_that_no_verdict_can_be_confirmed(tiny_dir, text_file, tmp_path, capsys):
+def test_cli_says_once_why_no_verdict_can_be_confirmed(tiny_dir, text_file, tmp_path, capsys):
     from headprobe.cli import main
 
     out = tmp_path / "out"
@@ -365,11 +358,11 @@ def test_cli_says_before_running_that_no_verdict_can_be_confirmed(tiny_dir, text
         )
         == 0
     )
-    stdout = capsys.readouterr().out
-    assert stdout.splitlines()[0].startswith("NOTE: --n-random 10 cannot reach alpha=0.05"), (
-        stdout
-    )  # before the model loads
-    assert stdout.index("NOTE: --n-random 10") < stdout.index(f"model {tiny_dir}")
+    said = capsys.readouterr()
+    # it said so before the load and again, with other numbers, after; now once, in the plan, which knows the
+    # family: here none (the random model's tasks are untrusted, each said in its WARNING), so no such line at all
+    assert "cannot reach alpha" not in said.out + said.err, said
+    assert said.out.count("no better than a uniform guess") == 2 and "WARNING above" in said.out, said.out
 
 
 def test_a_pruned_models_removed_heads_are_blank_and_never_drawn(tiny_tokenizer, tmp_path, text_file):

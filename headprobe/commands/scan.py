@@ -289,21 +289,6 @@ class ScanConfig(ModelSettings, DataSettings):
         return replace(self, types=types, seq_len=seq_len, period=period, k=k)
 
 
-def unreachable_note(cfg: ScanConfig) -> str | None:
-    """The line saying that ``cfg``'s draws cannot reach its alpha (None when they can, without
-    verification, or without ``keep_n_random``: then the draws are raised to what a lone verdict needs)."""
-    if not cfg.verify or not cfg.keep_n_random:
-        return None
-    from headprobe.analyses.columns import DETECTORS
-
-    types = cfg.types or ()
-    on_any = [t for t in types if not DETECTORS[t].encoder_only]  # a decoder verifies these alone
-    encoder_only = ", ".join(t for t in types if t not in on_any)
-    return vocab.unreachable_note(
-        cfg.n_random, cfg.alpha, len(on_any) or len(types), cfg.correction, len(types), encoder_only
-    )
-
-
 @dataclass(frozen=True)
 class ScanFiles:
     """What ``headprobe scan`` writes beyond the files of its result (not part of :class:`ScanConfig`:
@@ -359,7 +344,6 @@ def main(args: argparse.Namespace, config: ScanConfig) -> int:
         config,
         options.Run(
             "headprobe.commands.scan_core",
-            note=unreachable_note(config),
             resumed=resumed,
             sharded="verification",
             save={"html": args.html, "progress": True},

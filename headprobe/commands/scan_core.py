@@ -281,7 +281,7 @@ def batch_line(model: LoadedModel, config: ScanConfig) -> str | None:
     """The header line of the verification's control-set batch
     (:func:`~headprobe.analyses.ablation.set_plan` for each task's sequences at the lengths the run
     resolves: repeated tokens ``2 * period`` after BOS where the model prepends one, natural text
-    ``seq_len``); None without verification. First,
+    ``seq_len``), after the data's line (:func:`data_line`, alone without verification). First,
     with or without it, each task's scoring forward over its whole batch is checked to fit
     (:func:`_scoring_plans`), then with ``config.metrics`` each head-metric forward (:func:`_metric_plans`).
 
@@ -295,12 +295,25 @@ def batch_line(model: LoadedModel, config: ScanConfig) -> str | None:
     cfg = config.resolved(model.spec, model.trained_periods)  # the lengths the run uses, defaults included
     _scoring_plans(model, cfg)
     _metric_plans(model, cfg)
-    if not config.verify or not model.self_check.decomposition_ok:
-        return None
     assert cfg.seq_len is not None and cfg.period is not None  # set by resolved()
+    data = data_line(cfg, model.prepend_bos)
+    if not config.verify or not model.self_check.decomposition_ok:
+        return data
     shapes = [(cfg.n_repeated, int(model.prepend_bos) + 2 * cfg.period), (cfg.n_natural, cfg.seq_len)]
     b, plan = max(((b, set_plan(model, b, t)) for b, t in shapes), key=lambda x: x[1].per_item)
-    return f"{plan.line()}: {plan.items // b} control sets of {b} sequences per pass"
+    return f"{data}\n{plan.line()}: {plan.items // b} control sets of {b} sequences per pass"
+
+
+def data_line(cfg: ScanConfig, bos: bool) -> str:
+    """The header line of the token sets at the lengths the run resolves (``cfg``): natural text, ``--n-natural``
+    windows of ``--seq-len`` tokens; repeated tokens, ``--n-repeated`` random blocks of ``--period`` tokens, each
+    twice (after BOS where the model prepends one), whatever ``--seq-len`` is."""
+    assert cfg.period is not None  # set by ScanConfig.resolved
+    return (
+        f"data: natural text: {cfg.n_natural} windows of {cfg.seq_len} tokens (--seq-len); repeated: "
+        f"{cfg.n_repeated} random blocks of {cfg.period} tokens, each twice = {int(bos) + 2 * cfg.period} tokens"
+        f"{' with BOS' if bos else ''} (--period; --seq-len sets natural text only)"
+    )
 
 
 def _scoring_plans(model: LoadedModel, cfg: ScanConfig) -> list[BatchPlan]:
@@ -945,18 +958,33 @@ def format_report(result: ScanResult) -> str:
     weights, *source = precision_lines(spec.precision)  # a pruned checkpoint's source on a line of its own
     lines = [f"{spec.name}: weights {weights}", *source, ""]
     lines += [f"NOTE: {n}" for n in short_text_notes(result)]
-    lines += [f"WARNING: {w}" for w in result.warnings] + ([""] if result.warnings else [])
+    plan = (result.verification or {}).get("plan") or {}
+    # every verdict withheld by too few draws: the plan's NOTE said why, once; here one line names the types
+    short = plan.get("family", []) if plan and verif.short_draws(plan) else []
+    warnings = [
+        w for w in result.warnings if not any(w.startswith(f"{t.replace('_', '-')}: no verdict:") for t in short)
+    ]
+    if short:
+        warnings.insert(
+            0,
+            f"no verdict for {', '.join(t.replace('_', '-') for t in short)}: --n-random {plan['n_random']} is "
+            f"too few (the NOTE before the verification says how many are enough)",
+        )
+    lines += [f"WARNING: {w}" for w in warnings] + ([""] if warnings else [])
     # what ran decides the header: with --no-verify nothing was ablated, and the report must not say it was
+    k = result.config.k
+    assert k is not None  # set by ScanConfig.resolved
+    shown = min(k, TOP_SHOWN) if result.verifications else TOP_SHOWN
     checked = (
-        f"the top {result.config.k} of each type were ablated"
+        f"the top {k} of each type were ablated" + (f", the first {shown} shown" if shown < k else "")
         if result.verifications
-        else "no head was ablated (--no-verify)"
+        else f"the top {shown}; no head was ablated (--no-verify)"
     )
     lines.append(f"{'head type':<16} top heads (score: see docs/scan.md; {checked}; all in summary.json)")
     assert result.config.types is not None  # set by ScanConfig.__post_init__
     for name in result.config.types:
         col = result.scores[DETECTORS[name].rank_by]
-        tops = top_heads(torch.as_tensor(col), 4)
+        tops = top_heads(torch.as_tensor(col), shown)
         cells = ", ".join(f"{format_head(h)} ({col[h]:.2f})" for h in tops)
         lines.append(f"{name:<16} {cells}")
     lines.append("")
@@ -975,7 +1003,7 @@ def format_report(result: ScanResult) -> str:
         p_adj = f"{v.p_adjusted:7.4f}" if v.p_adjusted is not None else f"{'-':>7}"
         # a type without a verdict says so on its tested kind's row; the other kind is reported as ever
         decided = v.tested or (v.no_verdict and v.kind == design.get("primary_kind"))
-        verdict = v.verdict if decided else "(reported, not tested)"
+        verdict = v.verdict if decided else f"(reported, not tested{reported_on(v, design)})"
         clean = f"{v.clean_loss:6.2f}" if v.clean_loss is not None else f"{'-':>6}"  # an encoder measures no loss
         controls = f"{v.random_mean:+9.{d}f}/{v.random_max:+.{d}f}" if v.draws else f"{'none':>9}/{'-':<{d + 2}}"
         lines.append(
@@ -984,7 +1012,15 @@ def format_report(result: ScanResult) -> str:
         )
     lines += [
         f"  {v.head_type.replace('_', '-')}: {evidence_text(v.to_dict(), 4)}"
-        + (f"; no verdict: {v.no_verdict}" if v.no_verdict else "")
+        + (
+            f"; no verdict: --n-random {plan['n_random']} too few (WARNING above)"
+            if v.head_type in short
+            else f"; no verdict: see the {v.task} task's WARNING above"
+            if v.no_verdict and any(w.startswith(f"{v.task} task: ") and v.no_verdict in w for w in warnings)
+            else f"; no verdict: {v.no_verdict}"
+            if v.no_verdict
+            else ""
+        )
         + (
             f"; not confirmed: {rule.shortfall(v.p_adjusted, v.top_effect, v.random_effects)}"
             if v.confirmed is False
@@ -1006,6 +1042,19 @@ def format_report(result: ScanResult) -> str:
     lines += [f"NOTE: {n}" for n in design.get("notes", [])]
     lines += [f"NOTE: {n}" for n in wide_interval_notes(result.verifications)]
     return "\n".join(lines)
+
+
+TOP_SHOWN = 4
+"""The most top heads per type the terminal table shows (all k of them are in summary.json)."""
+
+
+def reported_on(v: Verification, design: dict) -> str:
+    """``": the first 5 control sets"``: which sets an untested kind's row was reported on, where its draws
+    are fewer than the tested kind's (sequential tests report the other kind on the first
+    :data:`~headprobe.analyses.verification.SECONDARY_DRAWS` sets of the same stream); "" where it has all."""
+    if not v.draws or v.draws >= (design.get("max_draws") or 0):
+        return ""
+    return f": the first {v.draws} control sets"
 
 
 def short_text_notes(result: ScanResult) -> list[str]:

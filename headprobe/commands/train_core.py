@@ -200,7 +200,7 @@ class TrainResult(CompactRepr, TrainRun, WritesOutputs):
             formed = "no induction head formed (the top head's 95% lower bound never passed 0.5): no phase change yet"
         return (
             f"trained {s['n_params']} parameters in {self.seconds:.1f} s on {s['device']}; final loss "
-            f"{s['final']['train_loss']:.3f} (chance {s['chance_loss_nats']:.3f}), in-context loss "
+            f"{s['final']['train_loss']:.3f} (chance {s['chance_loss_nats']:.3f}), in-context loss (late - early) "
             f"{s['final']['in_context_loss']:+.3f} {figures.format_ci(s['final']['in_context_loss_ci95'], '+.3f')}"
             f" (95% CI over {self.config.n_eval} held-out sequences)\n"
             f"top induction head {s['final']['top_induction_head']} (layer.head), induction score "
@@ -240,7 +240,7 @@ def snapshot_dir_name(step: int) -> str:
 
 def _print_eval(row: dict, seconds: float) -> None:
     print(
-        f"step {row['step']:5d}  loss {row['train_loss']:.3f}  in-context {row['in_context_loss']:+.3f}  "
+        f"step {row['step']:5d}  loss {row['train_loss']:.3f}  in-context loss (late - early) {row['in_context_loss']:+.3f}  "
         f"max induction {row['max_induction']:.2f}  max prev-token {row['max_previous_token']:.2f}  "
         f"({seconds:.0f} s)",
         flush=True,
