@@ -1737,9 +1737,9 @@ def circuit_graph(
     pad = max(0.4, 0.08 * span)  # about 0.2 in of the axes' 2.5 in at any number of layers
     logits_y = n_layers - 1 + max(1.5, 0.12 * span)
     where = lambda node: ((n_heads - 1) / 2, logits_y) if node is None else (node[1], node[0])
-    _circuit_nodes(ax, {e[0] for e in edges} | {e[1] for e in edges}, where)
+    labels = _circuit_nodes(ax, {e[0] for e in edges} | {e[1] for e in edges}, where)
     checked = [False] * len(edges) if checked is None else list(checked)
-    _circuit_edges(ax, edges, checked, where, top)
+    _circuit_edges(ax, edges, checked, where, top, labels)
     ax.set_xlim(-0.8, n_heads - 1 + 1.1)  # the last column's labels, right of their nodes, inside
     ax.set_ylim(max(-0.8, lowest - pad), logits_y + max(0.4, 0.128 * span))  # the layers the edges span; "logits" above
     ax.set_xlabel("head")
@@ -1781,13 +1781,24 @@ def _tint(color: str, amount: float = CIRCUIT_NEGATIVE_TINT) -> tuple[float, flo
     return tuple(float(c) for c in rgb + (1.0 - rgb) * amount)  # type: ignore[return-value]
 
 
-def _circuit_nodes(ax, nodes, where) -> None:
+CIRCUIT_NODE_SIZE = {"head": 30.0, "logits": 60.0}
+"""Marker areas (points squared) of :func:`circuit_graph`'s head nodes and its logits node."""
+
+
+def _node_radius(node) -> float:
+    """The radius (points) of ``node``'s dot in :func:`circuit_graph` (None: the logits)."""
+    return float(np.sqrt(CIRCUIT_NODE_SIZE["logits" if node is None else "head"])) / 2
+
+
+def _circuit_nodes(ax, nodes, where) -> dict:
     """:func:`circuit_graph`'s nodes: a dot and a label (``L.H``, or ``logits`` for None) for each of
-    ``nodes``, at ``where(node)``; dots above the edges, labels above both in opaque white boxes."""
+    ``nodes``, at ``where(node)``; dots above the edges, labels above both in opaque white boxes.
+    Returns ``{node: its label (Text)}``."""
+    labels = {}
     for node in nodes:
         x, y = where(node)
-        ax.scatter([x], [y], s=60 if node is None else 30, color="#333333", zorder=4)
-        ax.annotate(
+        ax.scatter([x], [y], s=CIRCUIT_NODE_SIZE["logits" if node is None else "head"], color="#333333", zorder=4)
+        labels[node] = ax.annotate(
             "logits" if node is None else format_head(node),
             (x, y),
             xytext=(0, 5) if node is None else (4, 3),
@@ -1798,15 +1809,95 @@ def _circuit_nodes(ax, nodes, where) -> None:
             va="bottom",
             bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none"},  # opaque: legible over edges
         )
+    return labels
 
 
 _CIRCUIT_DASHES = (0.0, (3.0, 2.0))
 """A negative edge's dash pattern (offset, on/off in points), the same for the line and its outline."""
 
+CIRCUIT_NODE_CLEARANCE = 3.0
+"""How far (points) an edge of :func:`circuit_graph` keeps from the rim of every dot but its own two,
+and from every node label's box, where some arc allows it (:class:`_RoutedArc`)."""
 
-def _circuit_edges(ax, edges: Sequence, checked: list[bool], where, top: float) -> None:
+
+class _RoutedArc:
+    """A :func:`circuit_graph` edge's connection style: the quadratic arc of matplotlib's ``arc3``
+    whose ``rad`` is the first of ``rads`` (the input's own bend first, then bends ever further from it,
+    either side) whose path, in display space at draw time, stays :data:`CIRCUIT_NODE_CLEARANCE`
+    points clear of every other node's dot (``dots``: ``(x, y, radius in points)`` in data
+    coordinates), of every node label (``labels``: Text; its receiver's too, so no arrowhead
+    hides under a label; not its sender's, which it leaves from) and inside the axes; where none does, the one that comes closest. A
+    straight edge from 16.0 to 17.3 ran through 16.1 and 16.2, its arrowhead under "16.2"."""
+
+    def __init__(self, ax, rads: Sequence[float], dots: Sequence[tuple[float, float, float]], labels: Sequence) -> None:
+        self.ax, self.rads, self.dots, self.labels = ax, list(rads), list(dots), list(labels)
+
+    def clearance(self, path, skip_pt: float) -> float:
+        """The least room (points) between ``path`` (display space) and the dots, labels and
+        frame less the clearance wanted (< 0: too close), ignoring its first and last ``skip_pt``."""
+        from matplotlib.bezier import BezierSegment
+
+        px = self.ax.figure.dpi / 72.0
+        curve = BezierSegment(np.asarray(path.vertices))(np.linspace(0.0, 1.0, 64))
+        ends = np.minimum(np.hypot(*(curve - curve[0]).T), np.hypot(*(curve - curve[-1]).T))
+        curve = curve[ends > skip_pt * px]
+        if not len(curve):
+            return 0.0
+        room = [np.inf]
+        if self.dots:
+            centres = self.ax.transData.transform([(x, y) for x, y, _ in self.dots])
+            radii = np.array([r for _, _, r in self.dots]) * px
+            gaps = np.hypot(curve[:, None, 0] - centres[None, :, 0], curve[:, None, 1] - centres[None, :, 1]) - radii
+            room.append(float(gaps.min()))
+        for text in self.labels:
+            box = text.get_window_extent()
+            dx = np.maximum(np.maximum(box.x0 - curve[:, 0], curve[:, 0] - box.x1), 0.0)
+            dy = np.maximum(np.maximum(box.y0 - curve[:, 1], curve[:, 1] - box.y1), 0.0)
+            inside = (dx == 0) & (dy == 0)
+            room.append(float(np.where(inside, -1.0, np.hypot(dx, dy)).min()))
+        frame = self.ax.bbox
+        room.append(
+            float(
+                np.min([curve[:, 0] - frame.x0, frame.x1 - curve[:, 0], curve[:, 1] - frame.y0, frame.y1 - curve[:, 1]])
+            )
+        )
+        return min(room) / px - CIRCUIT_NODE_CLEARANCE
+
+    def connect(self, posA, posB):
+        from matplotlib.patches import ConnectionStyle
+
+        best, best_room = None, -np.inf
+        for rad in self.rads:
+            path = ConnectionStyle.Arc3(rad=rad).connect(posA, posB)
+            room = self.clearance(path, skip_pt=_node_radius(None) + 1.0)
+            if room >= 0:
+                return path
+            if room > best_room:
+                best, best_room = path, room
+        return best
+
+    def __call__(self, posA, posB, shrinkA=2.0, shrinkB=2.0, patchA=None, patchB=None):
+        from matplotlib.patches import ConnectionStyle
+
+        style = ConnectionStyle.Arc3()  # its clipping and shrinking, on this class's path
+        style.connect = self.connect  # type: ignore[method-assign]
+        return style(posA, posB, shrinkA, shrinkB, patchA, patchB)
+
+
+def _circuit_rads(bend: float, step: float = 0.12, furthest: float = 1.5) -> list[float]:
+    """The bends :class:`_RoutedArc` tries for an edge of the input bent ``bend``: ``bend`` first, then
+    ``bend`` +- ``step``, +- 2 ``step`` ... up to ``furthest`` from it."""
+    out = [bend]
+    for k in range(1, int(round(furthest / step)) + 1):
+        out += [bend + k * step, bend - k * step]
+    return out
+
+
+def _circuit_edges(ax, edges: Sequence, checked: list[bool], where, top: float, labels: dict) -> None:
     """:func:`circuit_graph`'s arrows, the weakest first: coloured by the receiver's input (paler and
-    dashed where negative), as wide as ``|score|`` against ``top``, outlined in black where ``checked``."""
+    dashed where negative), as wide as ``|score|`` against ``top``, outlined in black where ``checked``;
+    each routed around the other nodes and every label (:class:`_RoutedArc`), its tip at its receiver's
+    dot's rim (``labels``: ``{node: label}`` of :func:`_circuit_nodes`)."""
     import matplotlib.patheffects as pe
     from matplotlib.patches import FancyArrowPatch
 
@@ -1815,12 +1906,16 @@ def _circuit_edges(ax, edges: Sequence, checked: list[bool], where, top: float) 
         negative = score < 0
         color = _tint(CIRCUIT_INPUT_COLORS[inp]) if negative else CIRCUIT_INPUT_COLORS[inp]
         outline: dict[str, Any] = {"dashes": {"dash_offset": 0.0, "dash_list": _CIRCUIT_DASHES[1]}} if negative else {}
+        others = [(*where(n), _node_radius(n)) for n in labels if n != sender and n != receiver]
+        clear = [t for n, t in labels.items() if n != sender]  # an edge leaves its sender under its label
         arrow = FancyArrowPatch(
             where(sender),
             where(receiver),
             arrowstyle="-|>",
             mutation_scale=6,
-            connectionstyle=f"arc3,rad={_CIRCUIT_BEND[inp]}",
+            connectionstyle=_RoutedArc(ax, _circuit_rads(_CIRCUIT_BEND[inp]), others, clear),  # type: ignore[arg-type]
+            shrinkA=_node_radius(sender),
+            shrinkB=_node_radius(receiver) + 0.5,  # the tip at the dot's rim, not under the dot
             color=color,
             linewidth=width,
             linestyle=_CIRCUIT_DASHES if negative else "-",
