@@ -11,6 +11,7 @@ change is signed, Michel et al.'s importance ``E|dL/dxi_h|`` is not), never from
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -159,6 +160,7 @@ def _wrap_titles(fig: Figure) -> Figure:
             fig.draw_without_rendering()  # the constrained layout places axes and titles; nothing is rasterised
             renderer = canvas.get_renderer()
             wrapped = _wrap_to_room(texts, renderer, fig.bbox.width)
+            wrapped = _separate_titles(fig, renderer) or wrapped
             if not (_fit_colorbar_labels(fig, bars, renderer) or wrapped):
                 break  # every title and label fits this layout: no further pass (most figures need only the one)
     finally:
@@ -183,12 +185,48 @@ def _fit_colorbar_labels(fig: Figure, bars, renderer) -> bool:
         )
         if box.height <= room and box.y0 >= 0 and box.y1 <= fig.bbox.height:
             continue
-        lines = label.get_text().split("\n")
+        # broken from the label as given, not from an earlier pass's lines ("attention on\neach\ntype's ...")
+        lines = _LABEL_AS_GIVEN.setdefault(label, label.get_text()).split("\n")
         for chars in range(max(len(line) for line in lines) - 1, 7, -1):  # the widest lines that fit, measured
             label.set_text("\n".join(p for line in lines for p in _wrap_keeping_parentheses(line, chars, False)))
             if label.get_window_extent(renderer).height <= room:
                 break
         changed = label.get_text() != "\n".join(lines) or changed
+    return changed
+
+
+_LABEL_AS_GIVEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Each colour-bar label :func:`_fit_colorbar_labels` broke, as its figure function gave it: a later
+layout pass breaks that again, not the lines of the pass before."""
+
+
+def _separate_titles(fig: Figure, renderer, gap_px: float = 6.0, smallest: float = 5.0) -> bool:
+    """A safety net (:func:`_wrap_titles` calls it on each layout): an axes title beside other titled axes
+    in the same row may reach at most half way into the gap to the nearer of them, ``gap_px`` short of it
+    ("previous-tokenduplicate-token" over two encoder panels ran together); one wider is broken at spaces
+    to that room and, where a word is still wider (no spaces: "previous-token"), set in a smaller font
+    (down to ``smallest`` points) until it fits. True when one changed (the layout then changes)."""
+    titled = [ax for ax in fig.axes if ax.title.get_text()]
+    frames = {ax: ax.get_window_extent(renderer) for ax in titled}
+    changed = False
+    for ax in titled:
+        me = frames[ax]
+        row = [frames[o] for o in titled if o is not ax and frames[o].y0 < me.y1 and me.y0 < frames[o].y1]
+        gaps = [me.x0 - f.x1 for f in row if f.x1 <= me.x0] + [f.x0 - me.x1 for f in row if f.x0 >= me.x1]
+        if not gaps:
+            continue
+        room = me.width + 2 * max(min(gaps) / 2 - gap_px / 2, 0.0)
+        title = ax.title
+        width = title.get_window_extent(renderer).width
+        if width <= room:
+            continue
+        lines = title.get_text().split("\n")
+        chars = max(4, int(max(len(line) for line in lines) * room / width))
+        title.set_text("\n".join(p for line in lines for p in _wrap_keeping_parentheses(line, chars, False)))
+        width = title.get_window_extent(renderer).width
+        if width > room:
+            title.set_fontsize(max(smallest, title.get_fontsize() * room / width * 0.97))
+        changed = True
     return changed
 
 

@@ -1142,3 +1142,35 @@ def test_circuit_edges_pass_no_other_node_and_no_label(n_layers, n_heads, edges)
             inside = (box.x0 < pts[:, 0]) & (pts[:, 0] < box.x1) & (box.y0 < pts[:, 1]) & (pts[:, 1] < box.y1)
             assert not (inside & far).any(), (arrow._posA_posB, box)
             assert not (box.x0 < tip[0] < box.x1 and box.y0 < tip[1] < box.y1), (arrow._posA_posB, box)
+
+
+def test_overview_titles_never_meet_and_the_colour_bar_label_breaks_between_phrases():
+    """overview.png of an encoder scan (all-minilm-l6-v2: 6 layers x 12 heads, seven panels): the titles
+    "previous-token" and "duplicate-token" ran together ("previous-tokenduplicate-token"), and the colour bar's
+    label broke a line already broken ("attention on / each / type's target keys"). Measured at the PNG's
+    resolution: no two titles' boxes come within 3 px (1/4 pt), and every line of the label holds
+    two words or more, its words those given."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    titles = ["previous-token", "duplicate-token", "induction", "first-token (sink)", "positional", "next-token"]
+    titles.append("last-token")
+    rng = np.random.default_rng(0)
+    label = figs.overview_score_label([("positional", "share of queries at one offset")])
+    suptitle = (
+        "Head scores of all-minilm-l6-v2 (float32 weights)\non 2 sequences of 64 tokens of pydoc_data.topics "
+        "(CPython documentation); 2 random blocks of 50 tokens, repeated once"
+    )
+    fig = figs.scores_overview([(t, rng.random((6, 12))) for t in titles], None, suptitle, score_label=label)
+    fig.set_dpi(figs.SAVE_DPI)
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    panels = [ax for ax in fig.axes if ax.title.get_text()]
+    assert [" ".join(ax.title.get_text().split()) for ax in panels] == titles
+    boxes = [ax.title.get_window_extent(renderer) for ax in panels]
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            assert a.x1 + 3 < b.x0 or b.x1 + 3 < a.x0 or a.y1 < b.y0 or b.y1 < a.y0, (a, b)  # 3 px apart at least
+    bar = next(ax for ax in fig.axes if getattr(ax, "_colorbar", None) is not None)
+    lines = bar.get_ylabel().split("\n")
+    assert " ".join(lines).split() == label.split(), lines
+    assert all(len(line.split()) >= 2 for line in lines), lines
