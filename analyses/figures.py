@@ -2046,9 +2046,10 @@ def _tolerance_point(axes, rows: Sequence[dict], loss_tolerance: float | None) -
 @_styled
 def kv_policy_curve(rows: Sequence[dict], title: str, loss_tolerance: float | None = None) -> Figure:
     """Quality against KV memory for head-level KV policies (``headprobe kv``): natural-text loss
-    increase (nats/token) and long-range copy accuracy against the cache's fraction of the full
-    one, for the chosen policy, the same window on every group and random groups (mean over
-    seeds, whiskers their range) at each budget. ``rows`` as :func:`headprobe.analyses.kvpolicy.curve_row`;
+    one, for the chosen policy, one window W' on every group sized to the same KV memory (uniform)
+    and random groups (mean over seeds, whiskers and their legend glyph their range, only where a
+    budget has several seeds; the chosen and uniform lines are plain: their 95% intervals against the
+    full cache are curve.csv's, and the paired comparison of the two is summary.json's) at each budget. ``rows`` as :func:`headprobe.analyses.kvpolicy.curve_row`;
     a row with ``target == "loss_tolerance"`` (the policy ``--loss-tolerance`` chose, and its
     controls) is not on the budget lines: its chosen policy is drawn as its own labelled point and
     ``loss_tolerance`` (nats/token) as a dotted line."""
@@ -2056,19 +2057,26 @@ def kv_policy_curve(rows: Sequence[dict], title: str, loss_tolerance: float | No
     axes = fig.subplots(2, 1, sharex=True)
     styles = {
         "chosen": ("#0072B2", "o", "chosen groups full"),
-        "uniform": ("#E69F00", "s", "same window, every group"),
-        "random": ("#009E73", "^", "random groups full (seed range)"),
+        "uniform": ("#E69F00", "s", "uniform: one window W' on every group, same KV memory"),
+        "random": ("#009E73", "^", "random groups full"),
     }
     on_curve = [r for r in rows if r.get("target") != "loss_tolerance"]
     for kind, (color, marker, label) in styles.items():
         sel = [r for r in on_curve if r["policy"] == kind]
         budgets = sorted({r["budget"] for r in sel})
+        # whiskers (and their legend glyph) only where a budget has several runs (random seeds) to span
+        spread = any(sum(r["budget"] == b for r in sel) > 1 for b in budgets)
         for ax, key in zip(axes, ("natural_loss_increase", "copy_accuracy")):
             x = np.array([np.mean([r["kv_fraction"] for r in sel if r["budget"] == b]) for b in budgets])
             vals = [np.array([r[key] for r in sel if r["budget"] == b]) for b in budgets]
             y = np.array([v.mean() for v in vals])
+            if not spread:
+                ax.plot(x, y, color=color, marker=marker, ms=3, lw=0.9, label=label)
+                continue
             err = np.array([[y_ - v.min() for y_, v in zip(y, vals)], [v.max() - y_ for y_, v in zip(y, vals)]])
-            ax.errorbar(x, y, yerr=err, color=color, marker=marker, ms=3, lw=0.9, capsize=2, label=label)
+            ax.errorbar(
+                x, y, yerr=err, color=color, marker=marker, ms=3, lw=0.9, capsize=2, label=f"{label} (seed range)"
+            )
     _tolerance_point(axes, rows, loss_tolerance)
     full = next((r for r in rows if r["policy"] == "full"), None)
     if full is not None:
@@ -2083,6 +2091,6 @@ def kv_policy_curve(rows: Sequence[dict], title: str, loss_tolerance: float | No
     handles, labels = axes[1].get_legend_handles_labels()
     tolerance = [(h, t) for h, t in zip(*axes[0].get_legend_handles_labels()) if t.startswith("--loss-tolerance ")]
     handles, labels = handles + [h for h, _ in tolerance], labels + [t for _, t in tolerance]
-    one_column = any(r.get("target") == "loss_tolerance" for r in rows)  # its label is long
-    fig.legend(handles, labels, loc="outside lower center", frameon=False, fontsize=5.5, ncols=1 if one_column else 2)
+    # one column: the uniform entry and the tolerance point's are long (two columns ran past the figure's edges)
+    fig.legend(handles, labels, loc="outside lower center", frameon=False, fontsize=5.5, ncols=1)
     return fig

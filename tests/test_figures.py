@@ -1065,6 +1065,45 @@ def test_the_kv_curves_loss_tolerance_line_is_in_the_legend():
     assert not any("--loss-tolerance" in t.get_text() for t in no_tolerance.legends[0].get_texts())
 
 
+@pytest.mark.parametrize("n_random", [1, 3])
+def test_the_kv_curves_legend_shows_whiskers_only_for_series_that_draw_them(n_random):
+    """kv_curve.png's legend showed an error-bar glyph for every policy while only the random policies (over 2+
+    seeds) and the --loss-tolerance point drew whiskers; and "same window, every group" hid that the uniform
+    policy's window W' is wider than --window (the same KV memory). Every legend glyph with whiskers (a
+    LineCollection) names a series whose drawn whiskers have length somewhere; every drawn series with whiskers
+    of length is named with whiskers; the uniform entry says W' and the same memory."""
+    from matplotlib.collections import LineCollection
+
+    rows = [{"policy": "full", "budget": 1.0, "kv_fraction": 1.0, "natural_loss_increase": 0.0, "copy_accuracy": 0.7}]
+    for b in (0.25, 0.5):
+        for p in ("chosen", "uniform"):
+            rows.append(
+                {"policy": p, "budget": b, "kv_fraction": b, "natural_loss_increase": 0.1 / b, "copy_accuracy": b}
+            )
+        for seed in range(n_random):
+            rows.append(
+                {"policy": "random", "budget": b, "seed": seed, "kv_fraction": b}
+                | {"natural_loss_increase": 0.2 / b + 0.01 * seed, "copy_accuracy": b / 2 + 0.05 * seed}
+            )
+    fig = figs.kv_policy_curve(rows, "t")
+    legend = fig.legends[0]
+    glyphs = {t.get_text(): h for t, h in zip(legend.get_texts(), legend.legend_handles)}
+
+    def whisker_length(label: str) -> float:
+        bars = [c for ax in fig.axes for c in ax.containers if c.get_label() == label and c.has_yerr]
+        segments = [seg for c in bars for coll in c.lines[2] for seg in coll.get_segments()]
+        return max((float(np.ptp(seg[:, 1])) for seg in segments), default=0.0)
+
+    for label, glyph in glyphs.items():
+        drawn = whisker_length(label)
+        assert isinstance(glyph, LineCollection) == (drawn > 0), (label, type(glyph).__name__, drawn)
+    assert sum(isinstance(g, LineCollection) for g in glyphs.values()) == (1 if n_random > 1 else 0)
+    uniform = [t for t in glyphs if t.startswith("uniform")]
+    assert len(uniform) == 1 and "W'" in uniform[0] and "same KV memory" in uniform[0], list(glyphs)
+    fig.set_dpi(figs.SAVE_DPI)
+    assert all(_inside(fig, t) for t in legend.get_texts())  # the longer entry in two columns ran past the edges
+
+
 # the top 20 edges of ``headprobe circuit --method eap --verify 0`` on smollm2-135m (30 layers x 9 heads)
 _EAP_SMOLLM2_EDGES = [
     ((16, 0), (18, 7), "k", 1.7596),
