@@ -1918,7 +1918,7 @@ class _RoutedArc:
         from matplotlib.patches import ConnectionStyle
 
         style = ConnectionStyle.Arc3()  # its clipping and shrinking, on this class's path
-        style.connect = self.connect  # type: ignore[method-assign]
+        style.connect = self.connect
         return style(posA, posB, shrinkA, shrinkB, patchA, patchB)
 
 
