@@ -11,6 +11,7 @@ change is signed, Michel et al.'s importance ``E|dL/dxi_h|`` is not), never from
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -159,6 +160,7 @@ def _wrap_titles(fig: Figure) -> Figure:
             fig.draw_without_rendering()  # the constrained layout places axes and titles; nothing is rasterised
             renderer = canvas.get_renderer()
             wrapped = _wrap_to_room(texts, renderer, fig.bbox.width)
+            wrapped = _separate_titles(fig, renderer) or wrapped
             if not (_fit_colorbar_labels(fig, bars, renderer) or wrapped):
                 break  # every title and label fits this layout: no further pass (most figures need only the one)
     finally:
@@ -183,12 +185,48 @@ def _fit_colorbar_labels(fig: Figure, bars, renderer) -> bool:
         )
         if box.height <= room and box.y0 >= 0 and box.y1 <= fig.bbox.height:
             continue
-        lines = label.get_text().split("\n")
+        # broken from the label as given, not from an earlier pass's lines ("attention on\neach\ntype's ...")
+        lines = _LABEL_AS_GIVEN.setdefault(label, label.get_text()).split("\n")
         for chars in range(max(len(line) for line in lines) - 1, 7, -1):  # the widest lines that fit, measured
             label.set_text("\n".join(p for line in lines for p in _wrap_keeping_parentheses(line, chars, False)))
             if label.get_window_extent(renderer).height <= room:
                 break
         changed = label.get_text() != "\n".join(lines) or changed
+    return changed
+
+
+_LABEL_AS_GIVEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Each colour-bar label :func:`_fit_colorbar_labels` broke, as its figure function gave it: a later
+layout pass breaks that again, not the lines of the pass before."""
+
+
+def _separate_titles(fig: Figure, renderer, gap_px: float = 6.0, smallest: float = 5.0) -> bool:
+    """A safety net (:func:`_wrap_titles` calls it on each layout): an axes title beside other titled axes
+    in the same row may reach at most half way into the gap to the nearer of them, ``gap_px`` short of it
+    ("previous-tokenduplicate-token" over two encoder panels ran together); one wider is broken at spaces
+    to that room and, where a word is still wider (no spaces: "previous-token"), set in a smaller font
+    (down to ``smallest`` points) until it fits. True when one changed (the layout then changes)."""
+    titled = [ax for ax in fig.axes if ax.title.get_text()]
+    frames = {ax: ax.get_window_extent(renderer) for ax in titled}
+    changed = False
+    for ax in titled:
+        me = frames[ax]
+        row = [frames[o] for o in titled if o is not ax and frames[o].y0 < me.y1 and me.y0 < frames[o].y1]
+        gaps = [me.x0 - f.x1 for f in row if f.x1 <= me.x0] + [f.x0 - me.x1 for f in row if f.x0 >= me.x1]
+        if not gaps:
+            continue
+        room = me.width + 2 * max(min(gaps) / 2 - gap_px / 2, 0.0)
+        title = ax.title
+        width = title.get_window_extent(renderer).width
+        if width <= room:
+            continue
+        lines = title.get_text().split("\n")
+        chars = max(4, int(max(len(line) for line in lines) * room / width))
+        title.set_text("\n".join(p for line in lines for p in _wrap_keeping_parentheses(line, chars, False)))
+        width = title.get_window_extent(renderer).width
+        if width > room:
+            title.set_fontsize(max(smallest, title.get_fontsize() * room / width * 0.97))
+        changed = True
     return changed
 
 
@@ -1737,9 +1775,9 @@ def circuit_graph(
     pad = max(0.4, 0.08 * span)  # about 0.2 in of the axes' 2.5 in at any number of layers
     logits_y = n_layers - 1 + max(1.5, 0.12 * span)
     where = lambda node: ((n_heads - 1) / 2, logits_y) if node is None else (node[1], node[0])
-    _circuit_nodes(ax, {e[0] for e in edges} | {e[1] for e in edges}, where)
+    labels = _circuit_nodes(ax, {e[0] for e in edges} | {e[1] for e in edges}, where)
     checked = [False] * len(edges) if checked is None else list(checked)
-    _circuit_edges(ax, edges, checked, where, top)
+    _circuit_edges(ax, edges, checked, where, top, labels)
     ax.set_xlim(-0.8, n_heads - 1 + 1.1)  # the last column's labels, right of their nodes, inside
     ax.set_ylim(max(-0.8, lowest - pad), logits_y + max(0.4, 0.128 * span))  # the layers the edges span; "logits" above
     ax.set_xlabel("head")
@@ -1781,13 +1819,24 @@ def _tint(color: str, amount: float = CIRCUIT_NEGATIVE_TINT) -> tuple[float, flo
     return tuple(float(c) for c in rgb + (1.0 - rgb) * amount)  # type: ignore[return-value]
 
 
-def _circuit_nodes(ax, nodes, where) -> None:
+CIRCUIT_NODE_SIZE = {"head": 30.0, "logits": 60.0}
+"""Marker areas (points squared) of :func:`circuit_graph`'s head nodes and its logits node."""
+
+
+def _node_radius(node) -> float:
+    """The radius (points) of ``node``'s dot in :func:`circuit_graph` (None: the logits)."""
+    return float(np.sqrt(CIRCUIT_NODE_SIZE["logits" if node is None else "head"])) / 2
+
+
+def _circuit_nodes(ax, nodes, where) -> dict:
     """:func:`circuit_graph`'s nodes: a dot and a label (``L.H``, or ``logits`` for None) for each of
-    ``nodes``, at ``where(node)``; dots above the edges, labels above both in opaque white boxes."""
+    ``nodes``, at ``where(node)``; dots above the edges, labels above both in opaque white boxes.
+    Returns ``{node: its label (Text)}``."""
+    labels = {}
     for node in nodes:
         x, y = where(node)
-        ax.scatter([x], [y], s=60 if node is None else 30, color="#333333", zorder=4)
-        ax.annotate(
+        ax.scatter([x], [y], s=CIRCUIT_NODE_SIZE["logits" if node is None else "head"], color="#333333", zorder=4)
+        labels[node] = ax.annotate(
             "logits" if node is None else format_head(node),
             (x, y),
             xytext=(0, 5) if node is None else (4, 3),
@@ -1798,15 +1847,95 @@ def _circuit_nodes(ax, nodes, where) -> None:
             va="bottom",
             bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none"},  # opaque: legible over edges
         )
+    return labels
 
 
 _CIRCUIT_DASHES = (0.0, (3.0, 2.0))
 """A negative edge's dash pattern (offset, on/off in points), the same for the line and its outline."""
 
+CIRCUIT_NODE_CLEARANCE = 3.0
+"""How far (points) an edge of :func:`circuit_graph` keeps from the rim of every dot but its own two,
+and from every node label's box, where some arc allows it (:class:`_RoutedArc`)."""
 
-def _circuit_edges(ax, edges: Sequence, checked: list[bool], where, top: float) -> None:
+
+class _RoutedArc:
+    """A :func:`circuit_graph` edge's connection style: the quadratic arc of matplotlib's ``arc3``
+    whose ``rad`` is the first of ``rads`` (the input's own bend first, then bends ever further from it,
+    either side) whose path, in display space at draw time, stays :data:`CIRCUIT_NODE_CLEARANCE`
+    points clear of every other node's dot (``dots``: ``(x, y, radius in points)`` in data
+    coordinates), of every node label (``labels``: Text; its receiver's too, so no arrowhead
+    hides under a label; not its sender's, which it leaves from) and inside the axes; where none does, the one that comes closest. A
+    straight edge from 16.0 to 17.3 ran through 16.1 and 16.2, its arrowhead under "16.2"."""
+
+    def __init__(self, ax, rads: Sequence[float], dots: Sequence[tuple[float, float, float]], labels: Sequence) -> None:
+        self.ax, self.rads, self.dots, self.labels = ax, list(rads), list(dots), list(labels)
+
+    def clearance(self, path, skip_pt: float) -> float:
+        """The least room (points) between ``path`` (display space) and the dots, labels and
+        frame less the clearance wanted (< 0: too close), ignoring its first and last ``skip_pt``."""
+        from matplotlib.bezier import BezierSegment
+
+        px = self.ax.figure.dpi / 72.0
+        curve = BezierSegment(np.asarray(path.vertices))(np.linspace(0.0, 1.0, 64))
+        ends = np.minimum(np.hypot(*(curve - curve[0]).T), np.hypot(*(curve - curve[-1]).T))
+        curve = curve[ends > skip_pt * px]
+        if not len(curve):
+            return 0.0
+        room = [np.inf]
+        if self.dots:
+            centres = self.ax.transData.transform([(x, y) for x, y, _ in self.dots])
+            radii = np.array([r for _, _, r in self.dots]) * px
+            gaps = np.hypot(curve[:, None, 0] - centres[None, :, 0], curve[:, None, 1] - centres[None, :, 1]) - radii
+            room.append(float(gaps.min()))
+        for text in self.labels:
+            box = text.get_window_extent()
+            dx = np.maximum(np.maximum(box.x0 - curve[:, 0], curve[:, 0] - box.x1), 0.0)
+            dy = np.maximum(np.maximum(box.y0 - curve[:, 1], curve[:, 1] - box.y1), 0.0)
+            inside = (dx == 0) & (dy == 0)
+            room.append(float(np.where(inside, -1.0, np.hypot(dx, dy)).min()))
+        frame = self.ax.bbox
+        room.append(
+            float(
+                np.min([curve[:, 0] - frame.x0, frame.x1 - curve[:, 0], curve[:, 1] - frame.y0, frame.y1 - curve[:, 1]])
+            )
+        )
+        return min(room) / px - CIRCUIT_NODE_CLEARANCE
+
+    def connect(self, posA, posB):
+        from matplotlib.patches import ConnectionStyle
+
+        best, best_room = None, -np.inf
+        for rad in self.rads:
+            path = ConnectionStyle.Arc3(rad=rad).connect(posA, posB)
+            room = self.clearance(path, skip_pt=_node_radius(None) + 1.0)
+            if room >= 0:
+                return path
+            if room > best_room:
+                best, best_room = path, room
+        return best
+
+    def __call__(self, posA, posB, shrinkA=2.0, shrinkB=2.0, patchA=None, patchB=None):
+        from matplotlib.patches import ConnectionStyle
+
+        style = ConnectionStyle.Arc3()  # its clipping and shrinking, on this class's path
+        style.connect = self.connect
+        return style(posA, posB, shrinkA, shrinkB, patchA, patchB)
+
+
+def _circuit_rads(bend: float, step: float = 0.12, furthest: float = 1.5) -> list[float]:
+    """The bends :class:`_RoutedArc` tries for an edge of the input bent ``bend``: ``bend`` first, then
+    ``bend`` +- ``step``, +- 2 ``step`` ... up to ``furthest`` from it."""
+    out = [bend]
+    for k in range(1, int(round(furthest / step)) + 1):
+        out += [bend + k * step, bend - k * step]
+    return out
+
+
+def _circuit_edges(ax, edges: Sequence, checked: list[bool], where, top: float, labels: dict) -> None:
     """:func:`circuit_graph`'s arrows, the weakest first: coloured by the receiver's input (paler and
-    dashed where negative), as wide as ``|score|`` against ``top``, outlined in black where ``checked``."""
+    dashed where negative), as wide as ``|score|`` against ``top``, outlined in black where ``checked``;
+    each routed around the other nodes and every label (:class:`_RoutedArc`), its tip at its receiver's
+    dot's rim (``labels``: ``{node: label}`` of :func:`_circuit_nodes`)."""
     import matplotlib.patheffects as pe
     from matplotlib.patches import FancyArrowPatch
 
@@ -1815,12 +1944,16 @@ def _circuit_edges(ax, edges: Sequence, checked: list[bool], where, top: float) 
         negative = score < 0
         color = _tint(CIRCUIT_INPUT_COLORS[inp]) if negative else CIRCUIT_INPUT_COLORS[inp]
         outline: dict[str, Any] = {"dashes": {"dash_offset": 0.0, "dash_list": _CIRCUIT_DASHES[1]}} if negative else {}
+        others = [(*where(n), _node_radius(n)) for n in labels if n != sender and n != receiver]
+        clear = [t for n, t in labels.items() if n != sender]  # an edge leaves its sender under its label
         arrow = FancyArrowPatch(
             where(sender),
             where(receiver),
             arrowstyle="-|>",
             mutation_scale=6,
-            connectionstyle=f"arc3,rad={_CIRCUIT_BEND[inp]}",
+            connectionstyle=_RoutedArc(ax, _circuit_rads(_CIRCUIT_BEND[inp]), others, clear),  # type: ignore[arg-type]
+            shrinkA=_node_radius(sender),
+            shrinkB=_node_radius(receiver) + 0.5,  # the tip at the dot's rim, not under the dot
             color=color,
             linewidth=width,
             linestyle=_CIRCUIT_DASHES if negative else "-",
@@ -1913,9 +2046,10 @@ def _tolerance_point(axes, rows: Sequence[dict], loss_tolerance: float | None) -
 @_styled
 def kv_policy_curve(rows: Sequence[dict], title: str, loss_tolerance: float | None = None) -> Figure:
     """Quality against KV memory for head-level KV policies (``headprobe kv``): natural-text loss
-    increase (nats/token) and long-range copy accuracy against the cache's fraction of the full
-    one, for the chosen policy, the same window on every group and random groups (mean over
-    seeds, whiskers their range) at each budget. ``rows`` as :func:`headprobe.analyses.kvpolicy.curve_row`;
+    one, for the chosen policy, one window W' on every group sized to the same KV memory (uniform)
+    and random groups (mean over seeds, whiskers and their legend glyph their range, only where a
+    budget has several seeds; the chosen and uniform lines are plain: their 95% intervals against the
+    full cache are curve.csv's, and the paired comparison of the two is summary.json's) at each budget. ``rows`` as :func:`headprobe.analyses.kvpolicy.curve_row`;
     a row with ``target == "loss_tolerance"`` (the policy ``--loss-tolerance`` chose, and its
     controls) is not on the budget lines: its chosen policy is drawn as its own labelled point and
     ``loss_tolerance`` (nats/token) as a dotted line."""
@@ -1923,19 +2057,26 @@ def kv_policy_curve(rows: Sequence[dict], title: str, loss_tolerance: float | No
     axes = fig.subplots(2, 1, sharex=True)
     styles = {
         "chosen": ("#0072B2", "o", "chosen groups full"),
-        "uniform": ("#E69F00", "s", "same window, every group"),
-        "random": ("#009E73", "^", "random groups full (seed range)"),
+        "uniform": ("#E69F00", "s", "uniform: one window W' on every group, same KV memory"),
+        "random": ("#009E73", "^", "random groups full"),
     }
     on_curve = [r for r in rows if r.get("target") != "loss_tolerance"]
     for kind, (color, marker, label) in styles.items():
         sel = [r for r in on_curve if r["policy"] == kind]
         budgets = sorted({r["budget"] for r in sel})
+        # whiskers (and their legend glyph) only where a budget has several runs (random seeds) to span
+        spread = any(sum(r["budget"] == b for r in sel) > 1 for b in budgets)
         for ax, key in zip(axes, ("natural_loss_increase", "copy_accuracy")):
             x = np.array([np.mean([r["kv_fraction"] for r in sel if r["budget"] == b]) for b in budgets])
             vals = [np.array([r[key] for r in sel if r["budget"] == b]) for b in budgets]
             y = np.array([v.mean() for v in vals])
+            if not spread:
+                ax.plot(x, y, color=color, marker=marker, ms=3, lw=0.9, label=label)
+                continue
             err = np.array([[y_ - v.min() for y_, v in zip(y, vals)], [v.max() - y_ for y_, v in zip(y, vals)]])
-            ax.errorbar(x, y, yerr=err, color=color, marker=marker, ms=3, lw=0.9, capsize=2, label=label)
+            ax.errorbar(
+                x, y, yerr=err, color=color, marker=marker, ms=3, lw=0.9, capsize=2, label=f"{label} (seed range)"
+            )
     _tolerance_point(axes, rows, loss_tolerance)
     full = next((r for r in rows if r["policy"] == "full"), None)
     if full is not None:
@@ -1950,6 +2091,6 @@ def kv_policy_curve(rows: Sequence[dict], title: str, loss_tolerance: float | No
     handles, labels = axes[1].get_legend_handles_labels()
     tolerance = [(h, t) for h, t in zip(*axes[0].get_legend_handles_labels()) if t.startswith("--loss-tolerance ")]
     handles, labels = handles + [h for h, _ in tolerance], labels + [t for _, t in tolerance]
-    one_column = any(r.get("target") == "loss_tolerance" for r in rows)  # its label is long
-    fig.legend(handles, labels, loc="outside lower center", frameon=False, fontsize=5.5, ncols=1 if one_column else 2)
+    # one column: the uniform entry and the tolerance point's are long (two columns ran past the figure's edges)
+    fig.legend(handles, labels, loc="outside lower center", frameon=False, fontsize=5.5, ncols=1)
     return fig

@@ -658,3 +658,23 @@ def test_ablate_refuses_per_sequence_losses_that_do_not_average_to_the_effect(ti
     bad["natural"]["seq"]["1.2"] = [x + 0.5 for x in bad["natural"]["seq"]["1.2"]]
     with pytest.raises(HeadprobeError, match=r"natural task: head 1\.2's per-sequence loss increases average to"):
         ablate_core.run(model, cfg, resume=bad, progress=False)
+
+
+def test_the_ablation_figure_names_a_change_and_its_sign(tiny_dir, tmp_path):
+    """ablation_effect.png of ``ablate --heads 0.8,18.6`` on smollm2-135m was titled "Loss increase from ablating
+    one head" over mostly decreases (0.8: -1.02 nats/token). Its title says "change", and each colour bar's
+    label the sign convention (ablated minus clean), whatever the signs drawn; here some effect is negative."""
+    import headprobe
+
+    a = headprobe.ablate(
+        str(tiny_dir), text=_text(tmp_path), n_natural=3, seq_len=16, n_repeated=2, period=6, device="cpu"
+    )
+    fig = a.figures()["ablation_effect"]
+    effects = a.table[["natural_loss_delta", "repeated_loss_delta"]].to_numpy()
+    assert (effects < 0).any() and (effects > 0).any()  # both signs drawn
+    title = fig._suptitle.get_text()
+    assert title.split("\n")[0] == "Loss change from ablating one head" and "increase" not in title, title
+    bars = [ax for ax in fig.axes if getattr(ax, "_colorbar", None) is not None]
+    assert len(bars) == 2
+    for bar in bars:
+        assert " ".join(bar.get_ylabel().split()).startswith("Δ loss = ablated − clean (nats/token"), bar.get_ylabel()

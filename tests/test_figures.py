@@ -1063,3 +1063,153 @@ def test_the_kv_curves_loss_tolerance_line_is_in_the_legend():
     assert line.get_linestyle() == ":" and [ln for ln in fig.axes[0].lines if ln.get_linestyle() == ":"]
     no_tolerance = figs.kv_policy_curve(rows[:3], "t")
     assert not any("--loss-tolerance" in t.get_text() for t in no_tolerance.legends[0].get_texts())
+
+
+@pytest.mark.parametrize("n_random", [1, 3])
+def test_the_kv_curves_legend_shows_whiskers_only_for_series_that_draw_them(n_random):
+    """kv_curve.png's legend showed an error-bar glyph for every policy while only the random policies (over 2+
+    seeds) and the --loss-tolerance point drew whiskers; and "same window, every group" hid that the uniform
+    policy's window W' is wider than --window (the same KV memory). Every legend glyph with whiskers (a
+    LineCollection) names a series whose drawn whiskers have length somewhere; every drawn series with whiskers
+    of length is named with whiskers; the uniform entry says W' and the same memory."""
+    from matplotlib.collections import LineCollection
+
+    rows = [{"policy": "full", "budget": 1.0, "kv_fraction": 1.0, "natural_loss_increase": 0.0, "copy_accuracy": 0.7}]
+    for b in (0.25, 0.5):
+        for p in ("chosen", "uniform"):
+            rows.append(
+                {"policy": p, "budget": b, "kv_fraction": b, "natural_loss_increase": 0.1 / b, "copy_accuracy": b}
+            )
+        for seed in range(n_random):
+            rows.append(
+                {"policy": "random", "budget": b, "seed": seed, "kv_fraction": b}
+                | {"natural_loss_increase": 0.2 / b + 0.01 * seed, "copy_accuracy": b / 2 + 0.05 * seed}
+            )
+    fig = figs.kv_policy_curve(rows, "t")
+    legend = fig.legends[0]
+    glyphs = {t.get_text(): h for t, h in zip(legend.get_texts(), legend.legend_handles)}
+
+    def whisker_length(label: str) -> float:
+        bars = [c for ax in fig.axes for c in ax.containers if c.get_label() == label and c.has_yerr]
+        segments = [seg for c in bars for coll in c.lines[2] for seg in coll.get_segments()]
+        return max((float(np.ptp(seg[:, 1])) for seg in segments), default=0.0)
+
+    for label, glyph in glyphs.items():
+        drawn = whisker_length(label)
+        assert isinstance(glyph, LineCollection) == (drawn > 0), (label, type(glyph).__name__, drawn)
+    assert sum(isinstance(g, LineCollection) for g in glyphs.values()) == (1 if n_random > 1 else 0)
+    uniform = [t for t in glyphs if t.startswith("uniform")]
+    assert len(uniform) == 1 and "W'" in uniform[0] and "same KV memory" in uniform[0], list(glyphs)
+    fig.set_dpi(figs.SAVE_DPI)
+    assert all(_inside(fig, t) for t in legend.get_texts())  # the longer entry in two columns ran past the edges
+
+
+# the top 20 edges of ``headprobe circuit --method eap --verify 0`` on smollm2-135m (30 layers x 9 heads)
+_EAP_SMOLLM2_EDGES = [
+    ((16, 0), (18, 7), "k", 1.7596),
+    ((16, 0), (17, 3), "k", 1.47001),
+    ((17, 8), (18, 7), "k", 0.924356),
+    ((29, 1), None, "logits", 0.674588),
+    ((16, 0), (18, 6), "k", 0.416871),
+    ((16, 0), (18, 7), "q", 0.415733),
+    ((16, 1), (18, 7), "q", -0.373898),
+    ((11, 4), (18, 7), "q", -0.365648),
+    ((23, 7), None, "logits", 0.349855),
+    ((16, 2), (18, 7), "q", 0.297481),
+    ((19, 3), (20, 6), "k", 0.282556),
+    ((11, 5), (18, 7), "q", 0.275562),
+    ((23, 2), None, "logits", 0.27228),
+    ((17, 8), (18, 7), "q", 0.246091),
+    ((16, 0), (20, 6), "k", 0.24264),
+    ((24, 2), None, "logits", 0.221081),
+    ((23, 1), None, "logits", 0.219274),
+    ((29, 0), None, "logits", -0.197213),
+    ((24, 4), None, "logits", -0.184342),
+    ((23, 8), None, "logits", 0.183159),
+]
+
+
+def _arrow_points(ax, arrow, step_px: float = 1.0) -> np.ndarray:
+    """The drawn outline of a FancyArrowPatch (shaft and head) in display pixels, its curves flattened and
+    every segment sampled every ``step_px``."""
+    polys = arrow.get_path().to_polygons(ax.transData, closed_only=False)
+    out = []
+    for poly in polys:
+        for a, b in zip(poly[:-1], poly[1:]):
+            n = max(2, int(np.hypot(*(b - a)) / step_px) + 1)
+            out.append(a + np.linspace(0, 1, n)[:, None] * (b - a))
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("n_layers,n_heads,edges", [(30, 9, _EAP_SMOLLM2_EDGES), (2, 4, _toy_circuit_edges())])
+def test_circuit_edges_pass_no_other_node_and_no_label(n_layers, n_heads, edges):
+    """circuit.png of ``circuit --method eap`` on smollm2-135m: the edge 16.0 -> 17.3:k ran straight through the
+    dots of 16.1 and 16.2, its arrowhead under the "16.2" label, and 16.0 -> 18.7:q passed through both, so they
+    read as those heads' edges. Measured on the drawn outlines (flattened, in pixels): no edge comes within 1 pt of
+    the rim of a dot but its sender's and receiver's, none crosses a node label's box farther than 6 pt from its
+    own two nodes, and no arrow tip lies under a label."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.patches import FancyArrowPatch
+
+    fig = figs.circuit_graph(edges, n_layers, n_heads, "t", "EAP score")
+    ax = fig.axes[0]
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    px = fig.dpi / 72
+    dots = [
+        (ax.transData.transform(xy), np.sqrt(c.get_sizes()[0]) / 2 * px)
+        for c in ax.collections
+        for xy in c.get_offsets()
+    ]
+    labels = [(t.xy, t.get_window_extent(renderer)) for t in ax.texts]
+    arrows = [p for p in ax.patches if isinstance(p, FancyArrowPatch)]
+    assert len(arrows) == len(edges)
+    for arrow in arrows:
+        pts = _arrow_points(ax, arrow)
+        a, b = (min(dots, key=lambda d: np.hypot(*(d[0] - ax.transData.transform(p)))) for p in arrow._posA_posB)
+        own = [a, b]
+        for centre, r in dots:
+            if any(centre is o[0] for o in own):
+                continue
+            gap = (np.hypot(*(pts - centre).T) - r).min() / px
+            assert gap > 1.0, (arrow._posA_posB, centre, gap)
+        far = (np.hypot(*(pts - a[0]).T) > 6 * px) & (np.hypot(*(pts - b[0]).T) > 6 * px)
+        tip = pts[np.argmin(np.hypot(*(pts - b[0]).T))]
+        for xy, box in labels:
+            if np.hypot(*(ax.transData.transform(xy) - a[0])) < 1:  # its sender's: the edge leaves from under it
+                continue
+            inside = (box.x0 < pts[:, 0]) & (pts[:, 0] < box.x1) & (box.y0 < pts[:, 1]) & (pts[:, 1] < box.y1)
+            assert not (inside & far).any(), (arrow._posA_posB, box)
+            assert not (box.x0 < tip[0] < box.x1 and box.y0 < tip[1] < box.y1), (arrow._posA_posB, box)
+
+
+def test_overview_titles_never_meet_and_the_colour_bar_label_breaks_between_phrases():
+    """overview.png of an encoder scan (all-minilm-l6-v2: 6 layers x 12 heads, seven panels): the titles
+    "previous-token" and "duplicate-token" ran together ("previous-tokenduplicate-token"), and the colour bar's
+    label broke a line already broken ("attention on / each / type's target keys"). Measured at the PNG's
+    resolution: no two titles' boxes come within 3 px (1/4 pt), and every line of the label holds
+    two words or more, its words those given."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    titles = ["previous-token", "duplicate-token", "induction", "first-token (sink)", "positional", "next-token"]
+    titles.append("last-token")
+    rng = np.random.default_rng(0)
+    label = figs.overview_score_label([("positional", "share of queries at one offset")])
+    suptitle = (
+        "Head scores of all-minilm-l6-v2 (float32 weights)\non 2 sequences of 64 tokens of pydoc_data.topics "
+        "(CPython documentation); 2 random blocks of 50 tokens, repeated once"
+    )
+    fig = figs.scores_overview([(t, rng.random((6, 12))) for t in titles], None, suptitle, score_label=label)
+    fig.set_dpi(figs.SAVE_DPI)
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    panels = [ax for ax in fig.axes if ax.title.get_text()]
+    assert [" ".join(ax.title.get_text().split()) for ax in panels] == titles
+    boxes = [ax.title.get_window_extent(renderer) for ax in panels]
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            assert a.x1 + 3 < b.x0 or b.x1 + 3 < a.x0 or a.y1 < b.y0 or b.y1 < a.y0, (a, b)  # 3 px apart at least
+    bar = next(ax for ax in fig.axes if getattr(ax, "_colorbar", None) is not None)
+    lines = bar.get_ylabel().split("\n")
+    assert " ".join(lines).split() == label.split(), lines
+    assert all(len(line.split()) >= 2 for line in lines), lines

@@ -394,7 +394,7 @@ class AblateResult(CompactRepr, WritesOutputs):
         )
 
     def figures(self) -> dict[str, Figure]:
-        """``{"ablation_effect": Figure}``: each head's loss increase on both tasks (or, with
+        """``{"ablation_effect": Figure}``: each head's loss change on both tasks, signed (or, with
         ``--estimate``, ``{"ablation_estimate": Figure}``: the estimate, titled as one)."""
         spec = self.spec
         tag = f"{spec.name} ({figs.weights_label(spec.weights)}), {self.config.kind}-ablated"
@@ -420,7 +420,8 @@ class AblateResult(CompactRepr, WritesOutputs):
                 ("repeated tokens (repeated half)", self.tasks["repeated"].effect),
             ],
             spec.group_size,
-            f"Loss increase from ablating one head\n{tag}",
+            f"Loss change from ablating one head\n{tag}",
+            cbar_label=ABLATION_EFFECT_LABEL,
             removed=removed,
         )
         return {"ablation_effect": fig}
@@ -561,6 +562,10 @@ ESTIMATE_SHORT = {
 }
 """Figure-title names of each ``--estimate`` (short enough for a figure's width); the full
 :data:`ESTIMATE_LABELS`, with sources, go to summary.json and the terminal report."""
+
+ABLATION_EFFECT_LABEL = "Δ loss = ablated − clean (nats/token; > 0: ablating hurts)"
+"""ablation_effect.png's colour-bar label: the sign convention of a loss change (a head whose ablation
+lowers the loss is blue, below 0), under a title that says "change", not "increase"."""
 
 
 def estimate_title(method: str, tag: str) -> str:

@@ -345,7 +345,7 @@ class KVResult(CompactRepr, WritesOutputs):
             return figures.kv_policy_curve(
                 self.curve.to_dict("records"),
                 f"{self.spec.name}: KV policy at {self.config.seq_len} tokens "
-                f"(sink {self.config.sink}, window {self.config.window})",
+                f"(sink {self.config.sink}, window {self.config.window}; uniform: window W', same KV memory)",
                 loss_tolerance=self.config.loss_tolerance,
             )
 
