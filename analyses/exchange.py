@@ -621,6 +621,35 @@ def read_mib_pt(path: Path, layout: Layout | None) -> HeadFile:
             tensors whose shapes are not those of ``cfg``'s graph, ``nodes_in_graph`` not a bool
             tensor, or ``src_nodes`` not EAP-IG's forward nodes in order.
     """
+    import torch
+
+    name = path.name
+    d = _load_pt_graph(path)
+    n_src, n_heads, parallel = _check_pt_graph(d, name)
+    cfg, src, dst = d["cfg"], d["src_nodes"], d["dst_nodes"]
+    prev = torch.tensor([_prev_index(str(n), name, n_src, n_heads, parallel) for n in dst])
+    real = torch.arange(n_src)[:, None] < prev[None, :]
+    nonfinite = (real & ~torch.isfinite(d["edges_scores"].float())).nonzero().tolist()
+    if nonfinite:
+        i, j = nonfinite[0]
+        finite_score(float(d["edges_scores"][i, j]), name, f"{src[i]}->{dst[j]}")
+    best = torch.where(real, d["edges_scores"].float().abs(), 0.0).amax(dim=1)
+    scores = {
+        (int(m.group(1)), int(m.group(2))): float(best[i])
+        for i, n in enumerate(src)
+        if (m := _MIB_HEAD.fullmatch(str(n)))
+    }
+    nodes = {str(n): bool(v) for n, v in zip(src, d["nodes_in_graph"].tolist())}
+    return read_mib({"cfg": cfg, "nodes": nodes}, name, layout, scores)
+
+
+def _load_pt_graph(path: Path) -> dict:
+    """:func:`read_mib_pt`'s ``torch.load(weights_only=True)`` of ``path``, with every ``to_pt`` key.
+
+    Raises:
+        HeadprobeError: not a PyTorch file, Python objects besides tensors, lists, dicts and
+            numbers, or a ``to_pt`` key missing.
+    """
     import pickle
     import zipfile
 
@@ -645,6 +674,18 @@ def read_mib_pt(path: Path, layout: Layout | None) -> HeadFile:
         raise HeadprobeError(
             f"{name} is no EAP-IG graph (Graph.to_pt's {', '.join(MIB_PT_KEYS)}): it lacks {', '.join(missing)}"
         )
+    return d
+
+
+def _check_pt_graph(d: dict, name: str) -> tuple[int, int, bool]:
+    """``(n_src, n_heads, parallel_attn_mlp)`` of a loaded ``to_pt`` graph ``d`` whose tensors have
+    the shapes of ``cfg``'s graph, bool node flags and EAP-IG's forward nodes in order.
+
+    Raises:
+        HeadprobeError: as :func:`read_mib_pt`, naming the first fault.
+    """
+    import torch
+
     cfg, src, dst = d["cfg"], d["src_nodes"], d["dst_nodes"]
     try:
         n_layers, n_heads, parallel = int(cfg["n_layers"]), int(cfg["n_heads"]), bool(cfg.get("parallel_attn_mlp"))
@@ -686,20 +727,7 @@ def read_mib_pt(path: Path, layout: Layout | None) -> HeadFile:
             f"{name}: src_nodes[{i}] is {str(src[i])[:40]!r}, not {order[i]!r} (EAP-IG's forward order: input, per "
             "layer a{l}.h{h} then m{l})"
         )
-    prev = torch.tensor([_prev_index(str(n), name, n_src, n_heads, parallel) for n in dst])
-    real = torch.arange(n_src)[:, None] < prev[None, :]
-    nonfinite = (real & ~torch.isfinite(d["edges_scores"].float())).nonzero().tolist()
-    if nonfinite:
-        i, j = nonfinite[0]
-        finite_score(float(d["edges_scores"][i, j]), name, f"{src[i]}->{dst[j]}")
-    best = torch.where(real, d["edges_scores"].float().abs(), 0.0).amax(dim=1)
-    scores = {
-        (int(m.group(1)), int(m.group(2))): float(best[i])
-        for i, n in enumerate(src)
-        if (m := _MIB_HEAD.fullmatch(str(n)))
-    }
-    nodes = {str(n): bool(v) for n, v in zip(src, d["nodes_in_graph"].tolist())}
-    return read_mib({"cfg": cfg, "nodes": nodes}, name, layout, scores)
+    return n_src, n_heads, parallel
 
 
 # --- reading any of them --------------------------------------------------------------------------

@@ -971,23 +971,7 @@ def format_report(result: ScanResult) -> str:
             f"too few (the NOTE before the verification says how many are enough)",
         )
     lines += [f"WARNING: {w}" for w in warnings] + ([""] if warnings else [])
-    # what ran decides the header: with --no-verify nothing was ablated, and the report must not say it was
-    k = result.config.k
-    assert k is not None  # set by ScanConfig.resolved
-    shown = min(k, TOP_SHOWN) if result.verifications else TOP_SHOWN
-    checked = (
-        f"the top {k} of each type were ablated" + (f", the first {shown} shown" if shown < k else "")
-        if result.verifications
-        else f"the top {shown}; no head was ablated (--no-verify)"
-    )
-    lines.append(f"{'head type':<16} top heads (score: see docs/scan.md; {checked}; all in summary.json)")
-    assert result.config.types is not None  # set by ScanConfig.__post_init__
-    for name in result.config.types:
-        col = result.scores[DETECTORS[name].rank_by]
-        tops = top_heads(torch.as_tensor(col), shown)
-        cells = ", ".join(f"{format_head(h)} ({col[h]:.2f})" for h in tops)
-        lines.append(f"{name:<16} {cells}")
-    lines.append("")
+    lines += _top_heads_table(result)
     if not result.verifications:
         lines.append("no ablation check (--no-verify): these are pattern scores, not verified findings")
         return "\n".join(lines)
@@ -1046,6 +1030,26 @@ def format_report(result: ScanResult) -> str:
 
 TOP_SHOWN = 4
 """The most top heads per type the terminal table shows (all k of them are in summary.json)."""
+
+
+def _top_heads_table(result: ScanResult) -> list[str]:
+    """:func:`format_report`'s table of each type's top heads, then a blank line; its header says
+    what ran: the top k ablated (at most :data:`TOP_SHOWN` of them shown), or nothing with --no-verify."""
+    k = result.config.k
+    assert k is not None  # set by ScanConfig.resolved
+    shown = min(k, TOP_SHOWN) if result.verifications else TOP_SHOWN
+    checked = (
+        f"the top {k} of each type were ablated" + (f", the first {shown} shown" if shown < k else "")
+        if result.verifications
+        else f"the top {shown}; no head was ablated (--no-verify)"
+    )
+    lines = [f"{'head type':<16} top heads (score: see docs/scan.md; {checked}; all in summary.json)"]
+    assert result.config.types is not None  # set by ScanConfig.__post_init__
+    for name in result.config.types:
+        col = result.scores[DETECTORS[name].rank_by]
+        tops = top_heads(torch.as_tensor(col), shown)
+        lines.append(f"{name:<16} " + ", ".join(f"{format_head(h)} ({col[h]:.2f})" for h in tops))
+    return [*lines, ""]
 
 
 def reported_on(v: Verification, design: dict) -> str:
