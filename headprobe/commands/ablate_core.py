@@ -563,7 +563,7 @@ ESTIMATE_SHORT = {
 """Figure-title names of each ``--estimate`` (short enough for a figure's width); the full
 :data:`ESTIMATE_LABELS`, with sources, go to summary.json and the terminal report."""
 
-ABLATION_EFFECT_LABEL = "Δ loss = ablated − clean (nats/token; > 0: ablating hurts)"
+ABLATION_EFFECT_LABEL = "Δ loss = ablated − clean (nats/token)"
 """ablation_effect.png's colour-bar label: the sign convention of a loss change (a head whose ablation
 lowers the loss is blue, below 0), under a title that says "change", not "increase"."""
 
