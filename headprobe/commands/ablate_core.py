@@ -55,7 +55,7 @@ class TaskResult:
 
     Attributes:
         clean_loss: the task's loss with no head ablated.
-        effect: loss increase from ablating each head alone (NaN where not swept).
+        effect: loss change from ablating each head alone, ablated − clean (nats/token; NaN where not swept).
         importance: Michel et al.'s gradient importance ``E|dL/dxi_h|``.
         attribution: attribution patching's estimate of each head's effect.
         sweep_s, gradient_s: seconds spent on the sweep and on the gradient scores.
@@ -427,7 +427,7 @@ class AblateResult(CompactRepr, WritesOutputs):
         return {"ablation_effect": fig}
 
     def html(self) -> str:
-        """The viewer page (``headprobe view``'s index.html) of this sweep: loss-increase maps and the table."""
+        """The viewer page (``headprobe view``'s index.html) of this sweep: loss-change maps (ablated − clean) and the table."""
         from headprobe.analyses.viewer import build_page
 
         return build_page(ablation=self.table, ablation_summary=self.summary())
