@@ -2046,10 +2046,12 @@ def _tolerance_point(axes, rows: Sequence[dict], loss_tolerance: float | None) -
 @_styled
 def kv_policy_curve(rows: Sequence[dict], title: str, loss_tolerance: float | None = None) -> Figure:
     """Quality against KV memory for head-level KV policies (``headprobe kv``): natural-text loss
+    increase (nats/token) and long-range copy accuracy against the cache's fraction of the full
     one, for the chosen policy, one window W' on every group sized to the same KV memory (uniform)
     and random groups (mean over seeds, whiskers and their legend glyph their range, only where a
     budget has several seeds; the chosen and uniform lines are plain: their 95% intervals against the
-    full cache are curve.csv's, and the paired comparison of the two is summary.json's) at each budget. ``rows`` as :func:`headprobe.analyses.kvpolicy.curve_row`;
+    full cache are curve.csv's, and the paired comparison of the two is summary.json's) at each
+    budget. ``rows`` as :func:`headprobe.analyses.kvpolicy.curve_row`;
     a row with ``target == "loss_tolerance"`` (the policy ``--loss-tolerance`` chose, and its
     controls) is not on the budget lines: its chosen policy is drawn as its own labelled point and
     ``loss_tolerance`` (nats/token) as a dotted line."""

@@ -253,13 +253,13 @@ def draws_advice(alpha: float, tests: int = 1, correction: str = "") -> str:
 def unreachable_note(n_random: int, alpha: float, tests: int = 1, correction: str = "") -> str | None:
     """The one line said before a verification whose draws cannot reach ``alpha`` (None if they can):
     what the draws allow, and the draws ``tests`` verdicts under ``correction`` need (:func:`draws_advice`)."""
-    if reachable(n_random, alpha) and n_random >= together_draws_needed(tests, alpha, correction):
+    alone = reachable(n_random, alpha)  # one test could reach alpha: the correction over the family cannot
+    if alone and n_random >= together_draws_needed(tests, alpha, correction):
         return None
-    after = "" if reachable(n_random, alpha) else f" {alpha:g}"
     return (
         f"--n-random {n_random} cannot reach alpha {alpha:g} (the smallest p-value of {n_random} draws is "
         f"1/{n_random + 1} = {1 / (n_random + 1):.3f}"
-        + (f", and {correction} over {tests} tests needs <= {alpha:g}/{tests}" if after == "" else "")
+        + (f", and {correction} over {tests} tests needs <= {alpha:g}/{tests}" if alone else "")
         + "): no verdict can be CONFIRMED; the ablations still run and report their p-values; "
         + draws_advice(alpha, tests, correction)
     )

@@ -996,15 +996,7 @@ def format_report(result: ScanResult) -> str:
         )
     lines += [
         f"  {v.head_type.replace('_', '-')}: {evidence_text(v.to_dict(), 4)}"
-        + (
-            f"; no verdict: --n-random {plan['n_random']} too few (WARNING above)"
-            if v.head_type in short
-            else f"; no verdict: see the {v.task} task's WARNING above"
-            if v.no_verdict and any(w.startswith(f"{v.task} task: ") and v.no_verdict in w for w in warnings)
-            else f"; no verdict: {v.no_verdict}"
-            if v.no_verdict
-            else ""
-        )
+        + _no_verdict_text(v, plan, short, warnings)
         + (
             f"; not confirmed: {rule.shortfall(v.p_adjusted, v.top_effect, v.random_effects)}"
             if v.confirmed is False
@@ -1026,6 +1018,19 @@ def format_report(result: ScanResult) -> str:
     lines += [f"NOTE: {n}" for n in design.get("notes", [])]
     lines += [f"NOTE: {n}" for n in wide_interval_notes(result.verifications)]
     return "\n".join(lines)
+
+
+def _no_verdict_text(v: Verification, plan: dict, short: list[str], warnings: list[str]) -> str:
+    """The end of ``v``'s evidence line in :func:`format_report` where it has no verdict: the draws'
+    count alone where the report's WARNING names its type (``short``: withheld by too few draws), a
+    pointer to its task's WARNING where that says the reason, else the reason; "" with a verdict."""
+    if v.head_type in short:
+        return f"; no verdict: --n-random {plan['n_random']} too few (WARNING above)"
+    if not v.no_verdict:
+        return ""
+    if any(w.startswith(f"{v.task} task: ") and v.no_verdict in w for w in warnings):
+        return f"; no verdict: see the {v.task} task's WARNING above"
+    return f"; no verdict: {v.no_verdict}"
 
 
 TOP_SHOWN = 4
