@@ -639,7 +639,8 @@ def _metric_steps(model, natural, needles, first: int, streaming: str) -> dict:
 def _metric_plans_bound_their_peaks(model, text: str, n: int, T: int, streaming: str) -> dict[str, float]:
     """Each step of scan_metrics over ``n`` windows of ``T`` tokens against its plan
     (metric_plans): an upper bound within 10x of the profiler's count after a warm-up, and the
-    largest plan bounds the whole of scan_metrics. Returns step -> plan / peak."""
+    largest plan bounds the whole of scan_metrics. Returns step -> plan / peak, and
+    ``"all of scan_metrics"`` -> the largest plan / the whole's peak."""
     from headprobe.analyses import metrics as M
     from headprobe.analyses.ablation import first_scored
     from headprobe.analyses.data import natural_text_tokens, open_text_file
@@ -665,8 +666,9 @@ def _metric_plans_bound_their_peaks(model, text: str, n: int, T: int, streaming:
 
     whole()
     peak = _peak_tensor_bytes(whole)
-    assert peak <= max(p.total for p in plans.values()), peak
-    return ratios
+    largest = max(p.total for p in plans.values())
+    assert peak <= largest, peak
+    return ratios | {"all of scan_metrics": largest / peak}
 
 
 @pytest.mark.parametrize("streaming", ["off", "on"])
