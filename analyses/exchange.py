@@ -54,7 +54,10 @@ IMPORT_KINDS = ("duo", "headkv", "mib", "parquet", "csv", "kv-policy", "list")
 
 _HEADKV_KEY = re.compile(r"^(\d+)-(\d+)$")
 _MIB_HEAD = re.compile(r"^a(\d+)\.h(\d+)$")
+_MIB_SRC = re.compile(r"^(?:input|a(\d+)\.h\d+|m(\d+))$")
+"""A source node of EAP-IG's graph (``to_pt``'s ``src_nodes``): ``input``, ``a{l}.h{h}``, ``m{l}``."""
 _MIB_DST = re.compile(r"^(?:a(\d+)\.h\d+<[qkv]>|m(\d+)|logits)$")
+"""A destination node of EAP-IG's graph (``to_pt``'s ``dst_nodes``): ``a{l}.h{h}<q|k|v>``, ``m{l}``, ``logits``."""
 _MIB_EDGE = re.compile(
     r"^(?P<parent>input|a(?P<pl>\d+)\.h(?P<ph>\d+)|m(?P<pm>\d+))->"
     r"(?P<child>a(?P<cl>\d+)\.h(?P<ch>\d+)<[qkv]>|m(?P<cm>\d+)|logits)$"
@@ -522,6 +525,38 @@ def _mib_sizes(cfg: dict, layout: Layout | None) -> tuple[int | None, int | None
     return tuple(cfg[k] if k in cfg else v for k, v in zip(keys, own))  # type: ignore[return-value]
 
 
+def _mib_writes_at(parent: str) -> int:
+    """Where source node ``parent`` (:data:`_MIB_SRC`) writes into the residual stream, in EAP-IG's
+    forward order counted by layers, not by nodes (no ``n_heads`` needed): ``input`` 0, layer
+    ``l``'s heads ``2l + 1``, its MLP ``2l + 2``. A destination reads a source iff the source writes
+    before :func:`_mib_reads_before` of it (the one rule of both readers, EAP-IG's ``prev_index``).
+
+    Raises:
+        ValueError: ``parent`` is no source name (the callers match it first)."""
+    m = _MIB_SRC.fullmatch(parent)
+    if m is None:
+        raise ValueError(parent)
+    if m.group(1) is not None:
+        return 2 * int(m.group(1)) + 1
+    return 0 if m.group(2) is None else 2 * int(m.group(2)) + 2
+
+
+def _mib_reads_before(child: str, parallel: bool) -> float:
+    """The position (:func:`_mib_writes_at`) before which destination ``child`` (:data:`_MIB_DST`)
+    reads every source, as EAP-IG's ``Graph.from_model`` wires it: a head of layer ``l`` (any of
+    ``<q|k|v>``) the layers before its own (``2l + 1``), an MLP also its own layer's heads
+    (``2l + 2``) unless ``parallel`` (then ``2l + 1``), ``logits`` every node (infinity).
+
+    Raises:
+        ValueError: ``child`` is no destination name (the callers match it first)."""
+    m = _MIB_DST.fullmatch(child)
+    if m is None:
+        raise ValueError(child)
+    if m.group(1) is not None:
+        return 2 * int(m.group(1)) + 1
+    return float("inf") if m.group(2) is None else 2 * int(m.group(2)) + (1 if parallel else 2)
+
+
 def _mib_edge_parent(
     edge: str, name: str, n_layers: int | None, n_heads: int | None, parallel: bool | None
 ) -> Head | None:
@@ -549,15 +584,8 @@ def _mib_edge_parent(
         raise HeadprobeError(
             f"{name}: edge {edge!r} names a node outside the graph's {n_layers} layers of {n_heads} heads"
         )
-    # where the parent writes: its layer (input: -1) and whether it is a head
-    parent_layer, parent_head = g.get("pl", g.get("pm", -1)), "ph" in g
-    if "cl" in g:  # a head reads the layers before its own
-        reads = parent_layer < g["cl"]
-    elif "cm" in g:  # an MLP reads the layers before and, in a sequential block, its own layer's heads
-        reads = parent_layer < g["cm"] or (parent_layer == g["cm"] and parent_head and parallel is not True)
-    else:  # logits read every node
-        reads = True
-    if not reads:
+    parent_head = "ph" in g
+    if _mib_writes_at(m.group("parent")) >= _mib_reads_before(m.group("child"), parallel is True):
         raise HeadprobeError(
             f"{name}: edge {edge!r} is no edge of EAP-IG's graph (its child does not read its parent"
             + ("; parallel_attn_mlp true)" if parent_head and "cm" in g else ")")
@@ -593,28 +621,11 @@ def _mib_edge_scores(edges: Any, name: str) -> dict[str, float]:
     return out
 
 
-def _prev_index(node: str, name: str, n_src: int, n_heads: int, parallel: bool) -> int:
-    """How many source nodes (EAP-IG's forward order) come before destination ``node``, so write
-    into its input (EAP-IG's ``Graph.prev_index``): a layer's heads read every node of the layers
-    before it; its MLP also its heads (unless ``parallel``); logits read all.
-
-    Raises:
-        HeadprobeError: ``node`` is not ``a{l}.h{h}<q|k|v>``, ``m{l}`` or ``logits``."""
-    m = _MIB_DST.fullmatch(node)
-    if m is None:
-        raise HeadprobeError(f"{name}: dst node {node!r} is not EAP-IG's (a{{l}}.h{{h}}<q|k|v>, m{{l}}, logits)")
-    if m.group(0) == "logits":
-        return n_src
-    if m.group(1) is not None:
-        return 1 + int(m.group(1)) * (n_heads + 1)
-    return 1 + int(m.group(2)) * (n_heads + 1) + (0 if parallel else n_heads)
-
-
 def read_mib_pt(path: Path, layout: Layout | None) -> HeadFile:
     """An EAP-IG graph saved by ``Graph.to_pt`` (read with ``torch.load(weights_only=True)``: tensors,
     lists, dicts and numbers only, so no code in the file runs), as :func:`read_mib` reads its JSON.
-    A head's score is the largest |score| of its real edges (those to a node after it, EAP-IG's
-    ``prev_index``).
+    A head's score is the largest |score| of its real edges (those to a node that reads it:
+    :func:`_mib_writes_at` and :func:`_mib_reads_before`, EAP-IG's ``prev_index``).
 
     Raises:
         HeadprobeError: not a PyTorch file, Python objects besides those, no ``to_pt`` keys,
@@ -625,10 +636,14 @@ def read_mib_pt(path: Path, layout: Layout | None) -> HeadFile:
 
     name = path.name
     d = _load_pt_graph(path)
-    n_src, n_heads, parallel = _check_pt_graph(d, name)
+    parallel = _check_pt_graph(d, name)
     cfg, src, dst = d["cfg"], d["src_nodes"], d["dst_nodes"]
-    prev = torch.tensor([_prev_index(str(n), name, n_src, n_heads, parallel) for n in dst])
-    real = torch.arange(n_src)[:, None] < prev[None, :]
+    bad = next((str(n) for n in dst if not _MIB_DST.fullmatch(str(n))), None)
+    if bad is not None:
+        raise HeadprobeError(f"{name}: dst node {bad!r} is not EAP-IG's (a{{l}}.h{{h}}<q|k|v>, m{{l}}, logits)")
+    writes = torch.tensor([float(_mib_writes_at(str(n))) for n in src], dtype=torch.float64)
+    reads = torch.tensor([_mib_reads_before(str(n), parallel) for n in dst], dtype=torch.float64)
+    real = writes[:, None] < reads[None, :]  # EAP-IG's real edges (its real_edge_mask)
     nonfinite = (real & ~torch.isfinite(d["edges_scores"].float())).nonzero().tolist()
     if nonfinite:
         i, j = nonfinite[0]
@@ -677,8 +692,8 @@ def _load_pt_graph(path: Path) -> dict:
     return d
 
 
-def _check_pt_graph(d: dict, name: str) -> tuple[int, int, bool]:
-    """``(n_src, n_heads, parallel_attn_mlp)`` of a loaded ``to_pt`` graph ``d`` whose tensors have
+def _check_pt_graph(d: dict, name: str) -> bool:
+    """``cfg``'s ``parallel_attn_mlp`` of a loaded ``to_pt`` graph ``d`` whose tensors have
     the shapes of ``cfg``'s graph, bool node flags and EAP-IG's forward nodes in order.
 
     Raises:
@@ -727,7 +742,7 @@ def _check_pt_graph(d: dict, name: str) -> tuple[int, int, bool]:
             f"{name}: src_nodes[{i}] is {str(src[i])[:40]!r}, not {order[i]!r} (EAP-IG's forward order: input, per "
             "layer a{l}.h{h} then m{l})"
         )
-    return n_src, n_heads, parallel
+    return parallel
 
 
 # --- reading any of them --------------------------------------------------------------------------
