@@ -21,9 +21,10 @@ Sources of each format (read, not copied):
   "n_heads", "parallel_attn_mlp", "d_model"}, "nodes": {name: {"in_graph": bool}}, "edges":
   {"<parent>-><child>[<q|k|v>]": {"score": float, "in_graph": bool}}}``, nodes ``input``,
   ``a{l}.h{h}``, ``m{l}``, ``logits`` in that order; ``Graph.from_json`` and MIB's
-  ``load_graph_from_json`` rebuild the graph from ``cfg`` (``d_model`` included), read each
-  node's ``in_graph`` by value, assert the keys ``cfg``, ``nodes`` and ``edges`` and look every
-  edge up in ``Graph.from_model(cfg)``'s edges (a KeyError for any other name). ``Graph.to_pt`` saves ``cfg``, ``src_nodes``, ``dst_nodes`` and the
+  ``load_graph_from_json`` rebuild the graph from ``cfg`` (``from_model`` reads all four keys;
+  ``from_pt`` the first three), read each node's ``in_graph`` by value, assert the keys ``cfg``,
+  ``nodes`` and ``edges`` and look every node and edge up in ``Graph.from_model(cfg)``'s (a
+  KeyError for any other name). ``Graph.to_pt`` saves ``cfg``, ``src_nodes``, ``dst_nodes`` and the
   tensors ``edges_scores``, ``edges_in_graph`` ``[n_src, n_dst]`` and ``nodes_in_graph`` ``[n_src]``.
 """
 
