@@ -394,6 +394,19 @@ def mib_nodes(n_layers: int, n_heads: int) -> list[str]:
     ]
 
 
+def _mib_dst_nodes(n_layers: int, n_heads: int) -> list[str]:
+    """EAP-IG's destination nodes in its order (``Graph.get_dst_nodes``, ``to_pt``'s ``dst_nodes``):
+    per layer every head's ``<q>``, then every ``<k>``, every ``<v>``, then ``m{l}``; ``logits`` last."""
+    return [
+        *(
+            n
+            for layer in range(n_layers)
+            for n in (*(f"a{layer}.h{h}<{x}>" for x in "qkv" for h in range(n_heads)), f"m{layer}")
+        ),
+        "logits",
+    ]
+
+
 def mib_graph(edges: list[dict], layout: Layout, in_graph: set[str], d_model: int) -> dict:
     """EAP-IG's graph JSON (``Graph.to_json``'s layout) from headprobe edges (``edge``, ``sender``,
     ``receiver``, ``input``, ``score``, ``exact``): ``in_graph`` names the edges of the circuit.
@@ -658,7 +671,7 @@ def read_mib_pt(path: Path, layout: Layout | None) -> HeadFile:
         HeadprobeError: not a PyTorch file, Python objects besides those, no ``to_pt`` keys,
             a ``cfg`` without one of :data:`MIB_PT_CFG_KEYS`, tensors whose shapes are not those of
             ``cfg``'s graph, ``nodes_in_graph`` or ``edges_in_graph`` not a bool tensor, or
-            ``src_nodes`` not EAP-IG's forward nodes in order.
+            ``src_nodes`` and ``dst_nodes`` not EAP-IG's nodes in its order.
     """
     import torch
 
@@ -666,9 +679,6 @@ def read_mib_pt(path: Path, layout: Layout | None) -> HeadFile:
     d = _load_pt_graph(path)
     parallel = _check_pt_graph(d, name)
     cfg, src, dst = d["cfg"], d["src_nodes"], d["dst_nodes"]
-    bad = next((str(n) for n in dst if not _MIB_DST.fullmatch(str(n))), None)
-    if bad is not None:
-        raise HeadprobeError(f"{name}: dst node {bad!r} is not EAP-IG's (a{{l}}.h{{h}}<q|k|v>, m{{l}}, logits)")
     writes = torch.tensor([float(_mib_writes_at(str(n))) for n in src], dtype=torch.float64)
     reads = torch.tensor([_mib_reads_before(str(n), parallel) for n in dst], dtype=torch.float64)
     real = writes[:, None] < reads[None, :]  # EAP-IG's real edges (its real_edge_mask)
@@ -722,7 +732,8 @@ def _load_pt_graph(path: Path) -> dict:
 
 def _check_pt_graph(d: dict, name: str) -> bool:
     """``cfg``'s ``parallel_attn_mlp`` of a loaded ``to_pt`` graph ``d`` whose tensors have
-    the shapes of ``cfg``'s graph, bool node and edge flags and EAP-IG's forward nodes in order.
+    the shapes of ``cfg``'s graph, bool node and edge flags and EAP-IG's source and destination
+    nodes in its order.
 
     Raises:
         HeadprobeError: as :func:`read_mib_pt`, naming the first fault.
@@ -762,13 +773,14 @@ def _check_pt_graph(d: dict, name: str) -> bool:
                 f"{name}: {key} is a {str(d[key].dtype).removeprefix('torch.')} tensor, not bool "
                 f"(EAP-IG's to_pt saves the {what} flags as bool)"
             )
-    order = mib_nodes(n_layers, n_heads)[:-1]  # the forward nodes: nodes_in_graph[i] is src_nodes[i]'s flag
-    if list(map(str, src)) != order:
-        i = next(i for i, (a, b) in enumerate(zip(map(str, src), order)) if a != b)
-        raise HeadprobeError(
-            f"{name}: src_nodes[{i}] is {str(src[i])[:40]!r}, not {order[i]!r} (EAP-IG's forward order: input, per "
-            "layer a{l}.h{h} then m{l})"
-        )
+    # row i of the tensors is src_nodes[i], column j dst_nodes[j]: from_pt takes them by place, not by name
+    for key, names, order, how in (
+        ("src_nodes", src, mib_nodes(n_layers, n_heads)[:-1], "forward order: input, per layer a{l}.h{h} then m{l}"),
+        ("dst_nodes", dst, _mib_dst_nodes(n_layers, n_heads), "get_dst_nodes order: per layer <q>, <k>, <v>, m{l}"),
+    ):
+        if list(map(str, names)) != order:
+            i = next(i for i, (a, b) in enumerate(zip(map(str, names), order)) if a != b)
+            raise HeadprobeError(f"{name}: {key}[{i}] is {str(names[i])[:40]!r}, not {order[i]!r} (EAP-IG's {how})")
     return parallel
 
 

@@ -781,3 +781,41 @@ def test_a_pt_graphs_edge_flags_must_be_bool_as_its_node_flags(flags, dtype, tmp
         torch.save(d | {"edges_in_graph": d["edges_in_graph"].float()}, tmp_path / "t.pt")
         code, err = _import(tmp_path / "t.pt", tiny_dir, capsys)
         assert code == 2 and err == [f"headprobe: error: {e.value}".replace("g.pt", "t.pt")], err
+
+
+@pytest.mark.parametrize(
+    "move, fragment",
+    [
+        (lambda dst: [dst[-1], *dst[:-1]], "dst_nodes[0] is 'logits', not 'a0.h0<q>'"),  # logits first
+        (lambda dst: [*dst[13:], *dst[:13]], "dst_nodes[0] is 'a1.h0<q>', not 'a0.h0<q>'"),  # layer 1 before layer 0
+        (lambda dst: [*dst[:-1], "junk"], "dst_nodes[26] is 'junk', not 'logits'"),
+    ],
+)
+def test_a_pt_graphs_dst_nodes_must_be_eap_igs_in_its_order(move, fragment, tmp_path, tiny_dir, capsys):
+    """``from_pt`` takes the columns by place (``get_dst_nodes``' order), never by ``dst_nodes``'
+    names; this reader took them by name, so columns in another order were read as EAP-IG never
+    reads them. Old code: heads and scores returned (a bad name: refused, in other words)."""
+    from headprobe.analyses.exchange import Layout, read_head_file
+    from headprobe.probe.core.errors import HeadprobeError
+
+    d = _graph_pt(2, 4, {"input", "a0.h1", "a1.h2"})
+    _, dst, _ = eap_ig_names(2, 4)
+    assert (
+        d["dst_nodes"]
+        == dst
+        == [f"a0.h{h}<{x}>" for x in "qkv" for h in range(4)]
+        + ["m0"]
+        + [f"a1.h{h}<{x}>" for x in "qkv" for h in range(4)]
+        + ["m1", "logits"]
+    )
+    torch.save(d | {"dst_nodes": move(dst)}, tmp_path / "g.pt")
+    with pytest.raises(HeadprobeError) as e:
+        read_head_file(tmp_path / "g.pt", Layout("m", 2, 4), 3)
+    assert str(e.value).startswith(f"g.pt: {fragment} (EAP-IG's get_dst_nodes order"), e.value
+    if fragment.startswith("dst_nodes[0] is 'logits'"):  # through the command: exit 2, one line
+        d = _graph_pt(2, 8, {"input", "a0.h1"})
+        d["cfg"]["d_model"] = 64
+        torch.save(d | {"dst_nodes": move(d["dst_nodes"])}, tmp_path / "t.pt")
+        code, err = _import(tmp_path / "t.pt", tiny_dir, capsys)
+        assert code == 2 and len(err) == 1, err
+        assert err[0].startswith("headprobe: error: t.pt: dst_nodes[0] is 'logits', not 'a0.h0<q>'"), err
