@@ -21,9 +21,10 @@ Sources of each format (read, not copied):
   "n_heads", "parallel_attn_mlp", "d_model"}, "nodes": {name: {"in_graph": bool}}, "edges":
   {"<parent>-><child>[<q|k|v>]": {"score": float, "in_graph": bool}}}``, nodes ``input``,
   ``a{l}.h{h}``, ``m{l}``, ``logits`` in that order; ``Graph.from_json`` and MIB's
-  ``load_graph_from_json`` rebuild the graph from ``cfg`` (``d_model`` included), read each
-  node's ``in_graph`` by value, assert the keys ``cfg``, ``nodes`` and ``edges`` and look every
-  edge up in ``Graph.from_model(cfg)``'s edges (a KeyError for any other name). ``Graph.to_pt`` saves ``cfg``, ``src_nodes``, ``dst_nodes`` and the
+  ``load_graph_from_json`` rebuild the graph from ``cfg`` (``from_model`` reads all four keys;
+  ``from_pt`` the first three), read each node's ``in_graph`` by value, assert the keys ``cfg``,
+  ``nodes`` and ``edges`` and look every node and edge up in ``Graph.from_model(cfg)``'s (a
+  KeyError for any other name). ``Graph.to_pt`` saves ``cfg``, ``src_nodes``, ``dst_nodes`` and the
   tensors ``edges_scores``, ``edges_in_graph`` ``[n_src, n_dst]`` and ``nodes_in_graph`` ``[n_src]``.
 """
 
@@ -54,7 +55,10 @@ IMPORT_KINDS = ("duo", "headkv", "mib", "parquet", "csv", "kv-policy", "list")
 
 _HEADKV_KEY = re.compile(r"^(\d+)-(\d+)$")
 _MIB_HEAD = re.compile(r"^a(\d+)\.h(\d+)$")
+_MIB_SRC = re.compile(r"^(?:input|a(\d+)\.h\d+|m(\d+))$")
+"""A source node of EAP-IG's graph (``to_pt``'s ``src_nodes``): ``input``, ``a{l}.h{h}``, ``m{l}``."""
 _MIB_DST = re.compile(r"^(?:a(\d+)\.h\d+<[qkv]>|m(\d+)|logits)$")
+"""A destination node of EAP-IG's graph (``to_pt``'s ``dst_nodes``): ``a{l}.h{h}<q|k|v>``, ``m{l}``, ``logits``."""
 _MIB_EDGE = re.compile(
     r"^(?P<parent>input|a(?P<pl>\d+)\.h(?P<ph>\d+)|m(?P<pm>\d+))->"
     r"(?P<child>a(?P<cl>\d+)\.h(?P<ch>\d+)<[qkv]>|m(?P<cm>\d+)|logits)$"
@@ -64,6 +68,12 @@ MIB_JSON_KEYS = ("cfg", "nodes", "edges")
 """The keys of EAP-IG's graph JSON that its ``Graph.from_json`` asserts (``to_json`` writes all three)."""
 MIB_PT_KEYS = ("cfg", "src_nodes", "dst_nodes", "edges_scores", "edges_in_graph", "nodes_in_graph")
 """The keys of EAP-IG's ``Graph.to_pt`` file that its ``from_pt`` requires."""
+MIB_CFG_KEYS = ("n_layers", "n_heads", "parallel_attn_mlp", "d_model")
+"""The keys of a graph JSON's ``cfg``: ``Graph.to_json`` writes them (a graph from a model) and
+``from_json`` builds the graph from all four (``from_model(cfg, neuron_level=True)`` reads ``d_model``)."""
+MIB_PT_CFG_KEYS = MIB_CFG_KEYS[:3]
+"""The keys of a ``.pt`` graph's ``cfg`` that ``from_pt`` builds the graph from (``from_model(cfg)``
+reads no ``d_model``; ``to_pt`` saves it where the graph has it, and it is then checked)."""
 PT_SUFFIXES = (".pt", ".pth")
 
 
@@ -384,6 +394,19 @@ def mib_nodes(n_layers: int, n_heads: int) -> list[str]:
     ]
 
 
+def _mib_dst_nodes(n_layers: int, n_heads: int) -> list[str]:
+    """EAP-IG's destination nodes in its order (``Graph.get_dst_nodes``, ``to_pt``'s ``dst_nodes``):
+    per layer every head's ``<q>``, then every ``<k>``, every ``<v>``, then ``m{l}``; ``logits`` last."""
+    return [
+        *(
+            n
+            for layer in range(n_layers)
+            for n in (*(f"a{layer}.h{h}<{x}>" for x in "qkv" for h in range(n_heads)), f"m{layer}")
+        ),
+        "logits",
+    ]
+
+
 def mib_graph(edges: list[dict], layout: Layout, in_graph: set[str], d_model: int) -> dict:
     """EAP-IG's graph JSON (``Graph.to_json``'s layout) from headprobe edges (``edge``, ``sender``,
     ``receiver``, ``input``, ``score``, ``exact``): ``in_graph`` names the edges of the circuit.
@@ -442,16 +465,27 @@ def _node_in_graph(name: str, node: str, value: Any) -> bool:
     return flag
 
 
-def _check_mib_cfg(cfg: Any, name: str, layout: Layout | None) -> None:
-    """``cfg``'s n_layers, n_heads, d_model and parallel_attn_mlp: each one given of its type (a
+def _check_mib_cfg(cfg: Any, name: str, layout: Layout | None, required: tuple[str, ...] = MIB_CFG_KEYS) -> None:
+    """``cfg``'s n_layers, n_heads, d_model and parallel_attn_mlp: the ``required`` ones given
+    (:data:`MIB_CFG_KEYS`, a JSON's; :data:`MIB_PT_CFG_KEYS`, a ``.pt``'s), each one of its type (a
     positive whole number; a boolean), and against the model's where both are known: a graph built
     for parallel attention and MLP lacks the edges from a layer's heads to its MLP that a sequential
     model has, and the other way round.
 
     Raises:
-        HeadprobeError: ``cfg`` not an object, a key of another type, or another model's (one line)."""
+        HeadprobeError: ``cfg`` not an object, a required key missing, a key of another type, or
+            another model's (one line)."""
     if not isinstance(cfg, dict):
         raise HeadprobeError(f"{name}: cfg is {json.dumps(cfg)[:40]}, not an object (EAP-IG's graph config)")
+    if missing := [k for k in required if k not in cfg]:
+        why = (
+            "Graph.to_json writes n_layers, n_heads, parallel_attn_mlp and d_model, and from_json builds the graph "
+            "from all four"
+            if required == MIB_CFG_KEYS
+            else "Graph.to_pt saves the graph's cfg, and from_pt builds the graph from its n_layers, n_heads and "
+            "parallel_attn_mlp"
+        )
+        raise HeadprobeError(f"{name}: cfg has no {' or '.join(missing)} (EAP-IG's {why})")
     for key in ("n_layers", "n_heads", "d_model"):
         v = cfg.get(key)
         if key in cfg and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
@@ -473,15 +507,22 @@ def _check_mib_cfg(cfg: Any, name: str, layout: Layout | None) -> None:
         )
 
 
-def read_mib(data: dict, name: str, layout: Layout | None, scores: dict[Head, float] | None = None) -> HeadFile:
+def read_mib(
+    data: dict,
+    name: str,
+    layout: Layout | None,
+    scores: dict[Head, float] | None = None,
+    cfg_keys: tuple[str, ...] = MIB_CFG_KEYS,
+) -> HeadFile:
     """An EAP-IG / MIB graph: the heads are the attention nodes whose ``in_graph`` is true; each
     head's score is the largest |score| of its outgoing edges (``scores``: given, else from ``edges``).
 
     Raises:
         HeadprobeError: no ``cfg``, ``nodes`` or (``scores`` not given) ``edges``, the keys
-            ``Graph.from_json`` asserts; a node without a boolean ``in_graph``, a node that is no head
-            of the model, a ``cfg`` of another model (n_layers, n_heads, d_model, parallel_attn_mlp),
-            or an edge EAP-IG's graph of ``cfg`` does not have (:func:`_mib_edge_parent`).
+            ``Graph.from_json`` asserts; a ``cfg`` without one of ``cfg_keys`` (:data:`MIB_CFG_KEYS`),
+            of another model (n_layers, n_heads, d_model, parallel_attn_mlp); a node name that is
+            none of EAP-IG's graph of ``cfg`` (:func:`_mib_node_known`), a head node without a boolean
+            ``in_graph``, or an edge that graph does not have (:func:`_mib_edge_parent`).
     """
     missing = [k for k in MIB_JSON_KEYS if k not in data and not (k == "edges" and scores is not None)]
     if missing:  # a graph without edges was read as heads without scores
@@ -492,45 +533,81 @@ def read_mib(data: dict, name: str, layout: Layout | None, scores: dict[Head, fl
     cfg, nodes = data["cfg"], data["nodes"]
     if not isinstance(nodes, dict):
         raise HeadprobeError(f"{name}: nodes is {json.dumps(nodes)[:40]}, not an object of nodes (EAP-IG's graph JSON)")
-    _check_mib_cfg(cfg, name, layout)
+    _check_mib_cfg(cfg, name, layout, cfg_keys)  # the model's sizes, where given, are cfg's
+    n_layers, n_heads, parallel = cfg["n_layers"], cfg["n_heads"], cfg["parallel_attn_mlp"]
     heads = []
     for node, value in nodes.items():
+        if not _mib_node_known(str(node), n_layers, n_heads):
+            raise HeadprobeError(
+                f"{name}: node {str(node)[:40]!r} is no node of EAP-IG's graph of {n_layers} layers x {n_heads} "
+                "heads (input, a{l}.h{h}, m{l}, logits: Graph.from_json looks each one up)"
+            )
         m = _MIB_HEAD.fullmatch(str(node))
         if m and _node_in_graph(name, node, value):
-            head = (int(m.group(1)), int(m.group(2)))
-            if layout is not None and (head[0] >= layout.n_layers or head[1] >= layout.n_heads):
-                raise HeadprobeError(
-                    f"{name} has node {node}; {layout.name} has {layout.n_layers} layers of {layout.n_heads} heads"
-                )
-            heads.append(head)
+            heads.append((int(m.group(1)), int(m.group(2))))
     if scores is None:
         scores = {}
-        sizes = _mib_sizes(cfg, layout)
         for edge, score in _mib_edge_scores(data["edges"], name).items():
-            if (sender := _mib_edge_parent(edge, name, *sizes)) is not None:
+            if (sender := _mib_edge_parent(edge, name, n_layers, n_heads, parallel)) is not None:
                 scores[sender] = max(scores.get(sender, 0.0), abs(score))
     return HeadFile(
         "mib", sorted(heads), "the attention nodes in the graph (in_graph true)", scores, meta=data.get("headprobe", {})
     )
 
 
-def _mib_sizes(cfg: dict, layout: Layout | None) -> tuple[int | None, int | None, bool | None]:
-    """``(n_layers, n_heads, parallel_attn_mlp)`` of a graph: ``cfg``'s (checked by :func:`_check_mib_cfg`),
-    else the model's, else None (unknown)."""
-    own = (None, None, None) if layout is None else (layout.n_layers, layout.n_heads, layout.parallel_attn_mlp)
-    keys = ("n_layers", "n_heads", "parallel_attn_mlp")
-    return tuple(cfg[k] if k in cfg else v for k, v in zip(keys, own))  # type: ignore[return-value]
+def _mib_node_known(node: str, n_layers: int, n_heads: int) -> bool:
+    """Whether ``node`` is a node name of EAP-IG's graph of ``n_layers`` x ``n_heads``
+    (``Graph.from_model``'s: ``input``, ``a{l}.h{h}``, ``m{l}``, ``logits``, numbers written as it
+    writes them: ``a0.h01`` is none), found without listing the graph's nodes."""
+    if node in ("input", "logits"):
+        return True
+    m = re.fullmatch(r"a(\d+)\.h(\d+)|m(\d+)", node)
+    if m is None:
+        return False
+    layer, head = int(m.group(1) or m.group(3)), int(m.group(2) or 0)
+    return node == (f"a{layer}.h{head}" if m.group(1) else f"m{layer}") and layer < n_layers and head < n_heads
 
 
-def _mib_edge_parent(
-    edge: str, name: str, n_layers: int | None, n_heads: int | None, parallel: bool | None
-) -> Head | None:
+def _mib_writes_at(parent: str) -> int:
+    """Where source node ``parent`` (:data:`_MIB_SRC`) writes into the residual stream, in EAP-IG's
+    forward order counted by layers, not by nodes (so without ``n_heads``, which EAP-IG's
+    ``prev_index`` counts in): ``input`` 0, layer ``l``'s heads ``2l + 1``, its MLP ``2l + 2``. A
+    destination reads a source iff the source writes before :func:`_mib_reads_before` of it: the one
+    rule of both readers (the JSON's edge check, the ``.pt``'s real-edge mask).
+
+    Raises:
+        ValueError: ``parent`` is no source name (the callers match it first)."""
+    m = _MIB_SRC.fullmatch(parent)
+    if m is None:
+        raise ValueError(parent)
+    if m.group(1) is not None:
+        return 2 * int(m.group(1)) + 1
+    return 0 if m.group(2) is None else 2 * int(m.group(2)) + 2
+
+
+def _mib_reads_before(child: str, parallel: bool) -> float:
+    """The position (:func:`_mib_writes_at`) before which destination ``child`` (:data:`_MIB_DST`)
+    reads every source, as EAP-IG's ``Graph.from_model`` wires it: a head of layer ``l`` (any of
+    ``<q|k|v>``) the layers before its own (``2l + 1``), an MLP also its own layer's heads
+    (``2l + 2``) unless ``parallel`` (then ``2l + 1``), ``logits`` every node (infinity).
+
+    Raises:
+        ValueError: ``child`` is no destination name (the callers match it first)."""
+    m = _MIB_DST.fullmatch(child)
+    if m is None:
+        raise ValueError(child)
+    if m.group(1) is not None:
+        return 2 * int(m.group(1)) + 1
+    return float("inf") if m.group(2) is None else 2 * int(m.group(2)) + (1 if parallel else 2)
+
+
+def _mib_edge_parent(edge: str, name: str, n_layers: int, n_heads: int, parallel: bool) -> Head | None:
     """The head an edge of EAP-IG's graph leaves (None: it leaves ``input`` or an MLP), the edge
     checked against the graph ``Graph.from_model`` builds (``from_json`` looks every edge up there):
     ``<parent>-><child>`` with parent ``input``, ``a{l}.h{h}`` or ``m{l}`` and child
-    ``a{l}.h{h}<q|k|v>``, ``m{l}`` or ``logits``; where the sizes are known, each node inside them
-    and the parent before the child (a head reads the layers before its own; an MLP its own layer's
-    heads too, unless ``parallel``; ``logits`` every node).
+    ``a{l}.h{h}<q|k|v>``, ``m{l}`` or ``logits``; each node inside the sizes and the child reading
+    the parent (:func:`_mib_reads_before`: a head reads the layers before its own; an MLP its own
+    layer's heads too, unless ``parallel``; ``logits`` every node).
 
     Raises:
         HeadprobeError: another name, or an edge that graph lacks: one line naming the edge."""
@@ -543,21 +620,12 @@ def _mib_edge_parent(
     g = {k: int(v) for k, v in m.groupdict().items() if v is not None and k not in ("parent", "child")}
     layers = [g[k] for k in ("pl", "pm", "cl", "cm") if k in g]
     heads = [g[k] for k in ("ph", "ch") if k in g]
-    if (n_layers is not None and max(layers, default=-1) >= n_layers) or (
-        n_heads is not None and max(heads, default=-1) >= n_heads
-    ):
+    if max(layers, default=-1) >= n_layers or max(heads, default=-1) >= n_heads:
         raise HeadprobeError(
             f"{name}: edge {edge!r} names a node outside the graph's {n_layers} layers of {n_heads} heads"
         )
-    # where the parent writes: its layer (input: -1) and whether it is a head
-    parent_layer, parent_head = g.get("pl", g.get("pm", -1)), "ph" in g
-    if "cl" in g:  # a head reads the layers before its own
-        reads = parent_layer < g["cl"]
-    elif "cm" in g:  # an MLP reads the layers before and, in a sequential block, its own layer's heads
-        reads = parent_layer < g["cm"] or (parent_layer == g["cm"] and parent_head and parallel is not True)
-    else:  # logits read every node
-        reads = True
-    if not reads:
+    parent_head = "ph" in g
+    if _mib_writes_at(m.group("parent")) >= _mib_reads_before(m.group("child"), parallel):
         raise HeadprobeError(
             f"{name}: edge {edge!r} is no edge of EAP-IG's graph (its child does not read its parent"
             + ("; parallel_attn_mlp true)" if parent_head and "cm" in g else ")")
@@ -593,42 +661,27 @@ def _mib_edge_scores(edges: Any, name: str) -> dict[str, float]:
     return out
 
 
-def _prev_index(node: str, name: str, n_src: int, n_heads: int, parallel: bool) -> int:
-    """How many source nodes (EAP-IG's forward order) come before destination ``node``, so write
-    into its input (EAP-IG's ``Graph.prev_index``): a layer's heads read every node of the layers
-    before it; its MLP also its heads (unless ``parallel``); logits read all.
-
-    Raises:
-        HeadprobeError: ``node`` is not ``a{l}.h{h}<q|k|v>``, ``m{l}`` or ``logits``."""
-    m = _MIB_DST.fullmatch(node)
-    if m is None:
-        raise HeadprobeError(f"{name}: dst node {node!r} is not EAP-IG's (a{{l}}.h{{h}}<q|k|v>, m{{l}}, logits)")
-    if m.group(0) == "logits":
-        return n_src
-    if m.group(1) is not None:
-        return 1 + int(m.group(1)) * (n_heads + 1)
-    return 1 + int(m.group(2)) * (n_heads + 1) + (0 if parallel else n_heads)
-
-
 def read_mib_pt(path: Path, layout: Layout | None) -> HeadFile:
     """An EAP-IG graph saved by ``Graph.to_pt`` (read with ``torch.load(weights_only=True)``: tensors,
     lists, dicts and numbers only, so no code in the file runs), as :func:`read_mib` reads its JSON.
-    A head's score is the largest |score| of its real edges (those to a node after it, EAP-IG's
-    ``prev_index``).
+    A head's score is the largest |score| of its real edges (those to a node that reads it:
+    :func:`_mib_writes_at` and :func:`_mib_reads_before`, EAP-IG's ``prev_index``).
 
     Raises:
         HeadprobeError: not a PyTorch file, Python objects besides those, no ``to_pt`` keys,
-            tensors whose shapes are not those of ``cfg``'s graph, ``nodes_in_graph`` not a bool
-            tensor, or ``src_nodes`` not EAP-IG's forward nodes in order.
+            a ``cfg`` without one of :data:`MIB_PT_CFG_KEYS`, tensors whose shapes are not those of
+            ``cfg``'s graph, ``nodes_in_graph`` or ``edges_in_graph`` not a bool tensor, or
+            ``src_nodes`` and ``dst_nodes`` not EAP-IG's nodes in its order.
     """
     import torch
 
     name = path.name
     d = _load_pt_graph(path)
-    n_src, n_heads, parallel = _check_pt_graph(d, name)
+    parallel = _check_pt_graph(d, name)
     cfg, src, dst = d["cfg"], d["src_nodes"], d["dst_nodes"]
-    prev = torch.tensor([_prev_index(str(n), name, n_src, n_heads, parallel) for n in dst])
-    real = torch.arange(n_src)[:, None] < prev[None, :]
+    writes = torch.tensor([float(_mib_writes_at(str(n))) for n in src], dtype=torch.float64)
+    reads = torch.tensor([_mib_reads_before(str(n), parallel) for n in dst], dtype=torch.float64)
+    real = writes[:, None] < reads[None, :]  # EAP-IG's real edges (its real_edge_mask)
     nonfinite = (real & ~torch.isfinite(d["edges_scores"].float())).nonzero().tolist()
     if nonfinite:
         i, j = nonfinite[0]
@@ -640,7 +693,7 @@ def read_mib_pt(path: Path, layout: Layout | None) -> HeadFile:
         if (m := _MIB_HEAD.fullmatch(str(n)))
     }
     nodes = {str(n): bool(v) for n, v in zip(src, d["nodes_in_graph"].tolist())}
-    return read_mib({"cfg": cfg, "nodes": nodes}, name, layout, scores)
+    return read_mib({"cfg": cfg, "nodes": nodes}, name, layout, scores, MIB_PT_CFG_KEYS)
 
 
 def _load_pt_graph(path: Path) -> dict:
@@ -677,9 +730,10 @@ def _load_pt_graph(path: Path) -> dict:
     return d
 
 
-def _check_pt_graph(d: dict, name: str) -> tuple[int, int, bool]:
-    """``(n_src, n_heads, parallel_attn_mlp)`` of a loaded ``to_pt`` graph ``d`` whose tensors have
-    the shapes of ``cfg``'s graph, bool node flags and EAP-IG's forward nodes in order.
+def _check_pt_graph(d: dict, name: str) -> bool:
+    """``cfg``'s ``parallel_attn_mlp`` of a loaded ``to_pt`` graph ``d`` whose tensors have
+    the shapes of ``cfg``'s graph, bool node and edge flags and EAP-IG's source and destination
+    nodes in its order.
 
     Raises:
         HeadprobeError: as :func:`read_mib_pt`, naming the first fault.
@@ -687,10 +741,8 @@ def _check_pt_graph(d: dict, name: str) -> tuple[int, int, bool]:
     import torch
 
     cfg, src, dst = d["cfg"], d["src_nodes"], d["dst_nodes"]
-    try:
-        n_layers, n_heads, parallel = int(cfg["n_layers"]), int(cfg["n_heads"]), bool(cfg.get("parallel_attn_mlp"))
-    except (KeyError, TypeError, ValueError):
-        raise HeadprobeError(f"{name}: cfg has no integer n_layers and n_heads (EAP-IG's graph config)") from None
+    _check_mib_cfg(cfg, name, None, MIB_PT_CFG_KEYS)  # read_mib checks it against the model
+    n_layers, n_heads, parallel = cfg["n_layers"], cfg["n_heads"], cfg["parallel_attn_mlp"]
     n_src, n_dst = 1 + n_layers * (n_heads + 1), n_layers * (3 * n_heads + 1) + 1
     shapes = {
         "src_nodes": (len(src),) if isinstance(src, list) else None,
@@ -715,19 +767,21 @@ def _check_pt_graph(d: dict, name: str) -> tuple[int, int, bool]:
             f"{name}: {bad[0]} has shape {shapes[bad[0]]}; a graph of {n_layers} layers x {n_heads} "
             f"heads has {want[bad[0]]} (EAP-IG's to_pt)"
         )
-    if d["nodes_in_graph"].dtype != torch.bool:  # bool(0.7) read as in the graph, as JSON's 1 is not
-        raise HeadprobeError(
-            f"{name}: nodes_in_graph is a {str(d['nodes_in_graph'].dtype).removeprefix('torch.')} tensor, not bool "
-            "(EAP-IG's to_pt saves the node flags as bool)"
-        )
-    order = mib_nodes(n_layers, n_heads)[:-1]  # the forward nodes: nodes_in_graph[i] is src_nodes[i]'s flag
-    if list(map(str, src)) != order:
-        i = next(i for i, (a, b) in enumerate(zip(map(str, src), order)) if a != b)
-        raise HeadprobeError(
-            f"{name}: src_nodes[{i}] is {str(src[i])[:40]!r}, not {order[i]!r} (EAP-IG's forward order: input, per "
-            "layer a{l}.h{h} then m{l})"
-        )
-    return n_src, n_heads, parallel
+    for key, what in (("nodes_in_graph", "node"), ("edges_in_graph", "edge")):
+        if d[key].dtype != torch.bool:  # bool(0.7) read as in the graph, as JSON's 1 is not
+            raise HeadprobeError(
+                f"{name}: {key} is a {str(d[key].dtype).removeprefix('torch.')} tensor, not bool "
+                f"(EAP-IG's to_pt saves the {what} flags as bool)"
+            )
+    # row i of the tensors is src_nodes[i], column j dst_nodes[j]: from_pt takes them by place, not by name
+    for key, names, order, how in (
+        ("src_nodes", src, mib_nodes(n_layers, n_heads)[:-1], "forward order: input, per layer a{l}.h{h} then m{l}"),
+        ("dst_nodes", dst, _mib_dst_nodes(n_layers, n_heads), "get_dst_nodes order: per layer <q>, <k>, <v>, m{l}"),
+    ):
+        if list(map(str, names)) != order:
+            i = next(i for i, (a, b) in enumerate(zip(map(str, names), order)) if a != b)
+            raise HeadprobeError(f"{name}: {key}[{i}] is {str(names[i])[:40]!r}, not {order[i]!r} (EAP-IG's {how})")
+    return parallel
 
 
 # --- reading any of them --------------------------------------------------------------------------

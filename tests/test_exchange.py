@@ -461,7 +461,7 @@ def _odd_file(case: str, d: Path) -> tuple[Path, list[str]]:
         return d / "h.json", []
     if case == "400 digits in a graph":
         graph = {
-            "cfg": {"n_layers": 2, "n_heads": 8},
+            "cfg": {"n_layers": 2, "n_heads": 8, "parallel_attn_mlp": False, "d_model": 64},
             "nodes": {"a0.h1": True},
             "edges": {"a0.h1->logits": {"score": int("9" * 400), "in_graph": True}},
         }

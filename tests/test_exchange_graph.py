@@ -662,3 +662,160 @@ def test_a_pt_graphs_node_flags_and_names_are_checked_as_the_jsons(tmp_path, cha
     with pytest.raises(HeadprobeError) as e:
         read_head_file(tmp_path / "g.pt", Layout("m", 2, 4), 3)
     assert fragment in str(e.value) and "\n" not in str(e.value), e.value
+
+
+# --- import: cfg's keys, node names, a .pt's edge flags (each passed silently before) -------------------
+
+
+def _import(path: Path, tiny_dir, capsys) -> tuple[int, list[str]]:
+    """``(exit status, stderr's lines)`` of ``headprobe import --heads-file PATH`` on the tiny Llama."""
+    capsys.readouterr()
+    code = main(["import", "--heads-file", str(path), "--model", str(tiny_dir), "--device", "cpu"])
+    return code, capsys.readouterr().err.splitlines()
+
+
+def _tiny_graph(**change) -> dict:
+    """:func:`_small_graph` with the tiny Llama's cfg (2 layers x 8 heads, d_model 64, sequential)."""
+    return _small_graph(cfg={"n_layers": 2, "n_heads": 8, "parallel_attn_mlp": False, "d_model": 64}, **change)
+
+
+@pytest.mark.parametrize("key", ["n_layers", "n_heads", "parallel_attn_mlp", "d_model"])
+def test_a_graph_json_whose_cfg_lacks_a_key_is_refused_naming_it(key, tmp_path, tiny_dir, capsys):
+    """``Graph.to_json`` writes ``cfg`` as ``{n_layers, n_heads, parallel_attn_mlp, d_model}`` and
+    ``from_json`` builds the graph from all four (``from_model`` with ``neuron_level=True`` reads
+    ``d_model``): a cfg without one is no graph EAP-IG reads. Old code: read, sizes taken from the
+    model where given, else left unchecked (an MLP's own-layer edge taken as sequential)."""
+    from headprobe.analyses.exchange import Layout, read_mib
+    from headprobe.probe.core.errors import HeadprobeError
+
+    for layout in (None, Layout("m", 2, 4)):
+        graph = _small_graph()
+        del graph["cfg"][key]
+        with pytest.raises(HeadprobeError) as e:
+            read_mib(graph, "g.json", layout)
+        assert str(e.value).startswith(f"g.json: cfg has no {key} (EAP-IG's Graph.to_json"), e.value
+        assert "\n" not in str(e.value)
+    graph = _tiny_graph()
+    del graph["cfg"][key]
+    (tmp_path / "g.json").write_text(json.dumps(graph))
+    code, err = _import(tmp_path / "g.json", tiny_dir, capsys)
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"headprobe: error: g.json: cfg has no {key} "), err
+
+
+@pytest.mark.parametrize("key", ["n_layers", "n_heads", "parallel_attn_mlp"])
+def test_a_pt_graph_whose_cfg_lacks_a_key_from_pt_reads_is_refused(key, tmp_path):
+    """``from_pt`` builds the graph with ``from_model(cfg)``, which reads ``n_layers``, ``n_heads``
+    and ``parallel_attn_mlp`` (not ``d_model``): without one it fails, so does this reader. Old code:
+    a missing ``parallel_attn_mlp`` was read as false (sequential); a missing size refused, in other words."""
+    from headprobe.analyses.exchange import Layout, read_head_file
+    from headprobe.probe.core.errors import HeadprobeError
+
+    d = _graph_pt(2, 4, {"a0.h1"})
+    del d["cfg"]["d_model"]  # from_pt never reads it: still a graph
+    torch.save(d, tmp_path / "g.pt")
+    assert read_head_file(tmp_path / "g.pt", Layout("m", 2, 4), 3).heads == [(0, 1)]
+    del d["cfg"][key]
+    torch.save(d, tmp_path / "g.pt")
+    with pytest.raises(HeadprobeError) as e:
+        read_head_file(tmp_path / "g.pt", Layout("m", 2, 4), 3)
+    assert str(e.value).startswith(f"g.pt: cfg has no {key} (EAP-IG's Graph.to_pt"), e.value
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        "a2.h0",  # a layer the graph has not (read as head 2.0 where no model was given)
+        "a0.h4",  # a head the graph has not
+        "a0.h01",  # read as head 0.1; EAP-IG names it a0.h1
+        "m2",
+        "junk",
+        "a0.h1<q>",  # a destination name, no node
+        "Input",
+    ],
+)
+def test_a_node_eap_ig_has_not_is_refused_naming_it(node, tmp_path, tiny_dir, capsys):
+    """``from_json`` looks every node name but ``logits`` up in ``from_model(cfg)``'s nodes (a
+    KeyError for any other). Old code: ignored, or read as a head when no model was given."""
+    from headprobe.analyses.exchange import Layout, read_mib
+    from headprobe.probe.core.errors import HeadprobeError
+
+    for layout in (None, Layout("m", 2, 4)):
+        graph = _small_graph()
+        graph["nodes"][node] = {"in_graph": True}
+        with pytest.raises(HeadprobeError) as e:
+            read_mib(graph, "g.json", layout)
+        assert str(e.value).startswith(f"g.json: node {node!r} is no node of EAP-IG's graph of 2 layers x 4 heads"), (
+            e.value
+        )
+        assert "\n" not in str(e.value)
+    if node in ("m2", "junk"):  # through the command: exit 2, one line, before any weights load
+        graph = _tiny_graph()
+        graph["nodes"][node] = {"in_graph": False}
+        (tmp_path / "g.json").write_text(json.dumps(graph))
+        code, err = _import(tmp_path / "g.json", tiny_dir, capsys)
+        assert code == 2 and len(err) == 1, err
+        assert err[0].startswith(f"headprobe: error: g.json: node {node!r} is no node of EAP-IG's graph"), err
+
+
+@pytest.mark.parametrize(
+    "flags, dtype",
+    [(lambda t: t.float(), "float32"), (lambda t: t.long(), "int64"), (lambda t: t.to(torch.uint8), "uint8")],
+)
+def test_a_pt_graphs_edge_flags_must_be_bool_as_its_node_flags(flags, dtype, tmp_path, tiny_dir, capsys):
+    """``to_pt`` saves ``edges_in_graph`` as a bool tensor, as ``nodes_in_graph`` (already checked).
+    Old code: any dtype passed unchecked."""
+    from headprobe.analyses.exchange import Layout, read_head_file
+    from headprobe.probe.core.errors import HeadprobeError
+
+    d = _graph_pt(2, 4, {"input", "a0.h1", "a1.h2"})
+    torch.save(d | {"edges_in_graph": flags(d["edges_in_graph"])}, tmp_path / "g.pt")
+    with pytest.raises(HeadprobeError) as e:
+        read_head_file(tmp_path / "g.pt", Layout("m", 2, 4), 3)
+    assert str(e.value) == (
+        f"g.pt: edges_in_graph is a {dtype} tensor, not bool (EAP-IG's to_pt saves the edge flags as bool)"
+    )
+    if dtype == "float32":  # through the command: exit 2, one line
+        d = _graph_pt(2, 8, {"input", "a0.h1"})
+        d["cfg"]["d_model"] = 64
+        torch.save(d | {"edges_in_graph": d["edges_in_graph"].float()}, tmp_path / "t.pt")
+        code, err = _import(tmp_path / "t.pt", tiny_dir, capsys)
+        assert code == 2 and err == [f"headprobe: error: {e.value}".replace("g.pt", "t.pt")], err
+
+
+@pytest.mark.parametrize(
+    "move, fragment",
+    [
+        (lambda dst: [dst[-1], *dst[:-1]], "dst_nodes[0] is 'logits', not 'a0.h0<q>'"),  # logits first
+        (lambda dst: [*dst[13:], *dst[:13]], "dst_nodes[0] is 'a1.h0<q>', not 'a0.h0<q>'"),  # layer 1 before layer 0
+        (lambda dst: [*dst[:-1], "junk"], "dst_nodes[26] is 'junk', not 'logits'"),
+    ],
+)
+def test_a_pt_graphs_dst_nodes_must_be_eap_igs_in_its_order(move, fragment, tmp_path, tiny_dir, capsys):
+    """``from_pt`` takes the columns by place (``get_dst_nodes``' order), never by ``dst_nodes``'
+    names; this reader took them by name, so columns in another order were read as EAP-IG never
+    reads them. Old code: heads and scores returned (a bad name: refused, in other words)."""
+    from headprobe.analyses.exchange import Layout, read_head_file
+    from headprobe.probe.core.errors import HeadprobeError
+
+    d = _graph_pt(2, 4, {"input", "a0.h1", "a1.h2"})
+    _, dst, _ = eap_ig_names(2, 4)
+    assert (
+        d["dst_nodes"]
+        == dst
+        == [f"a0.h{h}<{x}>" for x in "qkv" for h in range(4)]
+        + ["m0"]
+        + [f"a1.h{h}<{x}>" for x in "qkv" for h in range(4)]
+        + ["m1", "logits"]
+    )
+    torch.save(d | {"dst_nodes": move(dst)}, tmp_path / "g.pt")
+    with pytest.raises(HeadprobeError) as e:
+        read_head_file(tmp_path / "g.pt", Layout("m", 2, 4), 3)
+    assert str(e.value).startswith(f"g.pt: {fragment} (EAP-IG's get_dst_nodes order"), e.value
+    if fragment.startswith("dst_nodes[0] is 'logits'"):  # through the command: exit 2, one line
+        d = _graph_pt(2, 8, {"input", "a0.h1"})
+        d["cfg"]["d_model"] = 64
+        torch.save(d | {"dst_nodes": move(d["dst_nodes"])}, tmp_path / "t.pt")
+        code, err = _import(tmp_path / "t.pt", tiny_dir, capsys)
+        assert code == 2 and len(err) == 1, err
+        assert err[0].startswith("headprobe: error: t.pt: dst_nodes[0] is 'logits', not 'a0.h0<q>'"), err
