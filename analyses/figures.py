@@ -2043,6 +2043,17 @@ def _tolerance_point(axes, rows: Sequence[dict], loss_tolerance: float | None) -
         ax.plot([x], [chosen[key]], "D", color=color, ms=5, mec="black", mew=0.5, label=label)
 
 
+def _uniform_windows(rows: Sequence[dict]) -> str:
+    """The uniform entry's end, a comma and a second line ``W' = 504, 1016 tokens, left to right``: the
+    uniform rows' ``uniform_window`` (curve.csv's column, tokens; ``full`` where the control is the full
+    cache) in the order of their KV fractions; "" where the rows have no such column (a curve.csv
+    written before it)."""
+    if not rows or not any("uniform_window" in r for r in rows):
+        return ""
+    ws = [r.get("uniform_window") for r in sorted(rows, key=lambda r: r["kv_fraction"])]
+    return ",\nW' = " + ", ".join("full" if w is None or w != w else f"{int(w)}" for w in ws) + " tokens, left to right"
+
+
 @_styled
 def kv_policy_curve(rows: Sequence[dict], title: str, loss_tolerance: float | None = None) -> Figure:
     """Quality against KV memory for head-level KV policies (``headprobe kv``): natural-text loss
@@ -2054,17 +2065,19 @@ def kv_policy_curve(rows: Sequence[dict], title: str, loss_tolerance: float | No
     budget. ``rows`` as :func:`headprobe.analyses.kvpolicy.curve_row`;
     a row with ``target == "loss_tolerance"`` (the policy ``--loss-tolerance`` chose, and its
     controls) is not on the budget lines: its chosen policy is drawn as its own labelled point and
-    ``loss_tolerance`` (nats/token) as a dotted line."""
+    ``loss_tolerance`` (nats/token) as a dotted line. The uniform entry lists each budget's ``W'``
+    (tokens, left to right) where the rows have curve.csv's ``uniform_window``."""
     fig = _figure(COLUMN_WIDTH, 4.0)
     axes = fig.subplots(2, 1, sharex=True)
     styles = {
         "chosen": ("#0072B2", "o", "chosen groups full"),
-        "uniform": ("#E69F00", "s", "uniform: one window W' on every group, same KV memory"),
+        "uniform": ("#E69F00", "s", "uniform: one window W' on every group, same KV memory"),  # + W' where known
         "random": ("#009E73", "^", "random groups full"),
     }
     on_curve = [r for r in rows if r.get("target") != "loss_tolerance"]
     for kind, (color, marker, label) in styles.items():
         sel = [r for r in on_curve if r["policy"] == kind]
+        label += _uniform_windows(sel) if kind == "uniform" else ""
         budgets = sorted({r["budget"] for r in sel})
         # whiskers (and their legend glyph) only where a budget has several runs (random seeds) to span
         spread = any(sum(r["budget"] == b for r in sel) > 1 for b in budgets)

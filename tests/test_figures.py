@@ -1104,6 +1104,28 @@ def test_the_kv_curves_legend_shows_whiskers_only_for_series_that_draw_them(n_ra
     assert all(_inside(fig, t) for t in legend.get_texts())  # the longer entry in two columns ran past the edges
 
 
+def test_the_kv_curves_uniform_entry_prints_w_prime_where_curve_csv_has_it():
+    """curve.csv's ``uniform_window`` (W', tokens) is printed in the uniform entry, left to right ("full"
+    where the control is the full cache); a curve.csv written before the column draws the entry without it."""
+    rows = []
+    for b, w in ((0.75, np.nan), (0.25, 246.0), (0.5, 504.0)):
+        for p in ("chosen", "uniform"):
+            rows.append(
+                {"policy": p, "budget": b, "kv_fraction": b, "natural_loss_increase": 0.1, "copy_accuracy": b}
+                | {"uniform_window": w if p == "uniform" else np.nan}
+            )
+    rows.append(rows[-1] | {"target": "loss_tolerance", "budget": 0.6, "kv_fraction": 0.6, "uniform_window": 9.0})
+
+    def uniform_label(rows) -> str:
+        texts = [t.get_text() for t in figs.kv_policy_curve(rows, "t").legends[0].get_texts()]
+        (label,) = [t for t in texts if t.startswith("uniform")]
+        return label
+
+    assert uniform_label(rows).endswith(",\nW' = 246, 504, full tokens, left to right")
+    old = uniform_label([{k: v for k, v in r.items() if k != "uniform_window"} for r in rows])
+    assert old == "uniform: one window W' on every group, same KV memory"
+
+
 # the top 20 edges of ``headprobe circuit --method eap --verify 0`` on smollm2-135m (30 layers x 9 heads)
 _EAP_SMOLLM2_EDGES = [
     ((16, 0), (18, 7), "k", 1.7596),
