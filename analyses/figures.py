@@ -2034,13 +2034,26 @@ def _tolerance_point(axes, rows: Sequence[dict], loss_tolerance: float | None) -
         label += f",\n{what}; within_tolerance: {_tolerance_flag(chosen)}"
     if loss_tolerance is not None:  # in the legend too (kv_policy_curve takes the lower panel's entries and this)
         axes[0].axhline(loss_tolerance, color=color, lw=0.7, ls=":", label=_TOLERANCE_LINE.format(loss_tolerance))
-    if interval:
+    marker: dict[str, Any] = {"color": color, "ms": 5, "mec": "black", "mew": 0.5, "label": label}
+    if interval:  # one errorbar artist, the diamond and its whisker: the legend's glyph shows both
         bars = axes[0].errorbar(
-            [x], [y], yerr=[[max(y - lo, 0.0)], [max(hi - y, 0.0)]], color=color, lw=0.9, capsize=2, fmt="none"
+            [x], [y], yerr=[[max(y - lo, 0.0)], [max(hi - y, 0.0)]], fmt="D", lw=0.9, capsize=2, **marker
         )
         bars.lines[2][0].set_gid("tolerance_interval")
-    for ax, key in zip(axes, ("natural_loss_increase", "copy_accuracy")):
-        ax.plot([x], [chosen[key]], "D", color=color, ms=5, mec="black", mew=0.5, label=label)
+    else:
+        axes[0].plot([x], [y], "D", **marker)
+    axes[1].plot([x], [chosen["copy_accuracy"]], "D", **marker)
+
+
+def _uniform_windows(rows: Sequence[dict]) -> str:
+    """The uniform entry's end, a comma and a second line ``W' = 504, 1016 tokens, left to right``: the
+    uniform rows' ``uniform_window`` (curve.csv's column, tokens; ``full`` where the control is the full
+    cache) in the order of their KV fractions; "" where the rows have no such column (a curve.csv
+    written before it)."""
+    if not rows or not any("uniform_window" in r for r in rows):
+        return ""
+    ws = [r.get("uniform_window") for r in sorted(rows, key=lambda r: r["kv_fraction"])]
+    return ",\nW' = " + ", ".join("full" if w is None or w != w else f"{int(w)}" for w in ws) + " tokens, left to right"
 
 
 @_styled
@@ -2054,17 +2067,22 @@ def kv_policy_curve(rows: Sequence[dict], title: str, loss_tolerance: float | No
     budget. ``rows`` as :func:`headprobe.analyses.kvpolicy.curve_row`;
     a row with ``target == "loss_tolerance"`` (the policy ``--loss-tolerance`` chose, and its
     controls) is not on the budget lines: its chosen policy is drawn as its own labelled point and
-    ``loss_tolerance`` (nats/token) as a dotted line."""
+    ``loss_tolerance`` (nats/token) as a dotted line. The uniform entry lists each budget's ``W'``
+    (tokens, left to right) where the rows have curve.csv's ``uniform_window``."""
+    from matplotlib.container import ErrorbarContainer
+    from matplotlib.legend_handler import HandlerErrorbar
+
     fig = _figure(COLUMN_WIDTH, 4.0)
     axes = fig.subplots(2, 1, sharex=True)
     styles = {
         "chosen": ("#0072B2", "o", "chosen groups full"),
-        "uniform": ("#E69F00", "s", "uniform: one window W' on every group, same KV memory"),
+        "uniform": ("#E69F00", "s", "uniform: one window W' on every group, same KV memory"),  # + W' where known
         "random": ("#009E73", "^", "random groups full"),
     }
     on_curve = [r for r in rows if r.get("target") != "loss_tolerance"]
     for kind, (color, marker, label) in styles.items():
         sel = [r for r in on_curve if r["policy"] == kind]
+        label += _uniform_windows(sel) if kind == "uniform" else ""
         budgets = sorted({r["budget"] for r in sel})
         # whiskers (and their legend glyph) only where a budget has several runs (random seeds) to span
         spread = any(sum(r["budget"] == b for r in sel) > 1 for b in budgets)
@@ -2091,8 +2109,25 @@ def kv_policy_curve(rows: Sequence[dict], title: str, loss_tolerance: float | No
     axes[1].set_xlabel("KV cache (fraction of the full cache)")
     axes[0].set_title(title)
     handles, labels = axes[1].get_legend_handles_labels()
+    upper = dict(zip(*reversed(axes[0].get_legend_handles_labels())))
+    # the glyph with whiskers where only the upper panel draws them (the --loss-tolerance point's interval),
+    # whiskers long enough to show past the diamond (matplotlib's default, half the font size, hides them)
+    only_upper = {
+        t: upper[t]
+        for h, t in zip(handles, labels)
+        if isinstance(upper.get(t), ErrorbarContainer) and not isinstance(h, ErrorbarContainer)
+    }
+    handles = [only_upper.get(t, h) for h, t in zip(handles, labels)]
     tolerance = [(h, t) for h, t in zip(*axes[0].get_legend_handles_labels()) if t.startswith("--loss-tolerance ")]
     handles, labels = handles + [h for h, _ in tolerance], labels + [t for _, t in tolerance]
     # one column: the uniform entry and the tolerance point's are long (two columns ran past the figure's edges)
-    fig.legend(handles, labels, loc="outside lower center", frameon=False, fontsize=5.5, ncols=1)
+    fig.legend(
+        handles,
+        labels,
+        loc="outside lower center",
+        frameon=False,
+        fontsize=5.5,
+        ncols=1,
+        handler_map={h: HandlerErrorbar(yerr_size=1.0) for h in only_upper.values()},
+    )
     return fig

@@ -644,34 +644,64 @@ def matched_random_policy(
     return policy_with_full(layout, drawn, streaming, candidates)
 
 
-def matched_uniform_policy(
-    layout, positions: int, streaming: Streaming, candidates: list[tuple[int, int]], seq_len: int
+def uniform_window_policy(
+    layout, window: int | None, streaming: Streaming, candidates: list[tuple[int, int]]
 ) -> KVPolicy:
-    """Every candidate streaming with ``streaming.sink`` sinks and one window ``W'``, the largest
-    whose cache is at most ``positions`` (all candidates full when that fits), other groups as the
-    model has them. Without sliding-window layers this is :func:`uniform_policy`."""
+    """Every candidate streaming with ``streaming.sink`` sinks and the window ``window`` (tokens;
+    None: every candidate full), other groups as the model has them."""
+    if window is None:
+        return policy_with_full(layout, candidates, streaming, candidates)
+    return policy_with_full(layout, [], Streaming(streaming.sink, window), candidates)
 
-    def policy(w: int | None) -> KVPolicy:
-        return policy_with_full(layout, candidates if w is None else [], Streaming(streaming.sink, w or 1), candidates)
 
+def matched_uniform_window(
+    layout, positions: int, streaming: Streaming, candidates: list[tuple[int, int]], seq_len: int
+) -> int | None:
+    """``W'`` (tokens): the largest window, at least 1, whose :func:`uniform_window_policy` caches at
+    most ``positions`` (KV positions over all groups at ``seq_len``: :func:`_positions`, the KV
+    memory in bytes over the bytes of one position); None where every candidate full fits (or no
+    window is shorter than ``seq_len - sink``). The one place the uniform control's window is chosen:
+    :func:`matched_uniform_policy` and curve.csv's ``uniform_window`` take it from here."""
     hi = seq_len - streaming.sink
-    if hi < 1 or _positions(layout, policy(hi), seq_len) <= positions:
-        return policy(None)
+    if hi < 1 or _positions(layout, uniform_window_policy(layout, hi, streaming, candidates), seq_len) <= positions:
+        return None
     lo = 1  # the widest window that fits, at least 1
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if _positions(layout, policy(mid), seq_len) <= positions else (lo, mid)
-    return policy(lo)
+        fits = _positions(layout, uniform_window_policy(layout, mid, streaming, candidates), seq_len) <= positions
+        lo, hi = (mid, hi) if fits else (lo, mid)
+    return lo
+
+
+def matched_uniform_policy(
+    layout, positions: int, streaming: Streaming, candidates: list[tuple[int, int]], seq_len: int
+) -> KVPolicy:
+    """Every candidate streaming with ``streaming.sink`` sinks and one window ``W'``
+    (:func:`matched_uniform_window`: the largest whose cache is at most ``positions``; all candidates
+    full when that fits), other groups as the model has them. Without sliding-window layers this is
+    :func:`uniform_policy`."""
+    w = matched_uniform_window(layout, positions, streaming, candidates, seq_len)
+    return uniform_window_policy(layout, w, streaming, candidates)
 
 
 def curve_row(
-    kind: str, budget: float, seed: int | None, policy: KVPolicy, quality: Quality, full: Quality, layout, seq_len: int
+    kind: str,
+    budget: float,
+    seed: int | None,
+    policy: KVPolicy,
+    quality: Quality,
+    full: Quality,
+    layout,
+    seq_len: int,
+    uniform_window: int | None = None,
 ) -> dict:
     """One row of the quality-memory curve: the policy's exact KV bytes
     (:func:`~headprobe.probe.layout.cost.policy_cost` at ``seq_len``, one sequence) and its quality
     against the full cache's (increases in nats/token, accuracy drop in 0..1), with the 95% intervals
     of the increase and the drop (:func:`against_full`: ``*_ci95_lo``/``*_ci95_hi``, NaN where a
-    Quality lacks its per-token values)."""
+    Quality lacks its per-token values). ``uniform_window``: the uniform control's window ``W'``
+    (tokens, :func:`matched_uniform_window`), None on every other row and where that control is the
+    full cache."""
     from headprobe.probe.layout.cost import policy_cost
 
     pc = policy_cost(layout, policy, seq_len)
@@ -680,6 +710,7 @@ def curve_row(
         "budget": budget,
         "seed": seed,
         "n_full_groups": pc.n_full_groups,
+        "uniform_window": uniform_window,
         "kv_bytes": pc.kv_bytes,
         "kv_fraction": pc.kv_fraction,
         "natural_loss": quality.natural_loss,
@@ -738,21 +769,25 @@ def compare_at(
     """The chosen policy (``full_groups`` full, the other :func:`streaming_candidates` streaming),
     the same window on every candidate at the same memory (:func:`matched_uniform_policy`) and
     random candidates full at the same memory (:func:`matched_random_policy`, one per seed), each
-    measured exactly (:func:`evaluate`); rows as :func:`curve_row` with ``budget = label``, the
+    measured exactly (:func:`evaluate`); rows as :func:`curve_row` with ``budget = label`` (the
+    uniform row with its window ``W'``, :func:`matched_uniform_window`), the
     chosen row with :func:`comparison_columns` against uniform and the random rows' mean (the
     differences token by token, from the same evaluations)."""
     T = natural.shape[1]
     cands = streaming_candidates(layout, streaming)
     chosen = policy_with_full(layout, full_groups, streaming, cands)
+    w = matched_uniform_window(layout, _positions(layout, chosen, T), streaming, cands, T)
     policies: list[tuple[str, int | None, KVPolicy]] = [
         ("chosen", None, chosen),
-        ("uniform", None, matched_uniform_policy(layout, _positions(layout, chosen, T), streaming, cands, T)),
+        ("uniform", None, uniform_window_policy(layout, w, streaming, cands)),
     ]
     policies += [("random", s, matched_random_policy(layout, full_groups, streaming, cands, T, s)) for s in seeds]
     rows, qualities = [], []
     for kind, seed, policy in policies:
         qualities.append(evaluate(model, natural, start, lr, policy))
-        rows.append(curve_row(kind, label, seed, policy, qualities[-1], full, layout, T))
+        rows.append(
+            curve_row(kind, label, seed, policy, qualities[-1], full, layout, T, w if kind == "uniform" else None)
+        )
         if progress is not None:
             progress()
     chosen_q, uniform_q, random_q = qualities[0], qualities[1], qualities[2:]

@@ -1,4 +1,4 @@
-"""Redraw the committed study, training, prune, circuit, diff, atlas and scan figures from the numbers their runs saved.
+"""Redraw the committed study, training, prune, circuit, diff, atlas, kv, ablate and scan figures from the numbers their runs saved.
 
 Usage: ``.venv/bin/python scripts/redraw_figures.py [--check] [figures | figures/RUN]``
 
@@ -18,10 +18,15 @@ the run (the same top heads as summary.json, each type's ablated heads the top k
 table, the same K-composition numbers, the patterns of patterns.npz to its uint8 precision) and
 stops otherwise. The ablation figure itself is not redrawn; rerun the scan for it.
 
-``--check`` writes nothing: it draws each scan directory's figures as PNGs elsewhere and says which
-committed PNG differs from them (:func:`check_scan`; exit status 1 if one does): whether the
-committed figures still are what the code draws. Other runs are named as not checked (their tables
-are rounded to 5 decimals, so a redraw differs from the run's own figure by a little).
+A kv directory (``summary.json`` + ``curve.csv``) is redrawn from its curve.csv and summary.json's
+model and config (:func:`redraw_kv`), an ablate directory (``summary.json`` + ``head_ablation.csv``)
+from its table (:func:`redraw_ablate`), each with the function the command draws with.
+
+``--check`` writes nothing: it draws each scan, kv and ablate directory's figures as PNGs elsewhere
+and says which committed PNG differs from them (:func:`check_scan`, :func:`check_run`; exit status 1
+if one does): whether the committed figures still are what the code draws. Other runs are named as
+not checked (their tables are rounded to 5 decimals, so a redraw differs from the run's own figure by
+a little).
 """
 
 from __future__ import annotations
@@ -140,6 +145,52 @@ def redraw_prune(d: Path) -> list[Path]:
     )
     fig = figs.pruning_methods_plot(curves, bands, METRICS, title, saved=saved, xlabel=xlabel)
     return figs.save_figure(fig, d / "pruning_curve")
+
+
+def _save(figures: dict, d: Path, out: Path | None, formats) -> list[Path]:
+    """Save ``figures`` (``{stem: Figure}``) into ``out`` (default ``d``) in ``formats`` (None: the
+    formats ``d`` holds of each, else ``$HEADPROBE_FIGURE_FORMATS`` or all three)."""
+    from headprobe.analyses.figures import FORMATS, save_figure
+
+    written = []
+    for name, fig in figures.items():
+        kept = [f for f in FORMATS if (d / f"{name}.{f}").is_file()]
+        written += save_figure(fig, (out or d) / name, formats=formats or kept or None)
+    return written
+
+
+def redraw_kv(d: Path, out: Path | None = None, formats=None) -> list[Path]:
+    """Redraw a kv run's kv_curve figure from its curve.csv and summary.json's model and config with
+    today's figure code (:func:`headprobe.commands.kv_core.curve_figure`, what the command draws), into
+    ``out`` (default ``d``). A curve.csv written before the ``uniform_window`` column draws the
+    uniform entry without W'."""
+    from headprobe.commands.kv_core import curve_figure
+
+    meta = json.loads((d / "summary.json").read_text())
+    rows = pd.read_csv(d / "curve.csv").to_dict("records")
+    return _save({"kv_curve": curve_figure(rows, meta["model"], meta["config"])}, d, out, formats)
+
+
+def redraw_ablate(d: Path, out: Path | None = None, formats=None) -> list[Path]:
+    """Redraw an ablate run's figure (ablation_effect, or ablation_estimate with ``--estimate``) from
+    its head_ablation.csv and summary.json (model, weights, ablation kind, removed heads) with today's
+    figure code (:func:`headprobe.commands.ablate_core.ablation_figures`, what the command draws),
+    into ``out`` (default ``d``)."""
+    from headprobe.analyses.figures import removed_cells, weights_label
+    from headprobe.commands.ablate_core import ESTIMATE_COLUMN, ablation_figures
+    from headprobe.probe.core.heads import parse_heads
+
+    meta, t = json.loads((d / "summary.json").read_text()), pd.read_csv(d / "head_ablation.csv")
+    shape = (int(t["layer"].max()) + 1, int(t["head"].max()) + 1)
+    t = t.sort_values(["layer", "head"])
+    estimate = meta["config"].get("estimate")
+    column = ESTIMATE_COLUMN[estimate] if estimate else "loss_delta"
+    maps = [t[f"{task}_{column}"].to_numpy(dtype=float).reshape(shape) for task in ("natural", "repeated")]
+    removed = parse_heads(",".join(meta.get("removed_heads", [])), *shape) if meta.get("removed_heads") else []
+    tag = f"{meta['model']} ({weights_label(meta['weights_precision'])}), {meta['config']['kind']}-ablated"
+    group_size = shape[1] // (int(t["kv_head"].max()) + 1)
+    figures = ablation_figures(maps, tag, group_size, removed_cells(*shape, removed), estimate)
+    return _save(figures, d, out, formats)
 
 
 def redraw_atlas(d: Path) -> list[Path]:
@@ -264,6 +315,40 @@ def redraw_scan(
     return [p for stem in chosen for p in save_figure(makers[stem](), (out or d) / stem, formats=formats)]
 
 
+def _kind(d: Path) -> str | None:
+    """Which command's run directory ``d`` is, by the files it holds: ``scan``, ``kv`` or ``ablate``
+    (the runs ``--check`` compares), or None."""
+    if not (d / "summary.json").is_file():
+        return None
+    for kind, table in (("scan", "head_scores.csv"), ("kv", "curve.csv"), ("ablate", "head_ablation.csv")):
+        if (d / table).is_file():
+            return kind
+    return None
+
+
+def check_run(d: Path, redraw, tol: float = 1.0) -> list[str]:
+    """Whether a run directory's committed PNGs are what ``redraw`` (:func:`redraw_kv`,
+    :func:`redraw_ablate`; ``redraw(d, out, formats)``) draws today: drawn as PNGs into a temporary
+    folder and compared as :func:`check_scan` does. Returns one line per figure that differs or is
+    missing (empty: all equal)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return _differ(d, redraw(d, Path(tmp), "png"), tol)
+
+
+def _differ(d: Path, drawn: list[Path], tol: float) -> list[str]:
+    """One line per PNG of ``drawn`` whose namesake in ``d`` is missing or differs (:func:`_compare`)."""
+    out = []
+    for p in drawn:
+        kept = d / p.name
+        if not kept.is_file():
+            out.append(f"{kept}: not committed")
+        elif (why := _compare(kept, p, tol)) is not None:
+            out.append(f"{kept}: differs from today's drawing ({why})")
+    return out
+
+
 def check_scan(d: Path, model=None, stems: Sequence[str] | None = None, tol: float = 1.0) -> list[str]:
     """Whether a scan directory's committed PNGs are what today's code draws from its numbers: each
     figure :func:`redraw_scan` draws (``stems`` only, where given) is drawn as a PNG into a temporary
@@ -277,14 +362,7 @@ def check_scan(d: Path, model=None, stems: Sequence[str] | None = None, tol: flo
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        differ = []
-        for drawn in redraw_scan(d, model, stems, Path(tmp), formats="png"):
-            kept = d / drawn.name
-            if not kept.is_file():
-                differ.append(f"{kept}: not committed")
-            elif (why := _compare(kept, drawn, tol)) is not None:
-                differ.append(f"{kept}: differs from today's drawing ({why})")
-        return differ
+        return _differ(d, redraw_scan(d, model, stems, Path(tmp), formats="png"), tol)
 
 
 def _compare(expected: Path, actual: Path, tol: float) -> str | None:
@@ -309,7 +387,9 @@ def main(argv: list[str]) -> None:
     )
     parser.add_argument("root", nargs="?", default="figures", help="a run's directory or a folder of them (figures)")
     parser.add_argument(
-        "--check", action="store_true", help="write nothing; say which committed scan PNG differs (scan runs only)"
+        "--check",
+        action="store_true",
+        help="write nothing; say which committed PNG differs (scan, kv and ablate runs only)",
     )
     args = parser.parse_args(argv)
     check, root = args.check, Path(args.root)
@@ -318,17 +398,24 @@ def main(argv: list[str]) -> None:
     written, differ, unchecked = [], [], []
     runs = ("study.json", "train_log.csv", "summary.json")  # a run's own directory, or a folder of them
     for d in [root] if any((root / f).is_file() for f in runs) else sorted(root.iterdir()):
+        kind = _kind(d)
         if check:
-            if (d / "summary.json").is_file() and (d / "head_scores.csv").is_file():
+            if kind == "scan":
                 differ += check_scan(d)
+            elif kind is not None:
+                differ += check_run(d, redraw_kv if kind == "kv" else redraw_ablate)
             elif d.is_dir():
                 unchecked.append(d.name)
         elif (d / "study.json").is_file():
             written += redraw_study(d)
         elif (d / "train_log.csv").is_file():
             written += redraw_train(d)
-        elif (d / "summary.json").is_file() and (d / "head_scores.csv").is_file():
+        elif kind == "scan":
             written += redraw_scan(d)
+        elif kind == "kv":
+            written += redraw_kv(d)
+        elif kind == "ablate":
+            written += redraw_ablate(d)
         elif (d / "pruning_curve.csv").is_file():
             written += redraw_prune(d)
         elif (d / "edges.csv").is_file():
@@ -340,7 +427,7 @@ def main(argv: list[str]) -> None:
     for line in [str(p) for p in written] + differ:
         print(line)
     if unchecked:
-        print(f"not checked (--check compares scan runs only): {', '.join(unchecked)}")
+        print(f"not checked (--check compares scan, kv and ablate runs only): {', '.join(unchecked)}")
     if differ:
         raise SystemExit(1)
 

@@ -1065,14 +1065,18 @@ def test_the_kv_curves_loss_tolerance_line_is_in_the_legend():
     assert not any("--loss-tolerance" in t.get_text() for t in no_tolerance.legends[0].get_texts())
 
 
+@pytest.mark.parametrize("tolerance_ci", [None, (0.01, 0.09), (np.nan, np.nan)])
 @pytest.mark.parametrize("n_random", [1, 3])
-def test_the_kv_curves_legend_shows_whiskers_only_for_series_that_draw_them(n_random):
+def test_the_kv_curves_legend_shows_whiskers_only_for_series_that_draw_them(n_random, tolerance_ci):
     """kv_curve.png's legend showed an error-bar glyph for every policy while only the random policies (over 2+
     seeds) and the --loss-tolerance point drew whiskers; and "same window, every group" hid that the uniform
     policy's window W' is wider than --window (the same KV memory). Every legend glyph with whiskers (a
     LineCollection) names a series whose drawn whiskers have length somewhere; every drawn series with whiskers
-    of length is named with whiskers; the uniform entry says W' and the same memory."""
+    of length is named with whiskers; the uniform entry says W' and the same memory. The --loss-tolerance
+    point (``tolerance_ci``: its row's interval, or none) draws its whisker in the upper panel only: its glyph
+    had none (old code: the lower panel's plain diamond)."""
     from matplotlib.collections import LineCollection
+    from matplotlib.lines import Line2D
 
     rows = [{"policy": "full", "budget": 1.0, "kv_fraction": 1.0, "natural_loss_increase": 0.0, "copy_accuracy": 0.7}]
     for b in (0.25, 0.5):
@@ -1085,7 +1089,13 @@ def test_the_kv_curves_legend_shows_whiskers_only_for_series_that_draw_them(n_ra
                 {"policy": "random", "budget": b, "seed": seed, "kv_fraction": b}
                 | {"natural_loss_increase": 0.2 / b + 0.01 * seed, "copy_accuracy": b / 2 + 0.05 * seed}
             )
-    fig = figs.kv_policy_curve(rows, "t")
+    if tolerance_ci is not None:
+        rows.append(
+            {"policy": "chosen", "target": "loss_tolerance", "budget": 0.4, "n_full_groups": 3, "kv_fraction": 0.4}
+            | {"natural_loss_increase": 0.05, "copy_accuracy": 0.5, "within_tolerance": None}
+            | dict(zip(("natural_loss_increase_ci95_lo", "natural_loss_increase_ci95_hi"), tolerance_ci))
+        )
+    fig = figs.kv_policy_curve(rows, "t", loss_tolerance=None if tolerance_ci is None else 0.06)
     legend = fig.legends[0]
     glyphs = {t.get_text(): h for t, h in zip(legend.get_texts(), legend.legend_handles)}
 
@@ -1097,11 +1107,41 @@ def test_the_kv_curves_legend_shows_whiskers_only_for_series_that_draw_them(n_ra
     for label, glyph in glyphs.items():
         drawn = whisker_length(label)
         assert isinstance(glyph, LineCollection) == (drawn > 0), (label, type(glyph).__name__, drawn)
-    assert sum(isinstance(g, LineCollection) for g in glyphs.values()) == (1 if n_random > 1 else 0)
+    with_interval = tolerance_ci is not None and np.isfinite(tolerance_ci[0])
+    assert sum(isinstance(g, LineCollection) for g in glyphs.values()) == int(n_random > 1) + int(with_interval)
+    if with_interval:  # the glyph's whisker reaches past its diamond (matplotlib's default length hid it)
+        (glyph,) = [g for t, g in glyphs.items() if t.startswith("chosen for --loss-tolerance")]
+        fig.canvas.draw()
+        (diamond,) = [a for a in legend.get_children()[0].findobj(Line2D) if a.get_marker() == "D"]
+        whisker = glyph.get_segments()[0]
+        height = fig.dpi_scale_trans.inverted().transform(glyph.get_transform().transform(whisker))[:, 1]
+        assert np.ptp(height) * 72 > 1.5 * diamond.get_markersize(), (np.ptp(height) * 72, diamond.get_markersize())
     uniform = [t for t in glyphs if t.startswith("uniform")]
     assert len(uniform) == 1 and "W'" in uniform[0] and "same KV memory" in uniform[0], list(glyphs)
     fig.set_dpi(figs.SAVE_DPI)
     assert all(_inside(fig, t) for t in legend.get_texts())  # the longer entry in two columns ran past the edges
+
+
+def test_the_kv_curves_uniform_entry_prints_w_prime_where_curve_csv_has_it():
+    """curve.csv's ``uniform_window`` (W', tokens) is printed in the uniform entry, left to right ("full"
+    where the control is the full cache); a curve.csv written before the column draws the entry without it."""
+    rows = []
+    for b, w in ((0.75, np.nan), (0.25, 246.0), (0.5, 504.0)):
+        for p in ("chosen", "uniform"):
+            rows.append(
+                {"policy": p, "budget": b, "kv_fraction": b, "natural_loss_increase": 0.1, "copy_accuracy": b}
+                | {"uniform_window": w if p == "uniform" else np.nan}
+            )
+    rows.append(rows[-1] | {"target": "loss_tolerance", "budget": 0.6, "kv_fraction": 0.6, "uniform_window": 9.0})
+
+    def uniform_label(rows) -> str:
+        texts = [t.get_text() for t in figs.kv_policy_curve(rows, "t").legends[0].get_texts()]
+        (label,) = [t for t in texts if t.startswith("uniform")]
+        return label
+
+    assert uniform_label(rows).endswith(",\nW' = 246, 504, full tokens, left to right")
+    old = uniform_label([{k: v for k, v in r.items() if k != "uniform_window"} for r in rows])
+    assert old == "uniform: one window W' on every group, same KV memory"
 
 
 # the top 20 edges of ``headprobe circuit --method eap --verify 0`` on smollm2-135m (30 layers x 9 heads)

@@ -705,3 +705,76 @@ def test_a_loss_tolerance_search_that_ends_early_leaves_a_complete_bar(tiny_toke
     assert len(search) == 1 and any("the loss tolerance's policy" in x for x in lines), lines
     counts = [re.search(r"(\d+)%\|.*?\| (\d+)/(\d+) ", x) for x in lines]
     assert all(m and m[1] == "100" and m[2] == m[3] for m in counts), lines
+
+
+def _window_identity(row: dict, chosen_bytes: int, n_groups: int, sink: int, per_position: int) -> int:
+    """The uniform row's W' (curve.csv's ``uniform_window``), checked against "same KV memory" as
+    kvpolicy defines it (:func:`kp.matched_uniform_window`: the widest window whose cache is at most the
+    chosen policy's), by hand: every group caches ``sink + W'`` positions of ``per_position`` bytes
+    (key and value, ``2 * d_head * bytes``), so the row's bytes are ``n_groups * (sink + W') *
+    per_position``, no more than the chosen policy's, and one token more of window would be more."""
+    w = row["uniform_window"]
+    assert w == int(w) and w >= 1, row
+    w = int(w)
+    assert row["kv_bytes"] == n_groups * (sink + w) * per_position, (row, w)
+    assert row["kv_bytes"] <= chosen_bytes < n_groups * (sink + w + 1) * per_position, (row, w, chosen_bytes)
+    return w
+
+
+@pytest.mark.parametrize("loss_tolerance", [None, 0.0])
+def test_the_uniform_window_written_is_the_kv_memory_it_claims(loss_tolerance, llama, text_file, tmp_path):
+    """curve.csv's ``uniform_window`` (W', tokens; no column before) on every uniform row, empty on the
+    others, is the window whose cache equals the uniform row's KV bytes and is the widest within the
+    chosen policy's (:func:`_window_identity`, from the model's config: layers x KV heads x (sink + W')
+    x 2 d_head x 4 bytes); the figure's uniform entry prints them."""
+    import pandas as pd
+
+    from headprobe.commands.kv_core import curve_figure
+
+    _, model = llama
+    budgets = (0.3, 0.5, 0.75)
+    r = run(model, tiny_kv(text_file, budgets=budgets, n_random=1, loss_tolerance=loss_tolerance), progress=False)
+    r.save(tmp_path)
+    curve = pd.read_csv(tmp_path / "curve.csv")
+    cfg = model.model.cfg
+    n_groups, per_position = cfg.n_layers * cfg.n_kv_heads, 2 * cfg.d_head * 4
+    full = curve[curve["policy"] == "full"].iloc[0]
+    assert full["kv_bytes"] == n_groups * 48 * per_position  # the bytes' unit, checked on the full cache
+    uniform = curve[curve["policy"] == "uniform"]
+    assert len(uniform) == len(budgets) + (loss_tolerance is not None)
+    windows = []
+    for _, u in uniform.iterrows():
+        chosen = curve[(curve["policy"] == "chosen") & (curve["budget"] == u["budget"])]
+        chosen = chosen[chosen["target"] == u["target"]].iloc[0]
+        windows.append(_window_identity(u.to_dict(), int(chosen["kv_bytes"]), n_groups, 2, per_position))
+    assert curve[curve["policy"] != "uniform"]["uniform_window"].isna().all()
+    assert ",uniform_window," in (tmp_path / "curve.csv").read_text().splitlines()[0] + ","
+    assert f",{windows[0]}," in (tmp_path / "curve.csv").read_text()  # a whole number of tokens, not 20.000000
+    assert r.summary()["uniform"]["uniform_window"] in windows
+    fig = curve_figure(curve.to_dict("records"), "m", r.summary()["config"])
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    on_curve = [w for w, t in zip(windows, uniform["target"]) if t != "loss_tolerance"]
+    assert any(f"W' = {', '.join(map(str, on_curve))} tokens" in t for t in labels), labels
+
+
+def test_the_committed_kv_runs_uniform_windows_are_their_kv_memory():
+    """The committed kv runs' curve.csv (figures/*kv*, whose uniform_window was added from each folder's
+    numbers): every uniform row's W' satisfies :func:`_window_identity` with the layout of the run's
+    policy_budget.json and the sink of its summary.json."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    runs = sorted(p for p in (Path(__file__).parents[1] / "figures").glob("*kv*") if (p / "curve.csv").is_file())
+    assert runs
+    for d in runs:
+        lay = json.loads((d / "policy_budget.json").read_text())["layout"]
+        sink = json.loads((d / "summary.json").read_text())["config"]["sink"]
+        assert lay["windows"] is None and lay["kv_lora_rank"] is None  # the hand identity is a global GQA one
+        n_groups, per_position = lay["n_layers"] * lay["n_kv_heads"], 2 * lay["d_head"] * lay["bytes_per_element"]
+        curve = pd.read_csv(d / "curve.csv")
+        for _, u in curve[curve["policy"] == "uniform"].iterrows():
+            chosen = curve[(curve["policy"] == "chosen") & (curve["budget"] == u["budget"])]
+            chosen = chosen[chosen["target"] == u["target"]].iloc[0]
+            _window_identity(u.to_dict(), int(chosen["kv_bytes"]), n_groups, sink, per_position)
+        assert curve[curve["policy"] != "uniform"]["uniform_window"].isna().all(), d

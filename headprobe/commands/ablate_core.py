@@ -395,36 +395,17 @@ class AblateResult(CompactRepr, WritesOutputs):
 
     def figures(self) -> dict[str, Figure]:
         """``{"ablation_effect": Figure}``: each head's loss change on both tasks, signed (or, with
-        ``--estimate``, ``{"ablation_estimate": Figure}``: the estimate, titled as one)."""
-        spec = self.spec
-        tag = f"{spec.name} ({figs.weights_label(spec.weights)}), {self.config.kind}-ablated"
-        removed = figs.removed_cells(spec.n_layers, spec.n_heads, sorted(_removed(spec)))
-        if self.config.estimate:
-            signed = ESTIMATE_SIGNED[self.config.estimate]
-            unit = estimate_axis_label(self.config.estimate)
-            fig = figs.ablation_effect_panels(
-                [
-                    ("natural text", self.tasks["natural"].estimated),
-                    ("repeated tokens (repeated half)", self.tasks["repeated"].estimated),
-                ],
-                spec.group_size,
-                estimate_title(self.config.estimate, tag),
-                cbar_label=unit,
-                removed=removed,
-                signed=signed,
-            )
-            return {"ablation_estimate": fig}
-        fig = figs.ablation_effect_panels(
-            [
-                ("natural text", self.tasks["natural"].effect),
-                ("repeated tokens (repeated half)", self.tasks["repeated"].effect),
-            ],
+        ``--estimate``, ``{"ablation_estimate": Figure}``: the estimate, titled as one):
+        :func:`ablation_figures`."""
+        spec, estimate = self.spec, self.config.estimate
+        maps = [self.tasks[t].estimated if estimate else self.tasks[t].effect for t in ("natural", "repeated")]
+        return ablation_figures(
+            maps,  # type: ignore[arg-type]
+            f"{spec.name} ({figs.weights_label(spec.weights)}), {self.config.kind}-ablated",
             spec.group_size,
-            f"Loss change from ablating one head\n{tag}",
-            cbar_label=ABLATION_EFFECT_LABEL,
-            removed=removed,
+            figs.removed_cells(spec.n_layers, spec.n_heads, sorted(_removed(spec))),
+            estimate,
         )
-        return {"ablation_effect": fig}
 
     def html(self) -> str:
         """The viewer page (``headprobe view``'s index.html) of this sweep: loss-change maps (ablated − clean) and the table."""
@@ -545,6 +526,36 @@ ESTIMATE_UNITS = {
 :func:`estimate_axis_label`): the signed ones estimate a loss change in nats/token; Michel et
 al.'s importance ``E|dL/dxi_h|`` is a derivative of the loss (nats) by the head's mask ``xi_h``
 (1 kept, 0 ablated)."""
+
+
+def ablation_figures(
+    maps: list[np.ndarray], tag: str, group_size: int, removed: np.ndarray, estimate: str | None
+) -> dict[str, Figure]:
+    """ablate's figure: ``{"ablation_effect": Figure}``, the natural-text and repeated-tokens tasks'
+    ``maps`` (``[layer, head]`` loss changes, nats/token; NaN: a removed head), signed, titled with
+    ``tag`` (model, weights, ablation kind); with ``estimate`` ``{"ablation_estimate": Figure}``, the
+    maps that estimate (:data:`ESTIMATE_COLUMN`), titled as one (:func:`estimate_title`).
+    ``removed``: ``[layer, head]`` booleans (:func:`~headprobe.analyses.figures.removed_cells`).
+    What ``headprobe ablate`` draws, and what scripts/redraw_figures.py redraws from head_ablation.csv."""
+    panels = list(zip(("natural text", "repeated tokens (repeated half)"), maps, strict=True))
+    if estimate:
+        fig = figs.ablation_effect_panels(
+            panels,
+            group_size,
+            estimate_title(estimate, tag),
+            cbar_label=estimate_axis_label(estimate),
+            removed=removed,
+            signed=ESTIMATE_SIGNED[estimate],
+        )
+        return {"ablation_estimate": fig}
+    fig = figs.ablation_effect_panels(
+        panels,
+        group_size,
+        f"Loss change from ablating one head\n{tag}",
+        cbar_label=ABLATION_EFFECT_LABEL,
+        removed=removed,
+    )
+    return {"ablation_effect": fig}
 
 
 def estimate_axis_label(method: str) -> str:

@@ -173,7 +173,8 @@ class KVResult(CompactRepr, WritesOutputs):
                     "the first sink and the last window keys; exact, the attention masked per group; "
                     "the window slides for every query, prompt included (kvpress's StreamingLLM "
                     "press instead prunes the cache once after a full-attention prefill)",
-                    "uniform": "every group streaming with one window at the same KV memory",
+                    "uniform": "every group streaming with one window W' at the same KV memory: the widest whose "
+                    "cache is at most the chosen policy's (uniform_window, tokens)",
                     "random": "as many groups full as the chosen policy, drawn at random",
                     "beats": "beats_uniform / beats_random: the chosen policy's natural loss increase no higher "
                     "and copy accuracy no lower than the other's (the random rows' mean), compared at the "
@@ -326,8 +327,6 @@ class KVResult(CompactRepr, WritesOutputs):
         """save's files: policy.json, policy_budget.json, group_costs.csv, curve.csv, the figure and,
         last, summary.json."""
 
-        from headprobe.analyses import figures
-
         def policy_files(out: Path) -> list[Path]:
             write_json(out / "policy.json", self.policy.to_dict())
             write_json(
@@ -341,19 +340,30 @@ class KVResult(CompactRepr, WritesOutputs):
             )
             return [out / "policy.json", out / "policy_budget.json"]
 
-        def curve_figure():
-            return figures.kv_policy_curve(
-                self.curve.to_dict("records"),
-                f"{self.spec.name}: KV policy at {self.config.seq_len} tokens "
-                f"(sink {self.config.sink}, window {self.config.window}; uniform: window W', same KV memory)",
-                loss_tolerance=self.config.loss_tolerance,
-            )
+        def curve():
+            return curve_figure(self.curve.to_dict("records"), self.spec.name, dataclasses.asdict(self.config))
 
         tables = {
             "group_costs.csv": self.group_table().to_csv(index=False, float_format="%.6f"),
-            "curve.csv": self.curve.to_csv(index=False, float_format="%.6f"),
+            # W' a whole number of tokens (an empty cell where it does not apply), not 504.000000
+            "curve.csv": self.curve.astype({"uniform_window": "Int64"}).to_csv(index=False, float_format="%.6f"),
         }
-        return dict(summary=self.summary, tables=tables, figures={"kv_curve": curve_figure}, extra=policy_files)
+        return dict(summary=self.summary, tables=tables, figures={"kv_curve": curve}, extra=policy_files)
+
+
+def curve_figure(rows: list[dict], model: str, config: dict):
+    """kv_curve's figure (:func:`~headprobe.analyses.figures.kv_policy_curve`) of curve.csv's ``rows``
+    for ``model`` run with ``config`` (a :class:`KVConfig` as a dict: summary.json's ``config``;
+    ``seq_len``, ``sink``, ``window`` and ``loss_tolerance`` read): what ``headprobe kv`` draws, and
+    what scripts/redraw_figures.py redraws from a committed run's curve.csv and summary.json."""
+    from headprobe.analyses import figures
+
+    return figures.kv_policy_curve(
+        rows,
+        f"{model}: KV policy at {config['seq_len']} tokens "
+        f"(sink {config['sink']}, window {config['window']}; uniform: window W', same KV memory)",
+        loss_tolerance=config.get("loss_tolerance"),
+    )
 
 
 def _mean(values) -> float:
