@@ -81,8 +81,8 @@ def test_unknown_text_gives_a_warning_and_no_verdict(tiny_llama_gqa, tmp_path):
     cfg = ScanConfig(model="tiny", n_natural=3, seq_len=16, n_repeated=3, period=6, k=2, n_random=4, text=str(text))
     result = run(tiny_llama_gqa, cfg, progress=False)
     # the natural task's warning, as fields: the report and the figures' caveat select by them
-    (warned,) = [w for w in result.warnings if w.kind == "task"]
-    assert warned.task == "natural" and "unknown to the tokenizer" in warned.reason
+    (warned,) = [w for w in result.warnings if (w.kind, w.task) == ("task", "natural")]
+    assert "unknown to the tokenizer" in warned.reason
     natural = [v for v in result.verifications if v.task == "natural"]
     assert natural and all(v.confirmed is None and v.verdict == "no verdict" and v.no_verdict for v in natural)
     summary = json.loads(json.dumps(result.summary()))
