@@ -830,6 +830,9 @@ def test_a_quick_scans_console_says_each_thing_once_and_consistently(
         "twice = 17 tokens with BOS (--period; --seq-len sets natural text only)"
     ), header
     assert header[1].startswith("batch: ") and result.repeated.tokens.shape == (3, 17)
+    # one control set's ablation: the natural text's 4 windows of 24 tokens (longer than the repeated 3 x 17)
+    assert "control-set ablations (4 sequences x 24 tokens per set)" in header[1], header
+    assert header[1].endswith("control sets of 4 sequences per pass"), header
 
 
 def test_the_top_heads_table_shows_only_ablated_heads_when_k_is_small(tiny_llama_gqa_native, word_text):

@@ -298,7 +298,7 @@ def batch_line(model: LoadedModel, config: ScanConfig) -> str | None:
     _scoring_plans(model, cfg)
     _metric_plans(model, cfg)
     assert cfg.seq_len is not None and cfg.period is not None  # set by resolved()
-    data = data_line(cfg, model.prepend_bos)
+    data = data_line(cfg, model.bos_name if model.prepend_bos else None)
     if not config.verify or not model.self_check.decomposition_ok:
         return data
     shapes = [(cfg.n_repeated, int(model.prepend_bos) + 2 * cfg.period), (cfg.n_natural, cfg.seq_len)]
@@ -306,15 +306,16 @@ def batch_line(model: LoadedModel, config: ScanConfig) -> str | None:
     return f"{data}\n{plan.line()}: {plan.items // b} control sets of {b} sequences per pass"
 
 
-def data_line(cfg: ScanConfig, bos: bool) -> str:
+def data_line(cfg: ScanConfig, bos: str | None) -> str:
     """The header line of the token sets at the lengths the run resolves (``cfg``): natural text, ``--n-natural``
     windows of ``--seq-len`` tokens; repeated tokens, ``--n-repeated`` random blocks of ``--period`` tokens, each
-    twice (after BOS where the model prepends one), whatever ``--seq-len`` is."""
+    twice (after ``bos``, the name of the token the model prepends: ``BOS``, an encoder's ``[CLS]``
+    (``LoadedModel.bos_name``); None where it prepends none), whatever ``--seq-len`` is."""
     assert cfg.period is not None  # set by ScanConfig.resolved
     return (
         f"data: natural text: {cfg.n_natural} windows of {cfg.seq_len} tokens (--seq-len); repeated: "
-        f"{cfg.n_repeated} random blocks of {cfg.period} tokens, each twice = {int(bos) + 2 * cfg.period} tokens"
-        f"{' with BOS' if bos else ''} (--period; --seq-len sets natural text only)"
+        f"{cfg.n_repeated} random blocks of {cfg.period} tokens, each twice = {int(bos is not None) + 2 * cfg.period} "
+        f"tokens{f' with {bos}' if bos else ''} (--period; --seq-len sets natural text only)"
     )
 
 
