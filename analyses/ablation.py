@@ -242,7 +242,8 @@ def set_plan(model: LoadedModel, batch: int, seq_len: int, max_batch: int | None
         HeadprobeError: one set's ablation of the batch does not fit (one line, before any allocation).
     """
     per = forward_sequence_bytes(model.spec.layout, seq_len, model.spec.d_vocab, model.dtype.itemsize, streams=1)
-    return memory.plan(per, model.device, batch, f"control-set ablations ({batch} x {seq_len} tokens)", 0, max_batch)
+    what = f"control-set ablations ({batch} sequences x {seq_len} tokens per set)"
+    return memory.plan(per, model.device, batch, what, 0, max_batch)
 
 
 @torch.inference_mode()

@@ -234,3 +234,66 @@ def evidence_text(row: Mapping, digits: int = 3) -> str:
     1 of 2 control sets reached the effect)`` or ``p = 0.0196 (0 of 50 control sets reached the effect)``."""
     why = stop_text(row)
     return f"{p_text(row, digits)} ({why + '; ' if why else ''}{reached_text(row)})"
+
+
+TASK_CONSEQUENCE = "its scores describe that failure and its ablations get no verdict"
+"""What a ``task`` warning (:class:`NoVerdictWarning`) says follows from its reason."""
+
+
+@dataclass(frozen=True)
+class NoVerdictWarning:
+    """One of a scan's ``warnings``: why verdicts were withheld, as fields (the terminal report and
+    the figures' caveat select by them) and as the line ``str()`` gives (summary.json's ``warnings``,
+    the terminal's ``WARNING:`` lines).
+
+    Attributes:
+        kind: ``"task"``: a task's clean loss cannot carry verdicts (no type judged on it gets one);
+            ``"type"``: one head type's test cannot reach a verdict; ``"other"``: a line read back
+            from a summary.json (:meth:`from_text`) in neither wording, ``reason`` the whole line.
+        reason: why, in words: the task's :func:`~headprobe.analyses.ablation.untrusted_task_reason`,
+            or the type's ``no_verdict``.
+        task: the task (``natural``, ``repeated``): the untrusted one, or the one a type is judged on
+            (None where a line read back does not say it).
+        head_type: the head type (``previous_token``) of a ``"type"`` warning, else None.
+    """
+
+    kind: str
+    reason: str
+    task: str | None = None
+    head_type: str | None = None
+
+    @classmethod
+    def for_task(cls, task: str, reason: str) -> NoVerdictWarning:
+        """The warning of a task whose clean loss cannot carry verdicts."""
+        return cls("task", reason, task=task)
+
+    @classmethod
+    def for_type(cls, head_type: str, reason: str, task: str | None = None) -> NoVerdictWarning:
+        """The warning of a head type's test that cannot reach a verdict (judged on ``task``)."""
+        return cls("type", reason, task=task, head_type=head_type)
+
+    @property
+    def type_name(self) -> str | None:
+        """``head_type`` as the texts write it (``previous-token``); None for a task's warning."""
+        return self.head_type.replace("_", "-") if self.head_type is not None else None
+
+    def __str__(self) -> str:
+        """The line: ``natural task: <reason>; its scores ...``, ``induction: no verdict: <reason>``."""
+        if self.kind == "task":
+            return f"{self.task} task: {self.reason}; {TASK_CONSEQUENCE}"
+        if self.kind == "type":
+            return f"{self.type_name}: no verdict: {self.reason}"
+        return self.reason
+
+    @classmethod
+    def from_text(cls, line: str) -> NoVerdictWarning:
+        """A warning read back from a saved summary.json's ``warnings`` line (its ``str()``:
+        ``str(from_text(line)) == line`` for every line); a line in neither wording is ``"other"``."""
+        task, sep, rest = line.partition(" task: ")
+        suffix = f"; {TASK_CONSEQUENCE}"
+        if sep and task and " " not in task and rest.endswith(suffix):
+            return cls.for_task(task, rest.removesuffix(suffix))
+        name, sep, reason = line.partition(": no verdict: ")
+        if sep and name and " " not in name:
+            return cls.for_type(name.replace("-", "_"), reason)
+        return cls("other", line)

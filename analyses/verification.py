@@ -637,11 +637,20 @@ def _verdicts(
         "sets_ablated": ablated,  # the top-k sets and every control set, each kind counted
         "plan": plan,
         "notes": notes,
-        "warnings": [
-            f"{v.head_type.replace('_', '-')}: no verdict: {v.no_verdict}" for v in out if v.tested and v.no_verdict
-        ],
+        "warnings": [str(w) for w in no_verdict_warnings(out)],
     }
     return out, design
+
+
+def no_verdict_warnings(verifications: Sequence[Verification]) -> list[verdicts.NoVerdictWarning]:
+    """A ``"type"`` warning (:class:`~headprobe.analyses.verdicts.NoVerdictWarning`) for each tested
+    verdict withheld (``no_verdict``: its draws cannot reach alpha, its task is untrusted), in
+    ``verifications``' order; the design record's ``warnings`` are their lines."""
+    return [
+        verdicts.NoVerdictWarning.for_type(v.head_type, v.no_verdict, v.task)
+        for v in verifications
+        if v.tested and v.no_verdict
+    ]
 
 
 def _pool_notes(tests: list[_Test], streams: list, settings: VerificationSettings) -> list[str]:

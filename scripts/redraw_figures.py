@@ -209,6 +209,28 @@ def redraw_atlas(d: Path) -> list[Path]:
     return written
 
 
+def _check_patterns(d: Path, examples: dict, fail) -> None:
+    """Call ``fail`` where a recomputed example pattern (``examples``, as
+    :func:`~headprobe.analyses.scoring.example_patterns`) is not the run's own attention, to
+    patterns.npz's uint8 steps (1/255); nothing to compare without patterns.npz or beyond its length."""
+    import numpy as np
+
+    from headprobe.analyses import viewer
+    from headprobe.analyses.detectors import DETECTORS
+
+    saved = viewer.load_patterns(d / "patterns.npz") if (d / "patterns.npz").is_file() else {}
+    for name, ex in examples.items():
+        kept = saved.get(DETECTORS[name].dataset)
+        rows, cols = ex["positions"]
+        if kept is not None and max(max(rows), max(cols)) < kept["pattern"].shape[-1]:
+            layer, head = ex["head"]
+            diff = np.abs(
+                np.asarray(kept["pattern"][layer, head], dtype=float)[np.ix_(rows, cols)] - ex["pattern"]
+            ).max()
+            if diff > 1 / 255:
+                fail(f"{name} pattern differs from patterns.npz by {diff:.4f}")
+
+
 def scan_result(d: Path, model=None, with_composition: bool = True):
     """The :class:`~headprobe.commands.scan.ScanResult` a scan directory's figures are drawn from (see
     the module docstring): its saved numbers, the patterns and (``with_composition``; 8 s of
@@ -218,16 +240,15 @@ def scan_result(d: Path, model=None, with_composition: bool = True):
     Raises:
         SystemExit: the redraw does not reproduce the run's numbers.
     """
-    import numpy as np
     import torch
 
     from headprobe import options
     from headprobe.analyses import metrics as head_metrics
-    from headprobe.analyses import viewer
     from headprobe.analyses.ablation import Verification, top_heads
     from headprobe.analyses.data import natural_text_tokens, read_text_file, repeated_random_tokens
     from headprobe.analyses.detectors import DETECTORS
     from headprobe.analyses.scoring import example_patterns
+    from headprobe.analyses.verdicts import NoVerdictWarning
     from headprobe.commands.scan import ScanConfig, ScanResult
     from headprobe.probe.core.heads import format_head
 
@@ -253,17 +274,7 @@ def scan_result(d: Path, model=None, with_composition: bool = True):
         if format_head(head) != summary["top_heads"][name][0]["head"]:
             fail(f"top {name} head {format_head(head)}, summary.json {summary['top_heads'][name][0]['head']}")
     examples = example_patterns(model, best, natural, repeated)
-    saved = viewer.load_patterns(d / "patterns.npz") if (d / "patterns.npz").is_file() else {}
-    for name, ex in examples.items():  # the same attention as the run's own, to patterns.npz's uint8 steps
-        kept = saved.get(DETECTORS[name].dataset)
-        rows, cols = ex["positions"]
-        if kept is not None and max(max(rows), max(cols)) < kept["pattern"].shape[-1]:
-            layer, head = ex["head"]
-            diff = np.abs(
-                np.asarray(kept["pattern"][layer, head], dtype=float)[np.ix_(rows, cols)] - ex["pattern"]
-            ).max()
-            if diff > 1 / 255:
-                fail(f"{name} pattern differs from patterns.npz by {diff:.4f}")
+    _check_patterns(d, examples, fail)
     composition = head_metrics.scan_composition(model) if config.metrics and with_composition else None
     recorded = summary.get("metrics", {}).get("k_composition_previous_token_to_induction")
     if composition is not None and recorded is not None:
@@ -287,7 +298,7 @@ def scan_result(d: Path, model=None, with_composition: bool = True):
         repeated,
         examples,
         {},
-        warnings=summary.get("warnings", []),
+        warnings=[NoVerdictWarning.from_text(w) for w in summary.get("warnings", [])],  # the lines, as fields
         composition=composition,
         verification=summary.get("verification", {}),
     )

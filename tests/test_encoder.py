@@ -257,6 +257,30 @@ def test_scan_of_a_tiny_bert_scores_encoder_types_and_states_its_metric(tiny_ber
     assert "1 - cos" in result.report()
 
 
+def test_an_encoders_header_names_its_first_token_cls_not_bos(bert, bert_ckpt, tiny_bert_scan):
+    """The header's data line said "= 13 tokens with BOS" for BERT, whose sequences start with
+    ``[CLS]`` (the scanned tokens' first id, named by its tokenizer); it names that token now, and
+    with ``--no-bos`` (no ``[CLS]``) the repeated sequences are two blocks alone."""
+    from headprobe.commands.scan_core import batch_line
+
+    cfg = tiny_bert_scan.config
+    first = bert.tokenizer.convert_ids_to_tokens(int(tiny_bert_scan.repeated.tokens[0, 0]))
+    assert first == "[CLS]" and tiny_bert_scan.repeated.tokens.shape[1] == 1 + 2 * cfg.period
+    data, batch = batch_line(bert, cfg).splitlines()
+    assert (
+        data.endswith(
+            f"{cfg.n_repeated} random blocks of {cfg.period} tokens, each twice = 13 tokens with [CLS] (--period; "
+            "--seq-len sets natural text only)"
+        )
+        and "BOS" not in data
+    ), data
+    # one control set's ablation: the natural text's 3 windows of 20 tokens (longer than 2 x 13)
+    assert "control-set ablations (3 sequences x 20 tokens per set)" in batch, batch
+    bare = wrap(bert_ckpt, backend="native", prepend_bos=False)  # --no-bos: neither [CLS] nor [SEP]
+    line = batch_line(bare, cfg).splitlines()[0]
+    assert "each twice = 12 tokens (--period" in line and "[CLS]" not in line and "BOS" not in line, line
+
+
 def test_an_encoders_scan_writes_no_clean_loss_it_did_not_measure(tiny_bert_scan):
     """An encoder measures no loss (its effects are 1 - cos, clean 0 by definition): summary.json
     wrote ``clean_loss_nats: {"natural": 0.0, "repeated": 0.0}`` and the report a 0.00 clean column;

@@ -462,6 +462,7 @@ def test_a_two_layer_models_figures_keep_their_layout(tiny_llama_gqa_native, tmp
     import warnings
 
     from headprobe.analyses import figures as figs
+    from headprobe.analyses.verdicts import NoVerdictWarning
     from headprobe.commands.scan import figure_makers
     from headprobe.commands.scan_core import NO_VERDICT_SHORT
 
@@ -470,10 +471,14 @@ def test_a_two_layer_models_figures_keep_their_layout(tiny_llama_gqa_native, tmp
     )
     result = run(tiny_llama_gqa_native, cfg, progress=False)
     result.warnings = [
-        "natural task: clean loss 4.65 nats is above ln(vocabulary) = 4.62: no better than a uniform "
-        "guess; its scores describe that failure and its ablations get no verdict",
-        "induction: no verdict: 2 control sets: its smallest p-value 1/3 = 0.333 cannot reach alpha = "
-        "0.05 after bh over 1 test (use --n-random 19 or more)",
+        NoVerdictWarning.for_task(
+            "natural", "clean loss 4.65 nats is above ln(vocabulary) = 4.62: no better than a uniform guess"
+        ),
+        NoVerdictWarning.for_type(
+            "induction",
+            "2 control sets: its smallest p-value 1/3 = 0.333 cannot reach alpha = 0.05 after bh over 1 test "
+            "(use --n-random 19 or more)",
+        ),
     ]
     for name, make in figure_makers(result).items():
         with warnings.catch_warnings():
@@ -492,15 +497,16 @@ def test_the_no_verdict_caveat_is_one_line_and_titles_stay_three_lines(tiny_llam
     warnings)", 4-5 lines on a column-wide figure, "first-/token" broken at its hyphen. The caveat is
     now one line (a lone type still named), every title at most 3 lines, no hyphenated term split,
     and every figure still says NO VERDICT; with no warning, no caveat."""
+    from headprobe.analyses.verdicts import NoVerdictWarning
     from headprobe.commands.scan import figure_makers
 
-    types = ["previous-token", "duplicate-token", "first-token", "positional", "induction"]
-    reason = ": no verdict: 10 control sets: its smallest p-value 1/11 = 0.091 cannot reach alpha = 0.05"
+    types = ["previous_token", "duplicate_token", "first_token", "positional", "induction"]
+    reason = "10 control sets: its smallest p-value 1/11 = 0.091 cannot reach alpha = 0.05"
     cfg = ScanConfig(
         model="tiny", n_natural=3, seq_len=16, n_repeated=2, period=6, k=3, verify=False, pattern_len=0, metrics=True
     )
     result = run(tiny_llama_gqa_native, cfg, progress=False)
-    result.warnings = [t + reason for t in types]
+    result.warnings = [NoVerdictWarning.for_type(t, reason) for t in types]
     for name, make in figure_makers(result).items():
         fig = make()
         titles = [t.get_text() for t in (fig._suptitle, *(ax.title for ax in fig.axes)) if t is not None]
@@ -512,9 +518,34 @@ def test_the_no_verdict_caveat_is_one_line_and_titles_stay_three_lines(tiny_llam
     from headprobe.commands.scan_core import CAVEAT_CHARS, NO_VERDICT_SHORT, no_verdict_caveat
 
     assert no_verdict_caveat(result.warnings) == NO_VERDICT_SHORT and len(NO_VERDICT_SHORT) <= CAVEAT_CHARS
-    assert no_verdict_caveat(["induction" + reason]) == "NO VERDICT for induction: see summary.json"
-    assert no_verdict_caveat(["natural task: clean loss above ln(vocabulary)"]).startswith("NO VERDICT for the natural")
-    assert no_verdict_caveat(["previous-token: low variance"]) == ""
+    induction = NoVerdictWarning.for_type("induction", reason)
+    assert no_verdict_caveat([induction]) == "NO VERDICT for induction: see summary.json"
+    natural = NoVerdictWarning.for_task("natural", "clean loss above ln(vocabulary)")
+    assert no_verdict_caveat([natural]).startswith("NO VERDICT for the natural")
+    assert no_verdict_caveat([NoVerdictWarning.from_text("previous-token: low variance")]) == ""  # neither wording
+
+
+def test_a_warning_read_back_from_summary_json_is_the_warning_written():
+    """summary.json keeps each warning as its line; the redraw reads the lines back as fields
+    (:meth:`NoVerdictWarning.from_text`): the same fields, the same line, a line in neither wording
+    kept whole as ``other``."""
+    from headprobe.analyses.verdicts import NoVerdictWarning
+
+    task = NoVerdictWarning.for_task("repeated", "clean loss 9.1 nats is above ln(vocabulary) = 4.6: a task: odd")
+    typ = NoVerdictWarning.for_type("first_token", "only 1 distinct control set exists: natural task: x")
+    assert str(task) == (
+        "repeated task: clean loss 9.1 nats is above ln(vocabulary) = 4.6: a task: odd; its scores describe that "
+        "failure and its ablations get no verdict"
+    )
+    assert str(typ) == "first-token: no verdict: only 1 distinct control set exists: natural task: x"
+    assert NoVerdictWarning.from_text(str(task)) == task
+    back = NoVerdictWarning.from_text(str(typ))  # the line does not say the task
+    assert (back.kind, back.head_type, back.reason, back.task, str(back)) == (
+        "type", "first_token", typ.reason, None, str(typ)
+    )  # fmt: skip
+    for line in ["previous-token: low variance", "natural task: unknown text", ""]:
+        other = NoVerdictWarning.from_text(line)
+        assert (other.kind, str(other)) == ("other", line)
 
 
 @pytest.mark.figures
@@ -728,12 +759,16 @@ def test_overview_colour_bar_note_follows_the_type_not_its_column_name(tiny_llam
         assert figs.overview_score_label(units) == want
 
 
-def test_a_quick_scans_console_says_each_thing_once_and_consistently(tiny_llama_gqa_native, word_text, capsys):
+def test_a_quick_scans_console_says_each_thing_once_and_consistently(
+    tiny_llama_gqa_native, word_text, capsys, monkeypatch
+):
     """README's quick look (``--n-random 10 --keep-n-random``) said each type's "cannot be CONFIRMED" three times
     (a NOTE per type before the verification, a WARNING per type and again on its p-value line) with two
     thresholds (19 and 99 in the first note, 99 in the others); its table listed 4 heads under "the top 10 of
     each type were ablated"; its zero-ablation rows showed 5 sets for 10 asked with no reason; and the
-    repeated sequences' length (``--period``, not ``--seq-len``) was said nowhere."""
+    repeated sequences' length (``--period``, not ``--seq-len``) was said nowhere. The report picks
+    its warnings by their fields, not their words: rewording them changes nothing else."""
+    from headprobe.analyses.verdicts import NoVerdictWarning
     from headprobe.commands.scan_core import batch_line
 
     cfg = ScanConfig(
@@ -772,6 +807,11 @@ def test_a_quick_scans_console_says_each_thing_once_and_consistently(tiny_llama_
     nat = [ln for ln in report.splitlines() if ln.startswith("  previous-token: ")]
     assert nat and nat[0].endswith("no verdict: see the natural task's WARNING above"), nat
     assert report.count("no better than a uniform guess") == 1, report
+    monkeypatch.setattr(NoVerdictWarning, "__str__", lambda w: f"reworded {w.kind} warning")
+    reworded = result.report()  # the task's WARNING reworded; the type's (too few draws) still left out
+    assert "WARNING: reworded task warning" in reworded and "reworded type warning" not in reworded, reworded
+    assert nat[0] in reworded.splitlines() and line in reworded.splitlines() and reworded.count("WARNING: ") == 2
+    monkeypatch.undo()
     # the table shows 4 of the 5 ablated heads per type, and says so
     assert "the top 5 of each type were ablated, the first 4 shown" in report
     rows = [ln for ln in report.splitlines() if ln.startswith("induction  ")]
@@ -790,6 +830,9 @@ def test_a_quick_scans_console_says_each_thing_once_and_consistently(tiny_llama_
         "twice = 17 tokens with BOS (--period; --seq-len sets natural text only)"
     ), header
     assert header[1].startswith("batch: ") and result.repeated.tokens.shape == (3, 17)
+    # one control set's ablation: the natural text's 4 windows of 24 tokens (longer than the repeated 3 x 17)
+    assert "control-set ablations (4 sequences x 24 tokens per set)" in header[1], header
+    assert header[1].endswith("control sets of 4 sequences per pass"), header
 
 
 def test_the_top_heads_table_shows_only_ablated_heads_when_k_is_small(tiny_llama_gqa_native, word_text):

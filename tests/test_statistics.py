@@ -80,11 +80,14 @@ def test_unknown_text_gives_a_warning_and_no_verdict(tiny_llama_gqa, tmp_path):
     text.write_text("The quick brown fox jumps over the lazy dog while reading documentation. " * 60, encoding="utf-8")
     cfg = ScanConfig(model="tiny", n_natural=3, seq_len=16, n_repeated=3, period=6, k=2, n_random=4, text=str(text))
     result = run(tiny_llama_gqa, cfg, progress=False)
-    assert any("unknown to the tokenizer" in w for w in result.warnings)
+    # the natural task's warning, as fields: the report and the figures' caveat select by them
+    (warned,) = [w for w in result.warnings if (w.kind, w.task) == ("task", "natural")]
+    assert "unknown to the tokenizer" in warned.reason
     natural = [v for v in result.verifications if v.task == "natural"]
     assert natural and all(v.confirmed is None and v.verdict == "no verdict" and v.no_verdict for v in natural)
     summary = json.loads(json.dumps(result.summary()))
-    assert summary["warnings"] == result.warnings
+    assert summary["warnings"] == [str(w) for w in result.warnings]  # the lines, as before
+    assert summary["warnings"][0].startswith("natural task: ")
     assert all(a["confirmed"] is None for a in summary["ablations"] if a["task"] == "natural")
     report = result.report()
     assert "WARNING" in report and not [line for line in report.splitlines() if line.rstrip().endswith("CONFIRMED")]

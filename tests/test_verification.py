@@ -320,7 +320,11 @@ def test_too_few_draws_confirm_nothing_and_say_so(tiny_llama_gqa, text_file, mon
         v.confirmed is None and "cannot reach alpha = 0.05" in v.no_verdict for v in result.verifications if v.tested
     )
     # the reason in full in summary.json's warnings; the report names the type once and says why in short
-    assert any(w.startswith("induction: no verdict: 5 control sets: its smallest p-value 1/6") for w in result.warnings)
+    assert any(
+        (w.kind, w.head_type, w.task) == ("type", "induction", "repeated")
+        and str(w).startswith("induction: no verdict: 5 control sets: its smallest p-value 1/6")
+        for w in result.warnings
+    )
     assert "WARNING: no verdict for induction: --n-random 5 is too few" in result.report()
 
 

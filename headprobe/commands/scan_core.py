@@ -43,7 +43,7 @@ from headprobe.analyses.data import (
 )
 from headprobe.analyses.scoring import example_patterns, score_plan, score_token_set, score_tokens  # noqa: F401 - score_token_set re-exported
 from headprobe.analyses.statistics import interval_rule, mean_ci
-from headprobe.analyses.verdicts import VerdictRule, evidence_text, verdict_counts
+from headprobe.analyses.verdicts import NoVerdictWarning, VerdictRule, evidence_text, verdict_counts
 from headprobe.analyses.verdicts import label as verdict_label
 from headprobe.commands.scan import DEFAULT_K, DEFAULT_PERIOD, DEFAULT_SEQ_LEN, EPILOG, HELP, ScanConfig  # noqa: F401
 from headprobe.probe.backends.base import LoadedModel
@@ -81,7 +81,9 @@ class ScanResult(CompactRepr, ReadsInputs):
         device: where the model ran.
         dtype: the precision the model ran in.
         self_check: the model's load-time self-check (:meth:`SelfCheck.to_dict`).
-        warnings: why a task's numbers cannot carry verdicts (unknown text, loss above ln(vocabulary)), one line each.
+        warnings: why verdicts were withheld: a task's numbers cannot carry them (unknown text, loss
+            above ln(vocabulary)) or a type's test cannot reach one, one
+            :class:`~headprobe.analyses.verdicts.NoVerdictWarning` each (``str()``: summary.json's line).
         score_ci95: column -> ``[2, layer, head]`` 95% t interval over sequences (columns that are a
             mean over sequences; not ``positional_*``, a most-frequent offset).
         patterns: every head's pattern on each token set's first sequence (``natural``, ``repeated``;
@@ -110,7 +112,7 @@ class ScanResult(CompactRepr, ReadsInputs):
     device: str = "cpu"
     dtype: str = "float32"
     self_check: dict | None = None
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[NoVerdictWarning] = field(default_factory=list)
     score_ci95: dict[str, np.ndarray] = field(default_factory=dict)
     patterns: dict | None = None
     metrics: dict = field(default_factory=dict)
@@ -296,7 +298,7 @@ def batch_line(model: LoadedModel, config: ScanConfig) -> str | None:
     _scoring_plans(model, cfg)
     _metric_plans(model, cfg)
     assert cfg.seq_len is not None and cfg.period is not None  # set by resolved()
-    data = data_line(cfg, model.prepend_bos)
+    data = data_line(cfg, model.bos_name if model.prepend_bos else None)
     if not config.verify or not model.self_check.decomposition_ok:
         return data
     shapes = [(cfg.n_repeated, int(model.prepend_bos) + 2 * cfg.period), (cfg.n_natural, cfg.seq_len)]
@@ -304,15 +306,16 @@ def batch_line(model: LoadedModel, config: ScanConfig) -> str | None:
     return f"{data}\n{plan.line()}: {plan.items // b} control sets of {b} sequences per pass"
 
 
-def data_line(cfg: ScanConfig, bos: bool) -> str:
+def data_line(cfg: ScanConfig, bos: str | None) -> str:
     """The header line of the token sets at the lengths the run resolves (``cfg``): natural text, ``--n-natural``
     windows of ``--seq-len`` tokens; repeated tokens, ``--n-repeated`` random blocks of ``--period`` tokens, each
-    twice (after BOS where the model prepends one), whatever ``--seq-len`` is."""
+    twice (after ``bos``, the name of the token the model prepends: ``BOS``, an encoder's ``[CLS]``
+    (``LoadedModel.bos_name``); None where it prepends none), whatever ``--seq-len`` is."""
     assert cfg.period is not None  # set by ScanConfig.resolved
     return (
         f"data: natural text: {cfg.n_natural} windows of {cfg.seq_len} tokens (--seq-len); repeated: "
-        f"{cfg.n_repeated} random blocks of {cfg.period} tokens, each twice = {int(bos) + 2 * cfg.period} tokens"
-        f"{' with BOS' if bos else ''} (--period; --seq-len sets natural text only)"
+        f"{cfg.n_repeated} random blocks of {cfg.period} tokens, each twice = {int(bos is not None) + 2 * cfg.period} "
+        f"tokens{f' with {bos}' if bos else ''} (--period; --seq-len sets natural text only)"
     )
 
 
@@ -407,7 +410,7 @@ def run(
         else ([], {})
     )
     timings["ablate_s"] = time.perf_counter() - t0
-    warnings += design.get("warnings", [])
+    warnings += verif.no_verdict_warnings(verifications)  # design["warnings"]: their lines
     timings.update(design.pop("timings_s", {}))  # the plan's time estimate
 
     examples, patterns = _patterns(model, cfg, scores, natural, repeated)
@@ -507,19 +510,15 @@ def _score_tasks(
 
 def _untrusted_tasks(
     model: LoadedModel, natural: TokenSet, clean: dict[str, float]
-) -> tuple[dict[str, str | None], list[str]]:
+) -> tuple[dict[str, str | None], list[NoVerdictWarning]]:
     """``(untrusted, warnings)``: each task's reason not to trust its clean loss
     (:func:`~headprobe.analyses.ablation.untrusted_task_reason`; None where trusted), and the
-    warning of each untrusted task."""
+    ``"task"`` warning of each untrusted task."""
     untrusted = {
         "natural": untrusted_task_reason(clean["natural"], model.spec.d_vocab, unknown_share(model, natural)),
         "repeated": untrusted_task_reason(clean["repeated"], model.spec.d_vocab),
     }
-    warnings = [
-        f"{task} task: {reason}; its scores describe that failure and its ablations get no verdict"
-        for task, reason in untrusted.items()
-        if reason
-    ]
+    warnings = [NoVerdictWarning.for_task(task, reason) for task, reason in untrusted.items() if reason]
     return untrusted, warnings
 
 
@@ -669,7 +668,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
             },
             "top_heads": top,
             "confirmed": confirmed,
-            "warnings": result.warnings,
+            "warnings": [str(w) for w in result.warnings],
             "verification": {**result.verification, **verification_rules(spec, result.rule)}
             if result.verifications
             else {},
@@ -782,13 +781,13 @@ title (a heatmap's, 3.25 in wide: about 55 characters); a longer one becomes :da
 NO_VERDICT_SHORT = "NO VERDICT: see summary.json warnings"
 
 
-def no_verdict_caveat(warnings: list[str]) -> str:
+def no_verdict_caveat(warnings: Sequence[NoVerdictWarning]) -> str:
     """The line a scan figure's title carries when some verdicts were withheld (a figure travels without
     the terminal's WARNING lines, and one without verdicts must not look like one with them): "NO VERDICT
     for induction: see summary.json" where that fits :data:`CAVEAT_CHARS`, else
     :data:`NO_VERDICT_SHORT`; "" when ``warnings`` (``ScanResult.warnings``) withhold none."""
-    tasks = [w.split(" task:")[0] for w in warnings if " task:" in w]
-    types = [w.split(": no verdict:")[0] for w in warnings if ": no verdict:" in w and " task:" not in w]
+    tasks = [w.task for w in warnings if w.kind == "task" and w.task is not None]  # a task's warning names it
+    types = [w.type_name for w in warnings if w.kind == "type" and w.type_name is not None]
     if not tasks and not types:
         return ""
     what = [f"the {' and '.join(tasks)} task{'s' if len(tasks) > 1 else ''}"] if tasks else []
@@ -961,16 +960,15 @@ def format_report(result: ScanResult) -> str:
     plan = (result.verification or {}).get("plan") or {}
     # every verdict withheld by too few draws: the plan's NOTE said why, once; here one line names the types
     short = plan.get("family", []) if plan and verif.short_draws(plan) else []
-    warnings = [
-        w for w in result.warnings if not any(w.startswith(f"{t.replace('_', '-')}: no verdict:") for t in short)
-    ]
+    warnings = [w for w in result.warnings if not (w.kind == "type" and w.head_type in short)]
+    said = [str(w) for w in warnings]
     if short:
-        warnings.insert(
+        said.insert(
             0,
             f"no verdict for {', '.join(t.replace('_', '-') for t in short)}: --n-random {plan['n_random']} is "
             f"too few (the NOTE before the verification says how many are enough)",
         )
-    lines += [f"WARNING: {w}" for w in warnings] + ([""] if warnings else [])
+    lines += [f"WARNING: {w}" for w in said] + ([""] if said else [])
     lines += _top_heads_table(result)
     if not result.verifications:
         lines.append("no ablation check (--no-verify): these are pattern scores, not verified findings")
@@ -1020,15 +1018,16 @@ def format_report(result: ScanResult) -> str:
     return "\n".join(lines)
 
 
-def _no_verdict_text(v: Verification, plan: dict, short: list[str], warnings: list[str]) -> str:
+def _no_verdict_text(v: Verification, plan: dict, short: list[str], warnings: Sequence[NoVerdictWarning]) -> str:
     """The end of ``v``'s evidence line in :func:`format_report` where it has no verdict: the draws'
     count alone where the report's WARNING names its type (``short``: withheld by too few draws), a
-    pointer to its task's WARNING where that says the reason, else the reason; "" with a verdict."""
+    pointer to its task's WARNING (of ``warnings``, those the report prints) where that says the
+    reason, else the reason; "" with a verdict."""
     if v.head_type in short:
         return f"; no verdict: --n-random {plan['n_random']} too few (WARNING above)"
     if not v.no_verdict:
         return ""
-    if any(w.startswith(f"{v.task} task: ") and v.no_verdict in w for w in warnings):
+    if any(w.kind == "task" and w.task == v.task and w.reason == v.no_verdict for w in warnings):
         return f"; no verdict: see the {v.task} task's WARNING above"
     return f"; no verdict: {v.no_verdict}"
 

@@ -35,6 +35,16 @@ class Tokenizing:
         return bos
 
     @property
+    def bos_name(self) -> str:
+        """What the texts call the token in front of every sequence: ``BOS`` for a decoder; for an
+        encoder, the tokenizer's own token of :attr:`bos_token_id` (BERT's ``[CLS]``; ``[CLS]`` where
+        it has none)."""
+        if self.spec.causal:
+            return "BOS"
+        name = self.tokenizer.convert_ids_to_tokens(self.bos_token_id) if self.bos_token_id is not None else None
+        return name if isinstance(name, str) and name else "[CLS]"
+
+    @property
     def end_token_id(self) -> int | None:
         """The token an encoder's input ends with (BERT's ``[SEP]``) when ``prepend_bos`` (its
         special tokens are on); None for decoders and without ``prepend_bos``."""
