@@ -211,9 +211,11 @@ def per_distance_quality(
     over them is the cluster-robust one with ``G - 1`` degrees of freedom that Cameron & Miller 2015
     (J. Human Resources 50(2):317-372, sec. VI) recommend for few clusters. The accuracy's bounds are
     clipped to [0, 1] and the loss's lower bound to 0 (a t interval over 2 or 3 sequences overshoots
-    the range). Where every sequence has the same value (all copied, typical of the full cache at
-    short range) the interval has zero width: it says the sequences agree, not that the accuracy is
-    known exactly.
+    the range). Where every sequence has the same accuracy (all copied, typical of the full cache at
+    short range) the t interval would have zero width, as if 4 sequences made the accuracy exact: the
+    accuracy's interval is then :func:`~headprobe.analyses.statistics.bounded_mean_ci`'s exact bound
+    with the sequence as the unit, whatever its number of tokens (all of 4 sequences copied:
+    Clopper-Pearson's ``[0.025^(1/4), 1] = [0.398, 1]``; the loss, continuous, keeps the t interval).
 
     Args:
         loss: per-token losses (nats), ``[sequence, block_len - 1]``.
@@ -226,14 +228,15 @@ def per_distance_quality(
         fewer than :data:`~headprobe.analyses.statistics.MIN_N_FOR_CI` sequences (no interval, never a
         made-up one: the default ``--n-per-distance 1``).
     """
-    from headprobe.analyses.statistics import mean_ci
+    from headprobe.analyses.statistics import bounded_mean_ci, mean_ci
 
     out: dict[int, dict[str, float]] = {}
     for d in distance.unique():
         rows = distance == d
         entry: dict[str, float] = {"n_sequences": int(rows.sum())}
-        for name, x, top in (("loss", loss[rows], math.inf), ("accuracy", hits[rows], 1.0)):
-            lo, hi = np.clip(mean_ci(x.double().mean(1).numpy()), 0.0, top)
+        for name, x in (("loss", loss[rows]), ("accuracy", hits[rows])):
+            per_seq = x.double().mean(1).numpy()
+            lo, hi = bounded_mean_ci(per_seq, 0.0, 1.0) if name == "accuracy" else np.clip(mean_ci(per_seq), 0, None)
             entry.update({name: float(x.mean()), f"{name}_ci95_lo": float(lo), f"{name}_ci95_hi": float(hi)})
         out[int(d)] = entry
     return out
@@ -259,9 +262,12 @@ def mean_quality(qualities: list[Quality]) -> Quality:
     )
 
 
-def paired_difference(a: Quality, b: Quality) -> dict[str, float]:
+def paired_difference(a: Quality, b: Quality, identical: bool = False) -> dict[str, float]:
     """``a`` minus ``b`` on the same tokens, with 95% intervals, from the evaluations' per-token
-    values (no forward pass): NaN everywhere where either lacks them.
+    values (no forward pass): NaN everywhere where either lacks them. ``identical``: the two are one
+    computation (the full cache against itself, or a policy that caches every position it does):
+    the difference is 0 on any sequence, not on these alone, and the copy accuracy's interval is
+    ``[0, 0]`` exactly.
 
     * ``natural_loss``: the mean of the per-token loss differences (nats/token) and its
       :func:`~headprobe.analyses.statistics.block_bootstrap_ci` (blocks of contiguous tokens
@@ -271,12 +277,17 @@ def paired_difference(a: Quality, b: Quality) -> dict[str, float]:
       (:func:`~headprobe.analyses.statistics.mean_ci`): a sequence's copied tokens come from one
       planted block and succeed or fail together, so the sequence is the unit; clipped to [-1, 1],
       the range of a difference of two accuracies (a t interval over 3 or 4 sequences overshoots it).
+      Where every sequence differs by the same amount (typically 0: both policies copy the same
+      tokens) the t interval would have zero width; it is then
+      :func:`~headprobe.analyses.statistics.bounded_mean_ci`'s exact bound: at most a share
+      ``1 - 0.025^(1/n)`` of sequences (Clopper-Pearson, 0 of ``n``) differ otherwise, by at most the
+      range, so all 0 over 4 sequences gives ``[-0.602, +0.602]``, not ``[0, 0]``.
 
     Returns:
         ``{"natural_loss", "natural_loss_ci95_lo", "natural_loss_ci95_hi", "copy_accuracy",
         "copy_accuracy_ci95_lo", "copy_accuracy_ci95_hi"}``.
     """
-    from headprobe.analyses.statistics import block_bootstrap_ci, mean_ci
+    from headprobe.analyses.statistics import block_bootstrap_ci, bounded_mean_ci
 
     nan = float("nan")
     out = dict.fromkeys(
@@ -290,7 +301,8 @@ def paired_difference(a: Quality, b: Quality) -> dict[str, float]:
         out.update(natural_loss=float(d.mean()), natural_loss_ci95_lo=float(lo), natural_loss_ci95_hi=float(hi))
     if a.copy_hits is not None and b.copy_hits is not None:
         per_seq = (a.copy_hits.double().mean(1) - b.copy_hits.double().mean(1)).numpy()  # [sequence]
-        lo, hi = np.clip(mean_ci(per_seq), -1.0, 1.0)  # a difference of two accuracies lies in [-1, 1]
+        # a difference of two accuracies lies in [-1, 1]; one computation differs by 0 on any sequence
+        lo, hi = (0.0, 0.0) if identical else bounded_mean_ci(per_seq, -1.0, 1.0)
         out.update(
             copy_accuracy=float(per_seq.mean()), copy_accuracy_ci95_lo=float(lo), copy_accuracy_ci95_hi=float(hi)
         )
@@ -719,17 +731,19 @@ def curve_row(
         "long_range_loss_increase": quality.long_range_loss - full.long_range_loss,
         "copy_accuracy": quality.copy_accuracy,
         "copy_accuracy_drop": full.copy_accuracy - quality.copy_accuracy,
-        **against_full(quality, full),
+        **against_full(quality, full, identical=quality is full or pc.kv_fraction == 1.0),
     }
 
 
-def against_full(quality: Quality, full: Quality) -> dict[str, float]:
+def against_full(quality: Quality, full: Quality, identical: bool = False) -> dict[str, float]:
     """The 95% intervals of ``quality``'s natural-loss increase (nats/token) and copy-accuracy drop
     (0..1) against the full cache's ``full``, from :func:`paired_difference` (no forward pass):
     ``natural_loss_increase_ci95_lo``/``_hi``, ``copy_accuracy_drop_ci95_lo``/``_hi`` (the drop is
     full minus policy: the accuracy difference's bounds negated and swapped); NaN where a Quality
-    lacks its per-token values."""
-    d = paired_difference(quality, full)
+    lacks its per-token values. ``identical``: the policy is the full cache in effect (it caches
+    every position the full cache does, :func:`curve_row`'s full row and a uniform row without a
+    window): the drop's interval is ``[0, 0]`` exactly, not the bound of sequences that agree."""
+    d = paired_difference(quality, full, identical)
     return {
         "natural_loss_increase_ci95_lo": d["natural_loss_ci95_lo"],
         "natural_loss_increase_ci95_hi": d["natural_loss_ci95_hi"],
@@ -772,7 +786,8 @@ def compare_at(
     measured exactly (:func:`evaluate`); rows as :func:`curve_row` with ``budget = label`` (the
     uniform row with its window ``W'``, :func:`matched_uniform_window`), the
     chosen row with :func:`comparison_columns` against uniform and the random rows' mean (the
-    differences token by token, from the same evaluations)."""
+    differences token by token, from the same evaluations; exactly 0 where both cache every position the
+    full cache does: :func:`paired_difference`'s ``identical``)."""
     T = natural.shape[1]
     cands = streaming_candidates(layout, streaming)
     chosen = policy_with_full(layout, full_groups, streaming, cands)
@@ -791,9 +806,11 @@ def compare_at(
         if progress is not None:
             progress()
     chosen_q, uniform_q, random_q = qualities[0], qualities[1], qualities[2:]
-    rows[0].update(comparison_columns("uniform", paired_difference(chosen_q, uniform_q)))
+    full_cache = [r["kv_fraction"] == 1.0 for r in rows]  # every position the full cache holds: the same computation
+    rows[0].update(comparison_columns("uniform", paired_difference(chosen_q, uniform_q, all(full_cache[:2]))))
     if random_q:
-        rows[0].update(comparison_columns("random_mean", paired_difference(chosen_q, mean_quality(random_q))))
+        d = paired_difference(chosen_q, mean_quality(random_q), all(full_cache))
+        rows[0].update(comparison_columns("random_mean", d))
     return rows
 
 

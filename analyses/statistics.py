@@ -57,6 +57,57 @@ def mean_ci(per_unit: np.ndarray, level: float = LEVEL) -> np.ndarray:
     return np.stack([m - half, m + half])
 
 
+EQUAL_ATOL = 1e-9
+"""Per-unit values closer than this (a float sum's rounding) count as equal in :func:`bounded_mean_ci`."""
+
+
+def bounded_mean_ci(
+    per_unit: np.ndarray | Sequence[float], low: float, high: float, level: float = LEVEL
+) -> np.ndarray:
+    """95% interval of the mean of a per-unit value bounded in ``[low, high]`` (an accuracy in
+    [0, 1], a difference of two in [-1, 1]) over ``n`` independent units (sequences).
+
+    Units that differ: :func:`mean_ci` clipped to the range. All ``n`` equal to ``v`` (to
+    :data:`EQUAL_ATOL`; a t interval would have zero width, as if the mean were known exactly):
+    the share of units in the population unlike ``v`` is at most ``b``, the exact Clopper-Pearson
+    upper bound for 0 of ``n`` (Clopper & Pearson 1934, Biometrika 26:404; ``1 - c``,
+    ``c = ((1 - level) / 2) ** (1 / n)``, two-sided as scipy's ``binomtest(0, n).proportion_ci()``;
+    the "rule of three" 3/n is its one-sided approximation, Hanley & Lippman-Hand 1983, JAMA
+    249:1743), and such a unit lies anywhere in the range, so the mean lies in
+    ``[low + (v - low) c, high - (high - v) c]``. At an edge (all 1 of an accuracy: ``[c, 1]``) this is
+    the Clopper-Pearson interval of ``n`` of ``n`` units; for all 0 of a difference ``[c - 1, 1 - c]``
+    (miss probability at most ``c ** n``, a 2.5% tail: conservative). The unit is the cluster
+    whatever its size ``m``: the Kish design effect ``1 + (m - 1) rho`` cannot be estimated when all
+    clusters agree, and at its largest (``rho = 1``, ``m``) the effective sample is the ``n`` units
+    (Korn & Graubard 1998, Survey Methodology 24:193, take Clopper-Pearson at the effective sample);
+    tokens as independent units would assume ``rho = 0`` (60 of 60: ``[0.940, 1]``; 4 sequences of
+    15: ``[0.398, 1]``). Near an edge but not at it (3 sequences at 1.0, one at 0.95) the t interval
+    stays, narrower than this bound: its known weakness with few units, not made wider here.
+
+    Args:
+        per_unit: ``[n]`` one value per unit, in ``[low, high]``.
+
+    Returns:
+        ``[2]``: lower and upper bound; NaN from fewer than :data:`MIN_N_FOR_CI` units or a NaN value.
+    """
+    x = np.asarray(per_unit, dtype=float)
+    n = x.shape[0]
+    if n >= MIN_N_FOR_CI and np.ptp(x) <= EQUAL_ATOL:  # NaN compares False: mean_ci's NaN below
+        v, c = float(x.mean()), ((1.0 - level) / 2) ** (1.0 / n)
+        return np.array([low + (v - low) * c, high - (high - v) * c])
+    return np.clip(mean_ci(x, level), low, high)
+
+
+def equal_units_rule(units: str = "sequences") -> str:
+    """The one-line statement of :func:`bounded_mean_ci`'s rule where every unit agrees, for outputs."""
+    return (
+        f"where all n {units} have the same value v (a t interval would have zero width), the mean lies in "
+        "[lo + (v - lo) c, hi - (hi - v) c] over the quantity's range [lo, hi], c = 0.025^(1/n): at most a share "
+        f"1 - c of {units} (the exact Clopper-Pearson bound for 0 of n) differ from v, by anything (all 1.0 of "
+        "4: [0.398, 1]; a difference all 0 over 4: [-0.602, +0.602])"
+    )
+
+
 def no_interval_reason(n_sequences: int, units: str = "sequences") -> str | None:
     """Why :func:`mean_ci` over ``n_sequences`` units gives no interval (NaN bounds, JSON
     ``null``), or None when it gives one."""

@@ -382,6 +382,11 @@ def test_the_report_says_equal_when_every_policy_is_the_full_cache(llama, text_f
         assert row["copy_accuracy"] == pytest.approx(s["chosen"]["copy_accuracy"], abs=1e-6)
     line = next(x for x in r.report().splitlines() if x.startswith("chosen ("))
     assert "against uniform: natural loss equal, copy accuracy equal" in line, line
+    # every policy is the full cache's computation: the copy-accuracy differences are 0 exactly, not the
+    # bound of sequences that happen to agree (kvpolicy.bounded_mean_ci)
+    assert [s["chosen"][f"copy_accuracy_drop_ci95_{e}"] for e in ("lo", "hi")] == [0.0, 0.0]
+    assert s["chosen_minus_uniform"]["copy_accuracy_ci95"] == s["chosen_minus_random_mean"]["copy_accuracy_ci95"]
+    assert s["chosen_minus_uniform"]["copy_accuracy_ci95"] == [0.0, 0.0]
     assert "against random (mean): natural loss equal, copy accuracy equal" in line, line
 
 
@@ -502,6 +507,10 @@ def test_per_distance_intervals_reach_summary_json(llama, text_file, tmp_path):
     s = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert "per_distance" not in s.get("interval_null_reasons", {})
     assert "long-range sequences of the distance" in s["definitions"]["intervals"]["per_distance"]
+    # the bound where sequences agree is stated, with this run's 6 sequences in the report
+    assert all("Clopper-Pearson" in s["definitions"]["intervals"][k] for k in ("per_distance", "copy_accuracy"))
+    b = 1 - 0.025 ** (1 / 6)
+    assert f"(d 0: [-{b:.3f}, +{b:.3f}]; [0, 0] where a policy caches every position)" in r.report()
     lr = long_range_tokens(model, 48, [10, 30], 6, cfg.seed + 1, 3, text_file.read_text())
     loss, hits = (x.cpu() for x in kp.long_range_quality(model, lr))
     torch.testing.assert_close(hits, r.full.copy_hits)  # the run's sequences, rebuilt
@@ -513,8 +522,12 @@ def test_per_distance_intervals_reach_summary_json(llama, text_file, tmp_path):
             assert per[q] == pytest.approx(float(x.mean()), abs=1e-6)
             lo, hi = per[f"{q}_ci95_lo"], per[f"{q}_ci95_hi"]
             unit = x.double().mean(1).numpy()
-            if unit.std() == 0:  # the sequences agree: a zero-width interval at their value
+            if unit.std() == 0 and q == "loss":  # the sequences agree: a zero-width interval at their value
                 assert lo == hi == pytest.approx(per[q])
+                continue
+            if unit.std() == 0:  # every sequence at v: at most 1 - c of them differ, by anything (0 of 3)
+                c, v = 0.025 ** (1 / 3), per[q]
+                assert [lo, hi] == pytest.approx([v * c, 1 - (1 - v) * c], abs=1e-6) and hi > lo
                 continue
             ref = ttest_1samp(unit, 0.0).confidence_interval(0.95)
             assert [lo, hi] == pytest.approx([max(ref.low, 0.0), min(ref.high, top)], abs=1e-6), (d, q)

@@ -93,7 +93,9 @@ def _quality(nat: torch.Tensor, hits: torch.Tensor) -> kp.Quality:
 
 
 def test_paired_difference_of_two_policies():
-    """The chosen minus a control, token by token: identical values give [0, 0]; a policy that loses
+    """The chosen minus a control, token by token: identical values give [0, 0] for the loss, and for the
+    copy accuracy over 4 sequences the bound of sequences that agree, [-0.602, +0.602] (exactly [0, 0]
+    only where the two are one computation: ``identical``); a policy that loses
     0.02 nats on every token gives [0.02, 0.02]; the copy accuracy's interval is scipy's t interval of
     the per-sequence accuracy differences; against the random policies' mean (:func:`mean_quality`)
     the difference is the mean of the differences. No interval without per-token values."""
@@ -105,7 +107,10 @@ def test_paired_difference_of_two_policies():
     a = _quality(nat, hits)
     same = kp.paired_difference(a, _quality(nat.clone(), hits.clone()))
     assert [same[k] for k in ("natural_loss_ci95_lo", "natural_loss_ci95_hi")] == [0.0, 0.0]
-    assert [same[k] for k in ("copy_accuracy_ci95_lo", "copy_accuracy_ci95_hi")] == [0.0, 0.0]
+    b = 1 - 0.025 ** (1 / 4)  # Clopper-Pearson's upper bound for 0 of 4 (scipy's in the test below)
+    assert [same[k] for k in ("copy_accuracy_ci95_lo", "copy_accuracy_ci95_hi")] == pytest.approx([-b, b])
+    exact = kp.paired_difference(a, _quality(nat.clone(), hits.clone()), identical=True)
+    assert [exact[k] for k in ("copy_accuracy_ci95_lo", "copy_accuracy_ci95_hi")] == [0.0, 0.0]
     shifted = kp.paired_difference(_quality(nat + 0.02, hits), a)
     assert shifted["natural_loss"] == pytest.approx(0.02, abs=1e-6)
     assert [shifted["natural_loss_ci95_lo"], shifted["natural_loss_ci95_hi"]] == pytest.approx([0.02, 0.02], abs=1e-6)
@@ -242,7 +247,9 @@ def test_per_distance_intervals_by_hand(monkeypatch):
     * distance 20, 2 sequences all copied and 1 all wrong: 2/3 +- 4.302653 * 0.577350 / sqrt 3 =
       [-0.768, 2.101], clipped to [0, 1]; losses 0.5, 0.5, 3.5: 1.5 +- 4.302653 * sqrt 3 / sqrt 3,
       the lower bound clipped to 0: [0, 5.802653];
-    * distance 40, 3 sequences all copied: [1, 1] (the sequences agree);
+    * distance 40, 3 sequences all copied: the accuracy's Clopper-Pearson interval of 3 of 3 sequences,
+      [0.025^(1/3), 1] = [0.292402, 1] (it was [1, 1]: zero width); their losses all 0.25: [0.25, 0.25]
+      (the loss keeps the t interval);
     * distance 60, one sequence: no interval (NaN, JSON null).
 
     Old code: per_distance held only ``loss`` and ``accuracy`` (no interval)."""
@@ -266,7 +273,8 @@ def test_per_distance_intervals_by_hand(monkeypatch):
     assert per[8]["loss"] == pytest.approx(2.0) and ci(8, "loss") == pytest.approx([0.700771, 3.299229], abs=1e-6)
     assert per[20]["accuracy"] == pytest.approx(2 / 3) and ci(20, "accuracy") == [0.0, 1.0]
     assert per[20]["loss"] == pytest.approx(1.5) and ci(20, "loss") == pytest.approx([0.0, 5.802653], abs=1e-6)
-    assert per[40]["accuracy"] == 1.0 and ci(40, "accuracy") == [1.0, 1.0] and ci(40, "loss") == [0.25, 0.25]
+    assert per[40]["accuracy"] == 1.0 and ci(40, "accuracy") == pytest.approx([0.292402, 1.0], abs=1e-6)
+    assert ci(40, "loss") == [0.25, 0.25]
     assert per[60]["accuracy"] == 0.75 and all(np.isnan(ci(60, q)).all() for q in ("loss", "accuracy"))
     # the interval over sequences is wider than a binomial one over the tokens (Wilson, 16 tokens at 0.5)
     z, n = 1.959964, 16
@@ -294,3 +302,65 @@ def test_per_distance_interval_widens_with_fewer_sequences(monkeypatch):
         assert [lo, hi] == pytest.approx(np.clip([ref.low, ref.high], 0, 1)) and lo <= per["accuracy"] <= hi
         widths.append(hi - lo)
     assert widths == sorted(widths) and len(set(widths)) == len(widths), widths  # strictly wider as n falls
+
+
+def test_sequences_that_all_agree_give_an_exact_bound_not_a_zero_width_interval(monkeypatch):
+    """4 sequences of 15 copied tokens, every token copied: the accuracy 1.0 from 4 sequences is not
+    exact. The interval is scipy's exact (Clopper-Pearson) interval of 4 successes in 4 sequences,
+    [0.025^(1/4), 1] = [0.397635, 1]; treating the 60 tokens as independent would claim
+    [0.940, 1] (60 of 60), and the t interval [1, 1]. None copied: [0, 0.602365] (0 of 4). Every
+    sequence at 6 of 15 (0.4, all equal): [0.4 c, 1 - 0.6 c], c = 0.397635. The paired difference from
+    a policy that copies the same tokens: all 0, so [-0.602365, +0.602365] (1 - c: Clopper-Pearson's
+    upper bound for 0 of 4 sequences that differ), and against the full cache the drop the same;
+    exactly [0, 0] only against itself. One sequence: no interval (NaN), not Clopper-Pearson's
+    [0.025, 1]. Old code: [1, 1], [0, 0], [0.4, 0.4] and [0, 0] (zero width)."""
+    from scipy.stats import binomtest
+
+    def cp(k: int, n: int) -> list[float]:
+        ci = binomtest(k, n).proportion_ci(0.95, method="exact")
+        return [ci.low, ci.high]
+
+    m, n = 15, 4
+    assert cp(4, 4) == pytest.approx([0.397635, 1.0], abs=1e-6) and cp(60, 60)[0] == pytest.approx(0.940, abs=1e-3)
+    c = cp(4, 4)[0]
+    for hits, want in (
+        (torch.ones(n, m), cp(4, 4)),
+        (torch.zeros(n, m), cp(0, 4)),
+        (torch.tensor([[1.0] * 6 + [0.0] * 9] * n), [0.4 * c, 1 - 0.6 * c]),
+    ):
+        per = _evaluated(monkeypatch, torch.rand(n, m) + 0.5, hits, [30] * n).per_distance[30]
+        assert [per["accuracy_ci95_lo"], per["accuracy_ci95_hi"]] == pytest.approx(want, abs=1e-12)
+        assert per["accuracy_ci95_hi"] > per["accuracy_ci95_lo"]  # never zero width
+    one = _evaluated(monkeypatch, torch.ones(1, m), torch.ones(1, m), [30]).per_distance[30]
+    assert np.isnan([one["accuracy_ci95_lo"], one["accuracy_ci95_hi"]]).all() and one["accuracy"] == 1.0
+    nat = torch.rand(1, 60) + 1.0
+    full, policy = _quality(nat, torch.ones(n, m)), _quality(nat + 0.01, torch.ones(n, m))
+    b = cp(0, 4)[1]
+    d = kp.paired_difference(policy, full)
+    assert d["copy_accuracy"] == 0.0 and [d["copy_accuracy_ci95_lo"], d["copy_accuracy_ci95_hi"]] == pytest.approx(
+        [-b, b], abs=1e-12
+    )
+    drop = kp.against_full(policy, full)
+    assert [drop["copy_accuracy_drop_ci95_lo"], drop["copy_accuracy_drop_ci95_hi"]] == pytest.approx([-b, b])
+    itself = kp.against_full(full, full, identical=True)
+    assert [itself["copy_accuracy_drop_ci95_lo"], itself["copy_accuracy_drop_ci95_hi"]] == [0.0, 0.0]
+
+
+def test_sequences_that_vary_keep_the_t_interval(monkeypatch):
+    """Where the sequences' accuracies differ the interval is the t interval as before (scipy's, clipped
+    to [0, 1]), even near the edge: 3 sequences all copied and one with 14 of 15 give 0.983333 +-
+    3.182446 * 0.033333 / 2 = [0.930293, 1] (clipped), narrower than the bound of 4 that agree
+    ([0.398, 1]): the t interval's own weakness with few sequences, documented, not widened. The
+    paired differences 1/15, 0, 0, 0: the t interval as before."""
+    from scipy.stats import ttest_1samp
+
+    hits = torch.ones(4, 15)
+    hits[3, 0] = 0.0
+    per = _evaluated(monkeypatch, torch.ones(4, 15), hits, [30] * 4).per_distance[30]
+    ref = ttest_1samp(hits.double().mean(1).numpy(), 0.0).confidence_interval(0.95)
+    assert [per["accuracy_ci95_lo"], per["accuracy_ci95_hi"]] == pytest.approx([ref.low, 1.0])
+    assert per["accuracy_ci95_lo"] == pytest.approx(0.930293, abs=1e-6) and ref.high > 1.0
+    nat = torch.ones(1, 60)
+    d = kp.paired_difference(_quality(nat, torch.ones(4, 15)), _quality(nat, hits))
+    ref = ttest_1samp([0.0, 0.0, 0.0, 1 / 15], 0.0).confidence_interval(0.95)
+    assert [d["copy_accuracy_ci95_lo"], d["copy_accuracy_ci95_hi"]] == pytest.approx([ref.low, ref.high])

@@ -254,7 +254,7 @@ def measure_policy(model: LoadedModel, cfg: ImportConfig, hf: ex.HeadFile) -> tu
             "copy_accuracy_drop_ci95": None,
         }
         if p is not None:  # paired with the full cache on the same tokens, from these evaluations (as kv's rows)
-            ci = kp.against_full(q, full)
+            ci = kp.against_full(q, full, identical=row["kv_fraction"] == 1.0)  # every position cached: [0, 0]
             for name in ("natural_loss_increase", "copy_accuracy_drop"):
                 row[f"{name}_ci95"] = [ci[f"{name}_ci95_lo"], ci[f"{name}_ci95_hi"]]
         rows.append(row)
@@ -264,7 +264,9 @@ def measure_policy(model: LoadedModel, cfg: ImportConfig, hf: ex.HeadFile) -> tu
 KV_INTERVALS = (
     "(kv [lo, hi]: 95% CI of the paired difference from the full cache on the same tokens, as headprobe kv: natural "
     "loss by a block bootstrap over contiguous tokens, copy accuracy drop by Student t over the long-range "
-    "sequences; [n/a]: none)"
+    "sequences, or where every sequence's drop is the same d, [d - (1 + d)(1 - c), d + (1 - d)(1 - c)], "
+    "c = 0.025^(1/n) (Clopper-Pearson for 0 of n sequences differing), [0, 0] where every position is cached; "
+    "[n/a]: none)"
 )
 """The report's line on the intervals of ``--kv``'s rows (:func:`kv_row`)."""
 

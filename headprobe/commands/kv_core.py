@@ -196,7 +196,7 @@ class KVResult(CompactRepr, WritesOutputs):
 
     def _interval_rules(self) -> dict:
         """summary.json's ``definitions.intervals``: how each 95% interval is made, on this run's counts."""
-        from headprobe.analyses.statistics import block_bootstrap_rule, interval_rule
+        from headprobe.analyses.statistics import block_bootstrap_rule, equal_units_rule, interval_rule
 
         nat, hits = self.full.natural_token_loss, self.full.copy_hits
         return {
@@ -212,15 +212,18 @@ class KVResult(CompactRepr, WritesOutputs):
             if hits is None
             else interval_rule("long-range sequences") + f" ({hits.shape[0]} here, {hits.shape[1]} copied tokens "
             "each; a sequence's copied tokens come from one planted block and succeed or fail together, so the "
-            "sequence is the unit)",
+            "sequence is the unit), clipped to [-1, 1]; "
+            + equal_units_rule("long-range sequences")
+            + "; [0, 0] exactly on a row whose policy caches every position the full cache does (the same "
+            "computation)",
             "per_distance": "unavailable (no per-token hits)"
             if hits is None
             else "full.per_distance: each distance's loss (nats/token) and copy accuracy (0..1), not a difference: "
             + interval_rule("long-range sequences of the distance")
             + f" ({self.config.n_per_distance} per distance here, {hits.shape[1]} copied tokens each; each "
             "sequence's mean over its copied tokens is the unit, a cluster: a binomial interval over the tokens "
-            "would be too narrow); the accuracy clipped to [0, 1], the loss to [0, inf); zero width where every "
-            "sequence of a distance has the same value (they agree, not an exact accuracy)",
+            "would be too narrow); the accuracy clipped to [0, 1], the loss to [0, inf); for the accuracy "
+            + equal_units_rule("sequences of the distance"),
             "random_mean": "the chosen policy minus the random policies' mean, token by token: given these "
             f"{self.config.n_random} draws (the spread over draws is the random rows' range, not in the interval)",
         }
@@ -248,7 +251,7 @@ class KVResult(CompactRepr, WritesOutputs):
 
     def _interval_line(self) -> str:
         """The report's line on how the intervals were made (summary.json's ``definitions.intervals`` in full)."""
-        from headprobe.analyses.statistics import MIN_BLOCKS, MIN_N_FOR_CI, block_length, n_blocks
+        from headprobe.analyses.statistics import MIN_BLOCKS, MIN_N_FOR_CI, block_length, bounded_mean_ci, n_blocks
 
         nat, hits = self.full.natural_token_loss, self.full.copy_hits
         if nat is None or hits is None:
@@ -256,11 +259,18 @@ class KVResult(CompactRepr, WritesOutputs):
         b, blocks = block_length(nat.shape[1]), n_blocks(nat.shape[1], nat.shape[0])
         few = f", fewer than {MIN_BLOCKS}: no interval" if blocks < MIN_BLOCKS else ""
         one = f", fewer than {MIN_N_FOR_CI}: no interval" if hits.shape[0] < MIN_N_FOR_CI else ""
+        b0 = bounded_mean_ci([0.0] * hits.shape[0], -1.0, 1.0)[1]  # all differences 0
+        eq = (
+            ""
+            if one
+            else ", or where all differ by the same d by an exact bound (d 0: "
+            f"[-{b0:.3f}, +{b0:.3f}]; [0, 0] where a policy caches every position)"
+        )
         return (
             f"(95% CI of paired differences, same tokens under both policies: natural loss by a block bootstrap "
             f"over its {nat.numel()} tokens, {blocks} blocks of {b}{few}; copy accuracy by Student t over its "
-            f"{hits.shape[0]} long-range sequence(s){one}, whose copied tokens succeed or fail together; random (mean): "
-            f"given these {self.config.n_random} draws; summary.json's definitions.intervals)"
+            f"{hits.shape[0]} long-range sequence(s){one}, whose copied tokens succeed or fail together{eq}; "
+            f"random (mean): given these {self.config.n_random} draws; summary.json's definitions.intervals)"
         )
 
     def _sliding(self) -> dict:
