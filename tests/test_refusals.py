@@ -20,6 +20,8 @@ def _imports(argv, cwd, env=None):
     ``headprobe ARGV``."""
     import os
 
+    from test_loading import imported_modules
+
     r = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "headprobe", *argv],
         capture_output=True,
@@ -28,9 +30,8 @@ def _imports(argv, cwd, env=None):
         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
         timeout=300,
     )
-    lines = r.stderr.splitlines()
-    errors = [x for x in lines if not x.startswith("import time:")]
-    return r.returncode, errors, {x.rsplit("|", 1)[-1].strip() for x in lines if x.startswith("import time:")}
+    imported, errors = imported_modules(r.stderr)
+    return r.returncode, errors.splitlines(), imported
 
 
 def _refuse(argv, cwd, env=None):
