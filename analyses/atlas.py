@@ -17,17 +17,18 @@ outside the top ``k``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
 
 from headprobe.analyses.detectors import DETECTORS
 from headprobe.analyses.figures import COLUMN_WIDTH, PAGE_WIDTH, _figure, _styled
 from headprobe.analyses.verdicts import LABELS, VerdictRule, label
 from headprobe.analyses.verdicts import VERDICTS as _VERDICTS
+
+if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn, not by a run that draws none
+    from matplotlib.figure import Figure
 
 VERDICT_KIND = VerdictRule().tested_kind
 """The ablation kind whose verdict the atlas reports per type: the one scan tests (the verdict
@@ -166,6 +167,8 @@ def _marker_area(score: np.ndarray | float, scale: float) -> np.ndarray | float:
 def _size_key(scales: Sequence[float]) -> list:
     """Legend entries for the marker area: three scores with their markers' sizes (the panels' one
     scale; fractions of each panel's largest score where the panels' scales differ)."""
+    from matplotlib.lines import Line2D
+
     one = len(set(scales)) == 1
     scale = scales[0] if one else 1.0
     return [
@@ -268,6 +271,9 @@ def _layer_names(ax, table: pd.DataFrame, labels: Sequence[str]) -> None:
 
 
 def _legend_handles() -> list:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
     return [
         Line2D([], [], marker="o", ls="", color=_COLOR, label=f"top-k, {LABELS[True]}"),
         Line2D(
@@ -363,6 +369,8 @@ def over_training_plot(table: pd.DataFrame, title: str) -> Figure:
     score of any head at each step; a filled marker where the scan confirmed the type (its tested
     :data:`VERDICT_KIND` ablation of the top-k heads), hollow where it did not, a cross where it
     gave no verdict."""
+    from matplotlib.lines import Line2D
+
     t = table.dropna(subset=["step"]).copy()
     t["step"] = t["step"].astype(int)
     types = table_types(t)

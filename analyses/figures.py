@@ -16,9 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import matplotlib.ticker
 import numpy as np
-from matplotlib.figure import Figure
 
 from headprobe.analyses.verdicts import (
     CORRECTION_NAMES,
@@ -35,7 +33,8 @@ from headprobe.analyses.vocabulary import FIGURE_FORMATS, figure_formats
 from headprobe.probe.core.heads import format_head
 from headprobe.probe.core.io import atomic_path
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn: a command run without figures never loads it
+    from matplotlib.figure import Figure
     from matplotlib.typing import RcKeyType
 
 COLUMN_WIDTH = 3.25  # inches: one column of a two-column paper
@@ -269,6 +268,8 @@ def _wrap_keeping_parentheses(text: str, width: int, break_words: bool = True) -
 
 
 def _figure(width: float, height: float) -> Figure:
+    from matplotlib.figure import Figure
+
     return Figure(figsize=(width, height), layout="constrained")
 
 
@@ -963,6 +964,8 @@ _TOP_COLOR, _CONTROL_COLOR = "#0072B2", "#999999"
 def _ablation_panel(ax, kind: str, rows: Sequence[dict], types: list[str], rng: np.random.Generator) -> None:
     """One panel of :func:`ablation_plot`: ``kind``'s rows, a column per head type of ``types``
     (controls jittered by ``rng``), its y scale (symmetric-log where effects exceed 0.1) and label."""
+    import matplotlib.ticker
+
     by_type = {r["head_type"]: r for r in rows if r["kind"] == kind}
     top_all = []
     for i, t in enumerate(types):
@@ -1765,6 +1768,8 @@ def circuit_graph(
     Raises:
         ValueError: no edges.
     """
+    import matplotlib.ticker
+
     if not edges:
         raise ValueError("circuit_graph needs at least one edge")
     fig = _figure(COLUMN_WIDTH, 3.6)

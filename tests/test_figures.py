@@ -228,6 +228,20 @@ def test_token_labels_escape_characters_the_font_cannot_draw(tiny_gpt2_native):
         assert [w for w in caught if "missing from font" in str(w.message)]
 
 
+def test_the_characters_kept_without_reading_the_font_are_in_its_character_map():
+    """:func:`drawable` keeps a label of :data:`FONT_HAS` characters as it is without loading the
+    font (and matplotlib): each of them must have a glyph in DejaVu Sans's own character map, or a
+    label would keep a character the figure draws as an empty box. A tab, which the font lacks,
+    shows the check can fail."""
+    from headprobe.analyses.scoring import FONT_HAS, _drawable, drawable
+
+    charmap = _drawable()
+    assert FONT_HAS <= charmap, sorted(chr(c) for c in FONT_HAS - charmap)
+    assert ord("\t") not in charmap and drawable("a\tb") == "a\\u0009b"
+    text = "".join(chr(c) for c in sorted(FONT_HAS))
+    assert drawable(text) == text
+
+
 def test_head_tick_labels_of_narrow_panels_do_not_touch():
     """A 7-type overview of a 12-head model (MiniLM) printed "891011": fewer ticks now, apart."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg

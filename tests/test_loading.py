@@ -10,11 +10,12 @@ from headprobe.probe.backends.loading import load_model
 from headprobe.probe.core.errors import HeadprobeError
 
 
-def run_cli(*args, env=None, cwd=None):
-    """Run ``headprobe`` as a user would; returns (exit code, stdout, stderr)."""
+def run_cli(*args, env=None, cwd=None, python=()):
+    """Run ``headprobe`` as a user would, ``python`` the interpreter's own flags (``("-X",
+    "importtime")``: :func:`imported_modules`); returns (exit code, stdout, stderr)."""
     full_env = {**os.environ, **(env or {})}
     p = subprocess.run(
-        [sys.executable, "-m", "headprobe.cli", *args],
+        [sys.executable, *python, "-m", "headprobe.cli", *args],
         capture_output=True,
         text=True,
         env=full_env,
@@ -22,6 +23,14 @@ def run_cli(*args, env=None, cwd=None):
         timeout=300,
     )
     return p.returncode, p.stdout, p.stderr
+
+
+def imported_modules(stderr: str) -> tuple[set[str], str]:
+    """The modules a ``python -X importtime`` process imported (its stderr lists each on a line of
+    its own) and the rest of its stderr."""
+    lines = stderr.splitlines(keepends=True)
+    imported = {x.rsplit("|", 1)[-1].strip() for x in lines if x.startswith("import time:")}
+    return imported, "".join(x for x in lines if not x.startswith("import time:"))
 
 
 def assert_one_line_error(rc, stderr, *fragments):

@@ -15,9 +15,12 @@ import sys
 import pytest
 
 
-def _refuse(argv, cwd, env=None):
-    """``(exit status, the non-importtime stderr lines, torch imported?)`` of ``headprobe ARGV``."""
+def _imports(argv, cwd, env=None):
+    """``(exit status, the non-importtime stderr lines, the names of the modules imported)`` of
+    ``headprobe ARGV``."""
     import os
+
+    from test_loading import imported_modules
 
     r = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "headprobe", *argv],
@@ -27,10 +30,14 @@ def _refuse(argv, cwd, env=None):
         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
         timeout=300,
     )
-    lines = r.stderr.splitlines()
-    errors = [x for x in lines if not x.startswith("import time:")]
-    torch = any(x.startswith("import time:") and x.rsplit("|", 1)[-1].strip() == "torch" for x in lines)
-    return r.returncode, errors, torch
+    imported, errors = imported_modules(r.stderr)
+    return r.returncode, errors.splitlines(), imported
+
+
+def _refuse(argv, cwd, env=None):
+    """``(exit status, the non-importtime stderr lines, torch imported?)`` of ``headprobe ARGV``."""
+    code, errors, imported = _imports(argv, cwd, env)
+    return code, errors, "torch" in imported
 
 
 LONG = "word " * 9000  # 9,001 tokens or so: longer than SmolLM2's 8,192 positions
@@ -167,7 +174,10 @@ def test_the_pre_load_token_count_is_the_loaded_tokenizers(tiny_dir, tiny_llama_
 
 
 def test_the_import_probe_sees_torch_when_it_loads(tmp_path, tiny_dir):
-    """The probe above is not vacuous: the same patch command on a head in range loads the model (and torch)."""
+    """The probe above is not vacuous: the same patch command on a head in range loads the model (and
+    torch). It draws no figure (``$HEADPROBE_FIGURE_FORMATS=none``, as in the whole suite), so it
+    imports no matplotlib (0.3-0.5 s of each of the suite's command processes: ``figures`` and
+    ``atlas`` imported it at their top)."""
     pairs = tmp_path / "p.jsonl"
     pairs.write_text(
         "\n".join(
@@ -177,12 +187,14 @@ def test_the_import_probe_sees_torch_when_it_loads(tmp_path, tiny_dir):
         + "\n",
         encoding="utf-8",
     )
-    code, errors, torch = _refuse(
+    code, errors, imported = _imports(
         ["patch", "--model", str(tiny_dir), "--prompts", str(pairs), "--heads", "1.1", "--out", "o", "--device", "cpu"],
         tmp_path,
         env={"HEADPROBE_FIGURE_FORMATS": "none"},
     )
-    assert code == 0 and torch, errors
+    assert code == 0 and "torch" in imported and "pandas" in imported, errors
+    assert (tmp_path / "o" / "head_patching.csv").exists() and not list((tmp_path / "o").glob("*.png"))
+    assert "matplotlib" not in imported
 
 
 @pytest.mark.parametrize(

@@ -40,7 +40,11 @@ def _without_timings(summary: dict) -> dict:
 
 
 def test_killed_scan_resumes_to_the_uninterrupted_summary(tiny_dir, text_file, tmp_path):
-    from test_loading import run_cli
+    """The module's check; besides, the rerun (a whole scan, in a process of its own) draws no figure
+    (``$HEADPROBE_FIGURE_FORMATS=none``, as in the whole suite) and so imports no matplotlib: it cost
+    0.3-0.5 s of each of the suite's command processes (``figures`` imported it at its top, the token
+    labels' font check read the font's character map for every label)."""
+    from test_loading import imported_modules, run_cli
 
     args = ["--model", str(tiny_dir), "--text", str(text_file), *ARGS]
     assert main(["scan", "--out", str(tmp_path / "whole"), *args]) == 0
@@ -55,8 +59,10 @@ def test_killed_scan_resumes_to_the_uninterrupted_summary(tiny_dir, text_file, t
     top_sets = 3 * 2  # three types' top-k sets, two kinds: the first keys saved
     assert top_sets < len(saved) < sets and not (cut / "summary.json").exists()
 
-    rc, out, err = run_cli("scan", "--out", str(cut), *args)
+    rc, out, err = run_cli("scan", "--out", str(cut), *args, python=("-X", "importtime"))
+    imported, err = imported_modules(err)
     assert rc == 0, err
+    assert "torch" in imported and "matplotlib" not in imported
     assert "resuming from" in out and f"{len(saved)} head sets already ablated" in out
     resumed = json.loads((cut / "summary.json").read_text())
     assert _without_timings(resumed) == _without_timings(whole)
