@@ -18,7 +18,8 @@ The ablation engine:
   per-head hook loop. It uses only the typed backend interface
   (:class:`headprobe.probe.backends.base.LoadedModel`), like everything here.
 * :func:`head_importance`: Michel et al. 2019's gradient importance ``I_h = E_x |dL(x)/dxi_h|``
-  (arXiv 1905.10650) and attribution patching (the first-order estimate of each head's ablation
+  (arXiv 1905.10650; unnormalised by default, ``normalize=True`` divides each layer's scores by
+  their l2 norm as their pruning does) and attribution patching (the first-order estimate of each head's ablation
   effect, Nanda 2023), both from one forward and one backward pass.
 
 What an ablation's effect is measured in is an :class:`AblationMetric`: the loss
@@ -947,7 +948,10 @@ class HeadImportance:
 
     Attributes:
         importance: ``[layer, head]`` Michel et al. 2019's ``I_h = E_x |dL(x)/dxi_h|`` (nats per
-            unit of the head mask), per-layer L2-normalised when asked.
+            unit of the head mask): unnormalised (their definition of ``I_h``) with
+            ``normalize=False``, the default and what ``headprobe ablate`` reports; with
+            ``normalize=True`` (what ``headprobe prune`` ranks by) each layer's row divided by its
+            l2 norm, so unitless and ``<= 1``. NaN in a layer without heads.
         attribution: ``[layer, head]`` attribution patching: the first-order estimate of the
             ablation effect ``E_x (r_h - z_h) . dL(x)/dz_h`` summed over positions (nats/token),
             to compare with :attr:`SweepResult.effect`.
@@ -973,13 +977,39 @@ def head_importance(
 ) -> HeadImportance:
     """Gradient importance (Michel, Levy, Neubig 2019, arXiv 1905.10650) and attribution patching.
 
+    Args:
+        model: the model, used where and as it is loaded (either backend; a backward pass runs).
+        tokens: ``[batch, pos]`` token ids (int64), each row one sequence, BOS included where the
+            model prepends one; moved to ``model.device``.
+        first: position index (0-based, into ``pos``) of the first *prediction* scored: the loss
+            ``L(x)`` is the mean next-token cross-entropy (nats/token) of the predictions made at
+            positions ``first .. pos - 2`` (each of the token after it), the scored window of
+            :meth:`~headprobe.probe.backends.base.LoadedModel.scored_losses`; e.g. ``0`` scores every
+            prediction, ``1 + period`` only the repeated half of ``[BOS] r r``
+            (:func:`first_scored`). At most ``pos - 2``: a larger one scores nothing, and every
+            score is NaN (not refused).
+        kind: the ablation ``A_h`` estimates: ``zero``, ``mean`` or ``resample``
+            (:data:`~headprobe.probe.core.ablation_kinds.KINDS`).
+        mean_z: ``[layer, head, d_head]`` each head's mean ``z`` (``kind="mean"``; :func:`mean_z_from`).
+        source_tokens: ``[batch, pos]`` token ids, the same shape as ``tokens``, whose ``z`` replaces
+            each head's (``kind="resample"``).
+        head_mask: ``[layer, head]`` the mask ``xi`` the gradients are taken at (1 kept, 0 removed;
+            float); default all ones. Pruning rescores at its current mask.
+        normalize: divide each layer's ``I_h`` by that layer's l2 norm (Michel et al. section 4.1,
+            what ``headprobe prune`` does by default); default False: the raw ``I_h``, as ``headprobe
+            ablate`` reports it. Attribution is never normalised.
+
+    Returns:
+        :class:`HeadImportance`: ``importance`` and ``attribution`` ``[layer, head]`` (NaN in a
+        layer without heads), the mean scored loss at ``head_mask`` (nats/token) and ``kind``.
+
     A hook at every layer's ``hook_z`` (both backends) returns ``z * xi + delta`` with the head
     mask ``xi`` (``[batch, head]``, at ``head_mask``, default all ones) and ``delta = 0``, both
     requiring grad. With ``L = sum_x L(x)`` over sequences, one backward pass gives each
     sequence's ``dL(x)/dxi_h`` and ``dL(x)/dz_h``:
 
-    * ``I_h = mean_x |dL(x)/dxi_h|``; ``normalize`` divides each layer's scores by their L2 norm
-      (Michel et al. section 4.1). The absolute value is taken per sequence, the paper's
+    * ``I_h = mean_x |dL(x)/dxi_h|``, unnormalised (Michel et al.'s definition of ``I_h``);
+      ``normalize`` divides each layer's scores by their l2 norm (their section 4.1, before pruning). The absolute value is taken per sequence, the paper's
       definition, equal to Hugging Face's bertology loop at batch size 1 with the gradient reset
       each step; the authors' released code takes it per token, which ranks heads differently
       (Spearman 0.65 on SmolLM2-135M);

@@ -3,7 +3,8 @@ One?", arXiv 1905.10650) with a random-order baseline.
 
 At each step the ``step_fraction`` of *all* heads (default 10%) with the lowest importance among
 the heads still present is removed; the importance is Michel et al.'s gradient score
-``I_h = E_x |dL(x)/dxi_h|`` (:func:`headprobe.analyses.ablation.head_importance`) on a scoring set, taken
+``I_h = E_x |dL(x)/dxi_h|`` (:func:`headprobe.analyses.ablation.head_importance`), l2-normalised per
+layer unless ``normalize=False`` (``ablate`` reports the unnormalised ``I_h``), on a scoring set, taken
 at the current head mask after every step (``rescore``) or once before pruning (as in the
 paper). After every step the loss on held-out sets is recorded. The random baseline removes the
 heads in one seeded random order, in the same steps. Removal here is by the head mask (z_h
@@ -203,7 +204,8 @@ def iterative_pruning(
         order: ``importance`` (lowest first, Michel et al.) or ``random`` (seeded baseline).
         step_fraction: fraction of all heads removed per step (the paper: 0.1); of every head present (:func:`present_heads`).
         rescore: recompute importance at the current mask after each step (else once, as in the paper).
-        normalize: per-layer L2 normalisation of the importance (Michel et al. section 4.1).
+        normalize: rank by ``I_h`` divided by its layer's l2 norm (Michel et al. section 4.1; the
+            default); False: by the unnormalised ``I_h`` (what ``ablate`` reports).
         max_fraction: stop once this fraction of heads is removed.
         resume: a state that ``on_step`` handed out earlier; the run continues after its last step.
         on_step: called after every step with the run's state (JSON-serialisable), to checkpoint it.

@@ -1,5 +1,6 @@
 """``headprobe ablate``: every head's exact single-head ablation effect on natural text and on the
-in-context task on repeated random tokens (``repeated``, the induction task), with Michel et al.'s gradient importance and attribution patching
+in-context task on repeated random tokens (``repeated``, the induction task), with Michel et al.'s gradient importance (their ``I_h``,
+unnormalised: not the per-layer l2-normalised score ``prune`` ranks by) and attribution patching
 beside it, written as a CSV, a summary and heatmaps.
 
 Tasks (losses in nats/token):
@@ -110,7 +111,7 @@ class AblateConfig(options.ModelRunConfig):
         None,
         "no sweep: write a gradient estimate of each head's effect instead (atp: AtP* with "
         "GradDrop, ~n_layers+2 forward passes; attribution: attribution patching, ~3; gradient: "
-        "Michel et al.'s unsigned importance, ~3; second-order: attribution patching plus a "
+        "Michel et al.'s unsigned importance I_h, unnormalised, ~3; second-order: attribution patching plus a "
         "sampled Gauss-Newton curvature term, ~3+2*n_probes; default: none, the exact sweep)",
         choices=ESTIMATES,
     )

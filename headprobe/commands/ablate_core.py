@@ -56,7 +56,9 @@ class TaskResult:
     Attributes:
         clean_loss: the task's loss with no head ablated.
         effect: loss change from ablating each head alone, ablated − clean (nats/token; NaN where not swept).
-        importance: Michel et al.'s gradient importance ``E|dL/dxi_h|``.
+        importance: Michel et al.'s gradient importance ``I_h = E_x |dL(x)/dxi_h|``, unnormalised
+            (``head_importance(..., normalize=False)``; ``prune`` ranks by the per-layer
+            l2-normalised one), nats per unit of the head mask.
         attribution: attribution patching's estimate of each head's effect.
         sweep_s, gradient_s: seconds spent on the sweep and on the gradient scores.
         estimated: with ``--estimate``: the estimate of each head's effect (``effect`` is then all NaN:
@@ -241,7 +243,8 @@ class AblateResult(CompactRepr, WritesOutputs):
         config: the settings.
         spec: the model's :class:`~headprobe.probe.backends.loading.ModelSpec`.
         table: head_ablation.csv: one row per head (``layer``, ``head``, ``kv_head``, ``<task>_loss_delta``,
-            ``<task>_importance``, ``<task>_attribution``, ``induction_score``).
+            ``<task>_importance``: Michel et al.'s ``I_h``, unnormalised, not prune's per-layer
+            l2-normalised score; ``<task>_attribution``, ``induction_score``).
         tasks: task (:data:`~headprobe.analyses.columns.TASKS`: ``natural``, ``repeated``) -> :class:`TaskResult`.
         induction_score: ``[layer, head]`` prefix-matching score on the repeated task's tokens.
         natural: the natural-text token set (both halves).
@@ -508,7 +511,8 @@ ESTIMATE_LABELS = {
     "atp": "AtP* (Kramár et al. 2024, arXiv 2403.00745): attribution patching with GradDrop, the magnitude "
     "averaged over dropped layers, signed by attribution patching",
     "attribution": "attribution patching (Nanda 2023): first-order estimate of the loss change",
-    "gradient": "Michel et al. 2019 gradient importance E|dL/dxi_h| (unsigned)",
+    "gradient": "Michel et al. 2019 gradient importance I_h = E_x |dL(x)/dxi_h| (unsigned), unnormalised "
+    "(normalize=false; prune --methods michel ranks by it l2-normalised per layer)",
     "second-order": "attribution patching plus half the Gauss-Newton curvature d^T G d, estimated with targets "
     "sampled from the model (LeCun et al. 1990; Martens & Grosse 2015)",
 }

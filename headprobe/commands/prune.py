@@ -1,5 +1,6 @@
 """``headprobe prune``: head pruning methods on one curve: Michel et al. 2019's iterative
-gradient importance (arXiv 1905.10650, ``michel``), Voita et al. 2019's L0 head gates (arXiv
+gradient importance (arXiv 1905.10650, ``michel``: their ``I_h`` l2-normalised per layer by
+default, not the unnormalised ``I_h`` that ``ablate`` reports), Voita et al. 2019's L0 head gates (arXiv
 1905.09418, ``l0``) and a seeded random order (``random``, one curve per seed, drawn as a band),
 each recording the held-out natural-text loss and the in-context loss on repeated random tokens
 (``repeated``, the induction task) against the fraction of heads removed; optionally saves a
@@ -107,7 +108,9 @@ class PruneConfig(options.ModelRunConfig):
         step_fraction: fraction of all heads removed per step, in (0, 1].
         max_fraction: stop once this fraction of heads is removed, in (0, 1].
         rescore: recompute the importance after every step (False: once before pruning, as in the paper).
-        normalize: per-layer L2 normalisation of the importance (Michel et al. section 4.1).
+        normalize: rank by Michel et al.'s ``I_h`` divided by its layer's l2 norm (their section
+            4.1; default True); False: by the unnormalised ``I_h``, the score ``ablate``'s
+            ``<task>_importance`` columns hold.
         methods: the methods compared, a subset of :data:`METHODS` (a comma-separated string is accepted).
         n_seeds: random orders drawn (seeds ``seed .. seed + n_seeds - 1``), shown as a band (>= 1).
         l0_lambdas: the L0 penalty weights swept, increasing (nats per whole model's heads; see
@@ -123,7 +126,7 @@ class PruneConfig(options.ModelRunConfig):
     methods: tuple[str, ...] | str = setting(
         METHODS,
         "pruning methods to compare, comma-separated: michel (gradient "
-        "importance), l0 (Voita et al. head gates), random (default %(default)s)",
+        "importance, per-layer l2-normalised unless --no-normalize), l0 (Voita et al. head gates), random (default %(default)s)",
         flag="--method",
         aliases=("--methods",),
         text=",".join,
@@ -172,7 +175,8 @@ class PruneConfig(options.ModelRunConfig):
     )
     normalize: bool = setting(
         True,
-        "skip per-layer L2 normalisation of importance",
+        "michel: rank by the unnormalised importance I_h (as ablate reports it) instead of I_h "
+        "l2-normalised per layer (the default, Michel et al. section 4.1)",
         flag="--no-normalize",
         action="store_false",
         needs=Needs("methods", ("michel",), contains=True),

@@ -174,7 +174,7 @@ class PruneResult(CompactRepr, WritesOutputs):
         cfg, spec = self.config, self.spec
         methods = {
             "michel": "Michel et al. 2019 (arXiv 1905.10650) gradient importance I_h = E_x |dL/dxi_h|"
-            + (", per-layer L2-normalised" if cfg.normalize else "")
+            + (", l2-normalised per layer (normalize=true)" if cfg.normalize else ", unnormalised (normalize=false)")
             + ("; rescored after every step" if cfg.rescore else "; scored once")
             + f"; {cfg.step_fraction:g} of all heads per step",
             "l0": "Voita et al. 2019 (arXiv 1905.09418) Hard Concrete head gates (Louizos et al. 2018) on the frozen "
