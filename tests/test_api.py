@@ -210,6 +210,41 @@ def test_api_functions_check_before_loading(no_loading):
         headprobe.prune("smollm2-135m", step_fraction=0)
 
 
+@pytest.mark.parametrize("estimate", [None, "gradient"])
+def test_ablate_refuses_a_loaded_models_head_out_of_range_before_any_forward(
+    tiny_gpt2_native, monkeypatch, estimate
+):
+    """``headprobe.ablate(model, heads="18.9")`` on a loaded model of 9 heads a layer was refused only
+    after the load-time self-check's forward and the token sets (1-2 s on SmolLM2), where the
+    command line and ``show`` refuse at once: the heads are now checked against ``model.spec`` first
+    (the check the command line's preflight makes against config.json). Counted here: no forward
+    (the self-check reset, so it would run one) and no token set is built before the refusal; the
+    same call with a head in range does run the forward (the counting sees it)."""
+    from headprobe.options import ModelRunConfig
+
+    model = tiny_gpt2_native  # 2 layers of 4 heads: 1.4 is the head past a layer's last, as 18.9 is in SmolLM2
+    calls = {"forward": 0, "task_tokens": 0}
+
+    def forward(self, *args, **kwargs):
+        calls["forward"] += 1
+        raise RuntimeError("forward called")
+
+    def task_tokens(self, *args, **kwargs):
+        calls["task_tokens"] += 1
+        raise RuntimeError("token sets built")
+
+    monkeypatch.setattr(model, "_self_check", None)  # so that a check reached would run its forward
+    monkeypatch.setattr(type(model), "forward", forward)
+    monkeypatch.setattr(ModelRunConfig, "task_tokens", task_tokens)
+    small = dict(n_natural=2, seq_len=12, n_repeated=2, period=5, estimate=estimate)
+    with pytest.raises(HeadprobeError, match=r"^head 1\.4 is out of range: the model has 2 layers of 4 heads"):
+        headprobe.ablate(model, heads="1.4", **small)
+    assert calls == {"forward": 0, "task_tokens": 0}
+    with pytest.raises(HeadprobeError):  # in range: the self-check's forward runs (and fails here)
+        headprobe.ablate(model, heads="1.3", **small)
+    assert calls["forward"] > 0
+
+
 def test_peek_layout_agrees_with_the_loaded_model(tiny_dir, api_scan, tmp_path):
     from headprobe.options import peek_layout
 

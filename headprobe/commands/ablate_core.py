@@ -668,8 +668,9 @@ def memory_plan(model: LoadedModel, config: AblateConfig) -> BatchPlan:
     Raises:
         HeadprobeError: one ablation of a task's sequences, an estimate of a task's batch or a
             forward beside them does not fit in the memory budget; lengths that cannot run
-            (``config.resolved``).
+            (``config.resolved``); before all of these, a head out of range (:func:`swept_heads`).
     """
+    swept_heads(model, config)  # a head out of range is refused first, before any plan, data or forward
     config = config.resolved(model.spec, model.trained_periods)  # refuses lengths that cannot run, before a plan
     assert config.period is not None and config.seq_len is not None  # set by resolved
     # the repeated task's sequences: two blocks of period tokens after BOS where the model prepends one
@@ -826,11 +827,11 @@ def run(
     save = (lambda: on_save(saved)) if on_save is not None else (lambda: None)
     spec = model.spec
     options.require_causal(spec, NEEDS_CAUSAL, options.ENCODER_HINT)
+    heads = swept_heads(model, config)  # before the self-check's forward and the token sets
     model.self_check.require_decomposition("head ablation (ablate, prune)")
     if config.estimate:
         memory_plan(model, config)  # refuses an estimate that cannot fit, before any allocation
     cfg = config.resolved(spec, model.trained_periods)  # the lengths it runs with and summary.json records
-    heads = _present(cfg.head_list(spec.n_layers, spec.n_heads, spec.layout.head_layers), spec)
     natural, repeated, sets, mean_z = _task_sets(model, cfg)
     results: dict[str, TaskResult] = {}
     swept = 0
@@ -860,6 +861,20 @@ def run(
         swept=swept,
         ranks=1 if cfg.estimate else distributed.world_size(),
     )
+
+
+def swept_heads(model: LoadedModel, config: AblateConfig) -> list:
+    """The heads ``config`` asks to sweep in ``model`` (:meth:`AblateConfig.head_list`, the check
+    the command line's ``preflight`` makes against the model's config.json, here against the
+    loaded ``model.spec``; a pruned checkpoint's removed heads left out, :func:`_present`). Reads
+    the layout only: no data, no forward, so :func:`memory_plan` and :func:`run` call it first.
+
+    Raises:
+        HeadprobeError: a head out of range or in a layer without heads (one line naming the
+            model's layout); every head asked for removed in a pruned checkpoint.
+    """
+    spec = model.spec
+    return _present(config.head_list(spec.n_layers, spec.n_heads, spec.layout.head_layers), spec)
 
 
 def _removed(spec: ModelSpec) -> set[tuple[int, int]]:
