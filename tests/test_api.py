@@ -211,9 +211,7 @@ def test_api_functions_check_before_loading(no_loading):
 
 
 @pytest.mark.parametrize("estimate", [None, "gradient"])
-def test_ablate_refuses_a_loaded_models_head_out_of_range_before_any_forward(
-    tiny_gpt2_native, monkeypatch, estimate
-):
+def test_ablate_refuses_a_loaded_models_head_out_of_range_before_any_forward(tiny_gpt2_native, monkeypatch, estimate):
     """``headprobe.ablate(model, heads="18.9")`` on a loaded model of 9 heads a layer was refused only
     after the load-time self-check's forward and the token sets (1-2 s on SmolLM2), where the
     command line and ``show`` refuse at once: the heads are now checked against ``model.spec`` first
@@ -686,3 +684,40 @@ def test_the_api_page_says_what_each_result_has():
         assert (table, summary, save) == actual, (command, name, actual)
         for attr in re.findall(r"`(\w+)(?:\(\))?`", otherwise):
             assert attr in {"out", "dir", "json"} or has(attr), (command, attr)
+
+
+def test_the_api_page_names_only_members_the_loaded_model_has(tiny_gpt2_native):
+    """docs/api.md had no entry for the model object the README's examples use (``model.to_tokens``,
+    ``model.W_O``, ...). Its LoadedModel table (between ``<!-- loaded-model-members -->`` markers)
+    must name only what the class has: each backticked ``name(args)`` a member of
+    :class:`LoadedModel` whose signature has those parameters, each plain name an attribute of a
+    loaded model, and every ``spec`` field the row names one of :class:`ModelSpec`. Two claims of
+    the table are checked on the tiny GPT-2 too: ``to_tokens`` of a string is a tensor and of a list
+    a ``(tokens, mask)`` tuple; ``W_O(layer)`` is ``[n_heads, d_head, d_model]``."""
+    import re
+    from pathlib import Path
+
+    import torch
+
+    from headprobe.probe.layout.spec import ModelSpec
+
+    page = (Path(__file__).parents[1] / "docs" / "api.md").read_text(encoding="utf-8")
+    block = page.split("<!-- loaded-model-members -->")[1].split("<!-- /loaded-model-members -->")[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in block.strip().splitlines()[2:]]
+    assert len(rows) >= 10
+    cls, model = headprobe.LoadedModel, tiny_gpt2_native
+    assert isinstance(model, cls)
+    for member, what in rows:
+        for name, args in re.findall(r"`(\w+)(?:\(([^)]*)\))?`", member):
+            assert hasattr(cls, name) or hasattr(model, name), name
+            params = inspect.signature(getattr(cls, name)).parameters if args or "(" in member else {}
+            for arg in filter(None, (a.strip() for a in args.split(","))):
+                assert arg in params, (name, arg)
+        if member == "`spec`":
+            for field in re.findall(r"`(\w+)`", what):
+                assert hasattr(ModelSpec, field) or field in ModelSpec.__dataclass_fields__, field
+    spec = model.spec
+    assert isinstance(model.to_tokens("t1 t2"), torch.Tensor)
+    tokens, mask = model.to_tokens(["t1 t2", "t3"], padding_side="left")
+    assert tokens.shape == mask.shape == (2, 3)
+    assert tuple(model.W_O(0).shape) == (spec.n_heads, spec.d_head, spec.d_model)

@@ -468,7 +468,9 @@ class LoadedModel(Tokenizing, WrappedModule):
         return indices([layer], self.spec.n_layers, "layer")[0]
 
     def b_O(self, layer: int) -> Float[Tensor, " d_model"] | None:
-        """Layer ``layer``'s output bias (None for models without one, e.g. Llama).
+        """Layer ``layer``'s output bias ``[d_model]``, added once after ``sum_h z_h @ W_O[h]``;
+        None for a model without one (e.g. Llama), where :func:`~headprobe.probe.hooks.capture.capture_heads`'s
+        ``"b_O"`` holds zeros instead.
 
         Raises:
             HeadprobeError: ``layer`` out of range (:meth:`layer_index`).
@@ -544,7 +546,10 @@ class LoadedModel(Tokenizing, WrappedModule):
         raise NotImplementedError
 
     def W_O(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
-        """Layer ``layer``'s output projection split by head: ``result_h = z_h @ W_O[h]``.
+        """Layer ``layer``'s output projection split by head, ``[n_heads, d_head, d_model]``:
+        ``result_h = z_h @ W_O[h]`` (``z_h`` ``[..., d_head]``, ``result_h`` ``[..., d_model]``).
+        A plain tensor: a head index past ``n_heads - 1`` (``W_O(18)[9]`` with 9 heads) is torch's
+        ``IndexError``.
 
         Raises:
             HeadprobeError: ``layer`` out of range (:meth:`layer_index`).
