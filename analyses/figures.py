@@ -1675,7 +1675,8 @@ def pruning_methods_plot(
             (e.g. the saved pruned model), drawn as a black star; None: none.
         xlabel: the x axis' label.
     """
-    fig = _figure(COLUMN_WIDTH, 1.5 * len(metrics) + 0.6)
+    entries = len(curves) + len(bands) + (saved is not None)
+    fig = _figure(COLUMN_WIDTH, 1.5 * len(metrics) + 0.6 + 0.12 * entries)  # the legend's rows under the panels
     axes = np.atleast_1d(fig.subplots(len(metrics), 1, sharex=True))
     styles = [("#0072B2", "o", "-"), ("#009E73", "^", "-."), ("#CC79A7", "D", ":"), ("#D55E00", "v", "-")]
     band_color = "#E69F00"
@@ -1701,7 +1702,8 @@ def pruning_methods_plot(
             ax.plot([saved[1]], [saved[2][col]], ls="none", marker="*", ms=7, color="black", label=saved[0], zorder=5)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3, lw=0.4)
-    axes[0].legend(frameon=False, fontsize=6)
+    # below the panels: inside the top one it covered the random band's upper edge (pruning_curve.png)
+    fig.legend(*axes[0].get_legend_handles_labels(), frameon=False, fontsize=6, loc="outside lower center", ncols=1)
     axes[0].set_title(title)
     axes[-1].set_xlabel(xlabel)
     axes[-1].set_xlim(-0.02 * reach, 1.02 * reach)
@@ -1722,17 +1724,18 @@ def per_layer_plot(
     """Michel et al. 2019's per-layer reduction: for each layer (x), the loss (nats/token) with
     that layer reduced to its best single head, to its worst single head, and with all its heads
     ablated, against the unpruned model's loss (a horizontal line); the best head's index is
-    written above each layer's point."""
+    written along the top axis over its layer, clear of the markers (written beside each point, the
+    other markers overprinted it)."""
     fig = _figure(COLUMN_WIDTH, 2.4)
     ax = fig.subplots()
     ax.axhline(clean, color="black", lw=0.8, label="all heads")
     ax.plot(layers, layer_ablated, color="#D55E00", marker="x", ls="", ms=3, label="layer's heads all ablated")
     ax.plot(layers, worst_only, color="#E69F00", marker="s", ls="", ms=2.5, label="only its worst head kept")
     ax.plot(layers, best_only, color="#0072B2", marker="o", ls="-", ms=3, lw=0.8, label="only its best head kept")
-    for x, y, h in zip(layers, best_only, best_head):
-        ax.annotate(
-            str(int(h)), (x, y), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=4.5, color="#0072B2"
-        )
+    top = ax.secondary_xaxis("top")
+    top.set_xticks(np.asarray(layers, dtype=float), [str(int(h)) for h in best_head])
+    top.tick_params(length=0, pad=1.5, labelsize=4.5, labelcolor="#0072B2")
+    top.set_xlabel("best head of the layer", fontsize=5.5, color="#0072B2")
     ax.set_xlabel("layer")
     ax.set_ylabel("held-out text loss (nats/token)")
     ax.set_title(title)
