@@ -663,7 +663,7 @@ def diff_figure(result: DiffResult):
     """diff.png of a run (:func:`draw_diff`)."""
     c = result.config
     tasks = [result.quantity_task(q) for q in result.tests] if result.detection else []  # none measured: no caveat
-    caveat = no_box_caveat(result.detection, tasks, c.correction)
+    caveat = no_box_caveat(result.detection, tasks, CORRECTION_TITLES.get(c.correction, c.correction))
     title = figure_title(
         result.spec_a.name, result.spec_b.name, c.requantize_b, c.correction, c.alpha, c.min_change, c.k, caveat
     )
@@ -699,6 +699,11 @@ def no_box_caveat(detection: dict, tasks, correction: str) -> str:
     return f"NO VERDICT{scope}: no head could be boxed (p >= {p:.3g} from {seqs}, {correction} needs <= {needed:.3g})"
 
 
+CORRECTION_TITLES = {"bh": "Benjamini-Hochberg", "holm": "Holm"}
+"""How diff.png's title names the correction over heads: in full, as the scan's overview and ablation
+figures do ("bh" there read as an unexplained abbreviation)."""
+
+
 def figure_title(
     a: str,
     b: str,
@@ -710,14 +715,16 @@ def figure_title(
     caveat: str = "",
 ) -> str:
     """diff.png's title: the two models, ``caveat`` (:func:`no_box_caveat`) on a line of its own where
-    given, and what the boxes and dots mean."""
+    given, and what the boxes and dots mean (``correction`` named by :data:`CORRECTION_TITLES`, the
+    top-k set by its ``k``)."""
+    correction = CORRECTION_TITLES.get(correction, correction)
     return (
         f"Change B − A per head: A = {a}, B = {b}"
         + (f" re-quantized to {requantize_b}" if requantize_b else "")
         + (f"\n{caveat}" if caveat else "")
         + f"\nboxed: changed (significant, {correction} over heads at alpha {alpha}, paired sign-flip test "
         f"over sequences, and >= {min_change} pooled sd over heads); filled dot: role flipped (top-{k} "
-        "membership and a change); hollow: crossed the top-k boundary without one"
+        f"membership and a change); hollow: crossed the top-{k} boundary without one"
     )
 
 
@@ -764,7 +771,8 @@ def redraw(out: str | Path) -> dict:
             changed[q][h] = True
     top = {t: {m: heads(hs) for m, hs in v.items()} for t, v in summary["top_k"].items()}
     c = summary["config"]
-    caveat = no_box_caveat(summary.get("detection", {}), [v["task"] for v in quantities.values()], c["correction"])
+    named = CORRECTION_TITLES.get(c["correction"], c["correction"])
+    caveat = no_box_caveat(summary.get("detection", {}), [v["task"] for v in quantities.values()], named)
     title = figure_title(
         summary["model"],
         summary["model_b"],
