@@ -11,6 +11,7 @@ change is signed, Michel et al.'s importance ``E|dL/dxi_h|`` is not), never from
 from __future__ import annotations
 
 import functools
+import re
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -314,14 +315,20 @@ def _head_axes(ax, n_layers: int, n_heads: int, group_size: int | None, width_in
     position before layout), which sets how many head ticks fit (:func:`_head_step`). With
     ``group_size`` query heads per key/value head (GQA, MQA), white lines part the groups and the
     axis label says so, for a figure that travels without its caption."""
-    grouped = bool(group_size and 1 < group_size < n_heads)
-    ax.set_xlabel(f"head ({group_size} per KV head)" if grouped else "head")
+    _head_groups(ax, n_heads, group_size)
     ax.set_ylabel("layer")
     if width_in is None:
         width_in = ax.get_position().width * ax.figure.get_figwidth() * 0.8  # the colour bar takes some later
     ax.set_xticks(range(0, n_heads, _head_step(n_heads, width_in)))
     step = 1 if n_layers <= 16 else 2
     ax.set_yticks(range(0, n_layers, step))
+
+
+def _head_groups(ax, n_heads: int, group_size: int | None) -> None:
+    """The head axis' label, "head (3 per KV head)" with white lines between the key/value groups where
+    ``group_size`` query heads share one (GQA, MQA), else "head": every layer x head heatmap's."""
+    grouped = bool(group_size and 1 < group_size < n_heads)
+    ax.set_xlabel(f"head ({group_size} per KV head)" if grouped else "head")
     if grouped:
         assert group_size is not None  # grouped says so
         for g in range(group_size, n_heads, group_size):
@@ -1122,7 +1129,7 @@ def ablation_caption(rows: Sequence[dict], design: dict, rule: VerdictRule | Non
 
 
 @_styled
-def diff_heatmaps(panels: Sequence[tuple], title: str) -> Figure:
+def diff_heatmaps(panels: Sequence[tuple], title: str, group_size: int | None = None) -> Figure:
     """A page-wide grid of layer x head heatmaps of signed changes (``headprobe diff``'s B − A), three
     panels a row, each on ``RdBu_r`` centred at 0 with its own symmetric limits and its own
     labelled colour bar.
@@ -1132,6 +1139,8 @@ def diff_heatmaps(panels: Sequence[tuple], title: str) -> Figure:
             dotted {(layer, head): filled})`` per panel; a boxed head is outlined, a dotted one gets a
             dot (filled or hollow).
         title: the figure's title (wrapped to the page).
+        group_size: query heads per key/value head: the groups parted and named as the scan's
+            heatmaps part them (:func:`_head_groups`; it read plain "head" beside their "head (3 per KV head)").
     """
     from matplotlib.patches import Rectangle
 
@@ -1146,13 +1155,14 @@ def diff_heatmaps(panels: Sequence[tuple], title: str) -> Figure:
         change = np.asarray(change, dtype=float)
         lim = (float(np.nanmax(np.abs(change))) if np.isfinite(change).any() else 0.0) or 1.0
         im = ax.imshow(change, cmap=DIVERGING_CMAP, vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
-        for layer, head in zip(*np.nonzero(boxed)):
-            ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, lw=1.0, ec="black"))
+        for layer, head in zip(*np.nonzero(boxed)):  # zorder 3: a box's edge over the group lines
+            ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, lw=1.0, ec="black", zorder=3))
         for (layer, head), filled in dotted.items():
             ax.plot(head, layer, "o", ms=2.5, mec="#222", mfc="#222" if filled else "none", mew=0.6)
         ax.set_xticks(range(0, n_heads, _head_step(n_heads, PAGE_WIDTH / cols - 0.9)))
         ax.set_yticks(range(0, n_layers, max(1, -(-n_layers // 10))))
-        ax.set(title=name, xlabel="head", ylabel="layer")
+        ax.set(title=name, ylabel="layer")
+        _head_groups(ax, n_heads, group_size)
         bars.append(fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02))
         bars[-1].set_label(label)
     for ax in axes[len(panels) :]:
@@ -1996,7 +2006,9 @@ def _circuit_handles(edges: Sequence, checked: list[bool], score_label: str, top
                 label="negative: dashed, paler",
             )
         )
-    handles.append(Line2D([], [], color="none", label=f"width: |{score_label}|, largest {top:.3g}"))
+    name, unit = re.fullmatch(r"(.*?)(?: \((.*)\))?", score_label).groups()  # the unit outside |...|
+    largest = f"largest {top:.3g}" + (f" {unit}" if unit else "")
+    handles.append(Line2D([], [], color="none", label=f"width: |{name}|, {largest}"))
     handles.append(
         Line2D(
             [],

@@ -1342,3 +1342,36 @@ def test_the_pruning_legend_lies_under_the_panels_inside_the_figure():
     assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
     assert box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y0 >= 0
     assert len(legends[0].get_texts()) == 4
+
+
+def test_diff_heatmaps_part_and_name_the_kv_groups_as_the_scan_heatmaps_do():
+    """diff.png of SmolLM2-135M (3 query heads per key/value head) labelled its head axis plain "head"
+    with no group lines, beside the scan's heatmaps of the same heads that read "head (3 per KV head)"
+    with white lines between the groups. Both draw the same axis now; an MHA model keeps plain "head"."""
+    change = np.random.default_rng(0).normal(size=(4, 9))
+    panel = ("induction score", "Δ induction score", change, np.zeros((4, 9), bool), {})
+    grouped = figs.diff_heatmaps([panel], "t", group_size=3).axes[0]
+    scan = figs.signed_head_heatmap(change, "t", "Δ", group_size=3).axes[0]
+
+    def lines(ax):
+        return sorted(float(line.get_xdata()[0]) for line in ax.get_lines() if line.get_color() == "white")
+
+    assert grouped.get_xlabel() == scan.get_xlabel() == "head (3 per KV head)"
+    assert lines(grouped) == lines(scan) == [2.5, 5.5]
+    plain = figs.diff_heatmaps([panel], "t", group_size=1).axes[0]
+    assert plain.get_xlabel() == "head" and lines(plain) == []
+
+
+def test_the_circuit_legend_writes_the_unit_outside_the_absolute_value():
+    """circuit.png's legend read "width: |EAP-IG score (nats/token)|, largest 1.57": the unit inside
+    the absolute-value bars and the largest width without one. It reads "width: |EAP-IG score|,
+    largest 1.57 nats/token"; a label without a unit stays whole."""
+    edges = _toy_circuit_edges()
+    top = max(abs(e[3]) for e in edges)
+    for label, want in (
+        ("EAP-IG score (nats/token)", f"width: |EAP-IG score|, largest {top:.3g} nats/token"),
+        ("attribution", f"width: |attribution|, largest {top:.3g}"),
+    ):
+        fig = figs.circuit_graph(edges, 2, 4, "t", label)
+        texts = [t.get_text() for t in fig.legends[0].get_texts()]
+        assert want in texts, texts

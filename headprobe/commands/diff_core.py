@@ -672,6 +672,7 @@ def diff_figure(result: DiffResult):
         {q: result.changed(q) for q in result.tests},
         result.top,
         title,
+        result.spec_a.n_heads // result.spec_a.n_kv_heads if result.spec_a.n_kv_heads else None,
     )
 
 
@@ -728,7 +729,7 @@ def figure_title(
     )
 
 
-def draw_diff(changes: dict, changed: dict, top: dict, title: str):
+def draw_diff(changes: dict, changed: dict, top: dict, title: str, group_size: int | None = None):
     """One heatmap per quantity (:func:`~headprobe.analyses.figures.diff_heatmaps`): each head's mean
     paired change B - A (``changes``, ``[layer, head]``; diverging colours, 0 white); heads that
     changed (``changed``, :func:`changed_heads`) boxed; for a type's ranking score, a filled dot
@@ -742,7 +743,7 @@ def draw_diff(changes: dict, changed: dict, top: dict, title: str):
         moved = {tuple(h) for h in sets["A"]} ^ {tuple(h) for h in sets["B"]}
         dotted[q] = {(int(h[0]), int(h[1])): bool(changed[q][h[0], h[1]]) for h in moved} if q in changed else {}
     panels = [(*quantity_labels(q), changes[q], changed[q], dotted.get(q, {})) for q in changes]
-    return diff_heatmaps(panels, title)
+    return diff_heatmaps(panels, title, group_size)
 
 
 def redraw(out: str | Path) -> dict:
@@ -783,4 +784,6 @@ def redraw(out: str | Path) -> dict:
         c["k"],
         caveat,
     )
-    return {"diff": draw_diff({q: grid(table[f"{q}_change"]) for q in quantities}, changed, top, title)}
+    kv = summary["layout"].get("n_kv_heads")  # absent from a summary.json older than the field: no groups
+    group = H // kv if kv else None
+    return {"diff": draw_diff({q: grid(table[f"{q}_change"]) for q in quantities}, changed, top, title, group)}
