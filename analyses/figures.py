@@ -335,6 +335,11 @@ def _head_groups(ax, n_heads: int, group_size: int | None) -> None:
             ax.axvline(g - 0.5, color="white", lw=0.8)
 
 
+IN_CONTEXT_LOSS_LABEL = "in-context loss (late − early, nats)"
+"""The y label of the in-context loss (Olsson et al. 2022: the loss late in a context minus early in it,
+negative where the context helps) in training.png and loss_vs_heads.png: "in-context loss (nats)"
+left a negative loss unexplained in loss_vs_heads.png, which has no legend entry saying "late − early"."""
+
 CATEGORY_COLORS = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#56B4E9", "#CC79A7", "#F0E442", "#000000")
 """Okabe and Ito's eight colours, distinguishable with every common colour-vision deficiency
 (Okabe & Ito 2008, "Color Universal Design"; Wong 2011, Nature Methods 8:441), for integer
@@ -1379,7 +1384,7 @@ def training_curves(
     ax1.set_title(title)
     ax2.plot(steps, in_context_loss, color="#009E73", lw=1.2, label="in-context loss (late − early)")
     ax2.axhline(0, color="black", lw=0.5)
-    ax2.set_ylabel("in-context loss (nats)")
+    ax2.set_ylabel(IN_CONTEXT_LOSS_LABEL)
     ax2.set_xlabel("training step")
     tw = ax2.twinx()
     tw.plot(steps[1:], train_loss[1:], color="#CC79A7", lw=0.9, ls=":", label="training loss")
@@ -1412,6 +1417,7 @@ def training_curves(
             color="grey",
             ha="left" if early else "right",
         )
+    _fit_ylabels(fig, [ax1, ax2])  # the in-context label, no taller than its panel
     return fig
 
 
@@ -1428,7 +1434,7 @@ def loss_vs_heads(
     second panel below shows the in-context loss the same way (near -4.5: induction formed; near 0: not)."""
     n_heads, loss = np.asarray(n_heads), np.asarray(loss, dtype=float)
     panels = [(loss, loss_label)] + (
-        [] if in_context is None else [(np.asarray(in_context, dtype=float), "in-context loss (nats)")]
+        [] if in_context is None else [(np.asarray(in_context, dtype=float), IN_CONTEXT_LOSS_LABEL)]
     )
     fig = _figure(COLUMN_WIDTH, 2.4 if len(panels) == 1 else 3.6)
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
@@ -1442,6 +1448,7 @@ def loss_vs_heads(
     axes[-1].set_xlabel("heads per layer (same d_model)")
     axes[0].set_title(title)
     axes[0].legend(frameon=False, fontsize=6)
+    _fit_ylabels(fig, axes)  # each label no taller than its panel
     return fig
 
 

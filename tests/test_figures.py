@@ -1375,3 +1375,22 @@ def test_the_circuit_legend_writes_the_unit_outside_the_absolute_value():
         fig = figs.circuit_graph(edges, 2, 4, "t", label)
         texts = [t.get_text() for t in fig.legends[0].get_texts()]
         assert want in texts, texts
+
+
+def test_the_in_context_loss_axis_says_late_minus_early_in_both_figures():
+    """loss_vs_heads.png plotted the in-context loss near -4.5 under "in-context loss (nats)", a negative
+    loss with nothing in the figure saying what it is (training.png said "late − early" in its legend
+    only). Both figures label the axis "in-context loss (late − early, nats)"."""
+    steps = np.array([0, 100, 200])
+    train = figs.training_curves(steps, np.zeros(3), np.zeros(3), np.array([0.0, -1, -4]), np.ones(3), None, "t")
+    heads = figs.loss_vs_heads(np.array([1, 2, 4]), np.ones(3), "t", np.array([-4.5, -4.4, -1.0]))
+    labels = [" ".join(ax.get_ylabel().split()) for ax in (*train.axes[1:2], *heads.axes[1:])]  # wrapped to fit
+    assert labels == ["in-context loss (late − early, nats)"] * 2, labels
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    for fig in (train, heads):  # each no taller than its panel
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        ax = fig.axes[1]
+        box, panel = ax.yaxis.label.get_window_extent(canvas.get_renderer()), ax.get_window_extent()
+        assert panel.y0 <= box.y0 and box.y1 <= panel.y1, (box, panel)
