@@ -2013,7 +2013,8 @@ def _circuit_handles(edges: Sequence, checked: list[bool], score_label: str, top
                 label="negative: dashed, paler",
             )
         )
-    name, unit = re.fullmatch(r"(.*?)(?: \((.*)\))?", score_label).groups()  # the unit outside |...|
+    named = re.fullmatch(r"(.*?) \(([^()]*)\)", score_label)  # the unit, "(nats/token)", outside |...|
+    name, unit = named.groups() if named else (score_label, "")
     largest = f"largest {top:.3g}" + (f" {unit}" if unit else "")
     handles.append(Line2D([], [], color="none", label=f"width: |{name}|, {largest}"))
     handles.append(
