@@ -399,7 +399,7 @@ def over_training_plot(table: pd.DataFrame, title: str) -> Figure:
     ax.set_title(title)
     handles, _ = ax.get_legend_handles_labels()
     handles += [
-        Line2D([], [], marker="o", ls="", color="k", label="confirmed (ablation)"),
+        Line2D([], [], marker="o", ls="", color="k", label=LABELS[True]),  # "CONFIRMED", as every figure
         Line2D([], [], marker="o", ls="", markerfacecolor="white", markeredgecolor="k", label=LABELS[False]),
     ]
     verdicts = t[[f"{ht}_verdict" for ht in types if f"{ht}_verdict" in t]].to_numpy().ravel()

@@ -11,6 +11,7 @@ change is signed, Michel et al.'s importance ``E|dL/dxi_h|`` is not), never from
 from __future__ import annotations
 
 import functools
+import re
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -314,19 +315,30 @@ def _head_axes(ax, n_layers: int, n_heads: int, group_size: int | None, width_in
     position before layout), which sets how many head ticks fit (:func:`_head_step`). With
     ``group_size`` query heads per key/value head (GQA, MQA), white lines part the groups and the
     axis label says so, for a figure that travels without its caption."""
-    grouped = bool(group_size and 1 < group_size < n_heads)
-    ax.set_xlabel(f"head ({group_size} per KV head)" if grouped else "head")
+    _head_groups(ax, n_heads, group_size)
     ax.set_ylabel("layer")
     if width_in is None:
         width_in = ax.get_position().width * ax.figure.get_figwidth() * 0.8  # the colour bar takes some later
     ax.set_xticks(range(0, n_heads, _head_step(n_heads, width_in)))
     step = 1 if n_layers <= 16 else 2
     ax.set_yticks(range(0, n_layers, step))
+
+
+def _head_groups(ax, n_heads: int, group_size: int | None) -> None:
+    """The head axis' label, "head (3 per KV head)" with white lines between the key/value groups where
+    ``group_size`` query heads share one (GQA, MQA), else "head": every layer x head heatmap's."""
+    grouped = bool(group_size and 1 < group_size < n_heads)
+    ax.set_xlabel(f"head ({group_size} per KV head)" if grouped else "head")
     if grouped:
         assert group_size is not None  # grouped says so
         for g in range(group_size, n_heads, group_size):
             ax.axvline(g - 0.5, color="white", lw=0.8)
 
+
+IN_CONTEXT_LOSS_LABEL = "in-context loss (late − early, nats)"
+"""The y label of the in-context loss (Olsson et al. 2022: the loss late in a context minus early in it,
+negative where the context helps) in training.png and loss_vs_heads.png: "in-context loss (nats)"
+left a negative loss unexplained in loss_vs_heads.png, which has no legend entry saying "late − early"."""
 
 CATEGORY_COLORS = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#56B4E9", "#CC79A7", "#F0E442", "#000000")
 """Okabe and Ito's eight colours, distinguishable with every common colour-vision deficiency
@@ -1122,7 +1134,7 @@ def ablation_caption(rows: Sequence[dict], design: dict, rule: VerdictRule | Non
 
 
 @_styled
-def diff_heatmaps(panels: Sequence[tuple], title: str) -> Figure:
+def diff_heatmaps(panels: Sequence[tuple], title: str, group_size: int | None = None) -> Figure:
     """A page-wide grid of layer x head heatmaps of signed changes (``headprobe diff``'s B − A), three
     panels a row, each on ``RdBu_r`` centred at 0 with its own symmetric limits and its own
     labelled colour bar.
@@ -1132,6 +1144,8 @@ def diff_heatmaps(panels: Sequence[tuple], title: str) -> Figure:
             dotted {(layer, head): filled})`` per panel; a boxed head is outlined, a dotted one gets a
             dot (filled or hollow).
         title: the figure's title (wrapped to the page).
+        group_size: query heads per key/value head: the groups parted and named as the scan's
+            heatmaps part them (:func:`_head_groups`; it read plain "head" beside their "head (3 per KV head)").
     """
     from matplotlib.patches import Rectangle
 
@@ -1146,13 +1160,14 @@ def diff_heatmaps(panels: Sequence[tuple], title: str) -> Figure:
         change = np.asarray(change, dtype=float)
         lim = (float(np.nanmax(np.abs(change))) if np.isfinite(change).any() else 0.0) or 1.0
         im = ax.imshow(change, cmap=DIVERGING_CMAP, vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
-        for layer, head in zip(*np.nonzero(boxed)):
-            ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, lw=1.0, ec="black"))
+        for layer, head in zip(*np.nonzero(boxed)):  # zorder 3: a box's edge over the group lines
+            ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, lw=1.0, ec="black", zorder=3))
         for (layer, head), filled in dotted.items():
             ax.plot(head, layer, "o", ms=2.5, mec="#222", mfc="#222" if filled else "none", mew=0.6)
         ax.set_xticks(range(0, n_heads, _head_step(n_heads, PAGE_WIDTH / cols - 0.9)))
         ax.set_yticks(range(0, n_layers, max(1, -(-n_layers // 10))))
-        ax.set(title=name, xlabel="head", ylabel="layer")
+        ax.set(title=name, ylabel="layer")
+        _head_groups(ax, n_heads, group_size)
         bars.append(fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02))
         bars[-1].set_label(label)
     for ax in axes[len(panels) :]:
@@ -1369,7 +1384,7 @@ def training_curves(
     ax1.set_title(title)
     ax2.plot(steps, in_context_loss, color="#009E73", lw=1.2, label="in-context loss (late − early)")
     ax2.axhline(0, color="black", lw=0.5)
-    ax2.set_ylabel("in-context loss (nats)")
+    ax2.set_ylabel(IN_CONTEXT_LOSS_LABEL)
     ax2.set_xlabel("training step")
     tw = ax2.twinx()
     tw.plot(steps[1:], train_loss[1:], color="#CC79A7", lw=0.9, ls=":", label="training loss")
@@ -1402,6 +1417,7 @@ def training_curves(
             color="grey",
             ha="left" if early else "right",
         )
+    _fit_ylabels(fig, [ax1, ax2])  # the in-context label, no taller than its panel
     return fig
 
 
@@ -1418,7 +1434,7 @@ def loss_vs_heads(
     second panel below shows the in-context loss the same way (near -4.5: induction formed; near 0: not)."""
     n_heads, loss = np.asarray(n_heads), np.asarray(loss, dtype=float)
     panels = [(loss, loss_label)] + (
-        [] if in_context is None else [(np.asarray(in_context, dtype=float), "in-context loss (nats)")]
+        [] if in_context is None else [(np.asarray(in_context, dtype=float), IN_CONTEXT_LOSS_LABEL)]
     )
     fig = _figure(COLUMN_WIDTH, 2.4 if len(panels) == 1 else 3.6)
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
@@ -1432,6 +1448,7 @@ def loss_vs_heads(
     axes[-1].set_xlabel("heads per layer (same d_model)")
     axes[0].set_title(title)
     axes[0].legend(frameon=False, fontsize=6)
+    _fit_ylabels(fig, axes)  # each label no taller than its panel
     return fig
 
 
@@ -1675,7 +1692,8 @@ def pruning_methods_plot(
             (e.g. the saved pruned model), drawn as a black star; None: none.
         xlabel: the x axis' label.
     """
-    fig = _figure(COLUMN_WIDTH, 1.5 * len(metrics) + 0.6)
+    entries = len(curves) + len(bands) + (saved is not None)
+    fig = _figure(COLUMN_WIDTH, 1.5 * len(metrics) + 0.6 + 0.12 * entries)  # the legend's rows under the panels
     axes = np.atleast_1d(fig.subplots(len(metrics), 1, sharex=True))
     styles = [("#0072B2", "o", "-"), ("#009E73", "^", "-."), ("#CC79A7", "D", ":"), ("#D55E00", "v", "-")]
     band_color = "#E69F00"
@@ -1701,7 +1719,8 @@ def pruning_methods_plot(
             ax.plot([saved[1]], [saved[2][col]], ls="none", marker="*", ms=7, color="black", label=saved[0], zorder=5)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3, lw=0.4)
-    axes[0].legend(frameon=False, fontsize=6)
+    # below the panels: inside the top one it covered the random band's upper edge (pruning_curve.png)
+    fig.legend(*axes[0].get_legend_handles_labels(), frameon=False, fontsize=6, loc="outside lower center", ncols=1)
     axes[0].set_title(title)
     axes[-1].set_xlabel(xlabel)
     axes[-1].set_xlim(-0.02 * reach, 1.02 * reach)
@@ -1722,17 +1741,18 @@ def per_layer_plot(
     """Michel et al. 2019's per-layer reduction: for each layer (x), the loss (nats/token) with
     that layer reduced to its best single head, to its worst single head, and with all its heads
     ablated, against the unpruned model's loss (a horizontal line); the best head's index is
-    written above each layer's point."""
+    written along the top axis over its layer, clear of the markers (written beside each point, the
+    other markers overprinted it)."""
     fig = _figure(COLUMN_WIDTH, 2.4)
     ax = fig.subplots()
     ax.axhline(clean, color="black", lw=0.8, label="all heads")
     ax.plot(layers, layer_ablated, color="#D55E00", marker="x", ls="", ms=3, label="layer's heads all ablated")
     ax.plot(layers, worst_only, color="#E69F00", marker="s", ls="", ms=2.5, label="only its worst head kept")
     ax.plot(layers, best_only, color="#0072B2", marker="o", ls="-", ms=3, lw=0.8, label="only its best head kept")
-    for x, y, h in zip(layers, best_only, best_head):
-        ax.annotate(
-            str(int(h)), (x, y), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=4.5, color="#0072B2"
-        )
+    top = ax.secondary_xaxis("top")
+    top.set_xticks(np.asarray(layers, dtype=float), [str(int(h)) for h in best_head])
+    top.tick_params(length=0, pad=1.5, labelsize=4.5, labelcolor="#0072B2")
+    top.set_xlabel("best head of the layer", fontsize=5.5, color="#0072B2")
     ax.set_xlabel("layer")
     ax.set_ylabel("held-out text loss (nats/token)")
     ax.set_title(title)
@@ -1993,7 +2013,10 @@ def _circuit_handles(edges: Sequence, checked: list[bool], score_label: str, top
                 label="negative: dashed, paler",
             )
         )
-    handles.append(Line2D([], [], color="none", label=f"width: |{score_label}|, largest {top:.3g}"))
+    named = re.fullmatch(r"(.*?) \(([^()]*)\)", score_label)  # the unit, "(nats/token)", outside |...|
+    name, unit = named.groups() if named else (score_label, "")
+    largest = f"largest {top:.3g}" + (f" {unit}" if unit else "")
+    handles.append(Line2D([], [], color="none", label=f"width: |{name}|, {largest}"))
     handles.append(
         Line2D(
             [],

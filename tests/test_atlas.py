@@ -653,7 +653,25 @@ def test_over_training_legend_names_the_no_verdict_cross_when_drawn():
     with_none = labels(over_training_plot(table([LABELS[None], LABELS[False], LABELS[True]]), "t"))
     without = labels(over_training_plot(table([LABELS[False], LABELS[True], LABELS[True]]), "t"))
     assert LABELS[None] in with_none and LABELS[None] not in without
-    assert {"induction", "confirmed (ablation)", LABELS[False]} <= set(without)
+    assert {"induction", LABELS[True], LABELS[False]} <= set(without)  # "CONFIRMED", as every figure writes it
+
+
+def test_over_training_title_names_the_family_and_the_checkpoints():
+    """over_training.png was titled "head types over training (real scans)": neither the model nor how
+    many checkpoints. It names the family of the checkpoints and counts them."""
+    import pandas as pd
+
+    from headprobe.commands.atlas_core import over_training_title
+
+    table = pd.DataFrame(
+        {
+            "model": ["step 0", "step 0", "step 100", "other"],
+            "family": ["headprobe toy", "headprobe toy", "headprobe toy", "gpt2"],
+            "step": [0, 0, 100, None],
+        }
+    )
+    assert over_training_title(table) == "Head types over training, headprobe toy (2 checkpoints)"
+    assert over_training_title(table.iloc[:2]) == "Head types over training, headprobe toy (1 checkpoint)"
 
 
 def test_over_training_reads_its_markers_from_a_saved_atlas_csv():

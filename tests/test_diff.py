@@ -619,8 +619,10 @@ def test_a_diff_figure_where_no_head_could_be_boxed_says_so(tmp_path):
     }
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     fig = redraw(tmp_path)["diff"]
-    lines = fig.get_suptitle().split("\n")
-    assert "NO VERDICT: no head could be boxed (p >= 0.125 from 4 sequences, bh needs <= 0.05)" in lines, lines
+    text = " ".join(fig.get_suptitle().split())  # wrapped to the figure's width
+    assert (
+        "NO VERDICT: no head could be boxed (p >= 0.125 from 4 sequences, Benjamini-Hochberg needs <= 0.05)" in text
+    ), text
     fig.set_dpi(figures.SAVE_DPI)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
@@ -646,3 +648,18 @@ def test_the_no_box_caveat_names_the_tasks_it_covers():
         "NO VERDICT for natural sequences: no head could be boxed (p >= 0.125 from 4 sequences, holm"
     )
     assert no_box_caveat(one, ["repeated"], "bh") == ""
+
+
+def test_the_diff_title_names_the_correction_and_the_top_k_as_the_other_figures_do():
+    """diff.png's title read "bh over heads" and "crossed the top-k boundary" beside "top-10 membership";
+    the scan's overview and ablation figures name Benjamini-Hochberg in full. The title names the
+    correction (Benjamini-Hochberg, Holm) and the run's k, and no bare "bh" or "top-k" is left."""
+    import re
+
+    from headprobe.commands.diff_core import figure_title
+
+    for correction, name in (("bh", "Benjamini-Hochberg"), ("holm", "Holm")):
+        title = figure_title("a", "b", "int3", correction, 0.05, 0.5, 10)
+        assert f"{name} over heads at alpha 0.05" in title, title
+        assert "top-10 membership" in title and "crossed the top-10 boundary" in title, title
+        assert not re.search(r"\bbh\b|top-k", title), title

@@ -1267,3 +1267,130 @@ def test_overview_titles_never_meet_and_the_colour_bar_label_breaks_between_phra
     lines = bar.get_ylabel().split("\n")
     assert " ".join(lines).split() == label.split(), lines
     assert all(len(line.split()) >= 2 for line in lines), lines
+
+
+def _texts_over_markers(fig) -> list[str]:
+    """The texts of ``fig`` (titles, tick labels, annotations, legend entries) whose drawn box covers a
+    data marker of one of its axes' lines (the marker's centre, widened by half its size), measured at
+    the PNG's resolution: one ``'text' over (x, y)`` line each."""
+    import matplotlib.text
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig.set_dpi(figs.SAVE_DPI)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    points = []
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            if line.get_marker() in (None, "", "None", " "):
+                continue
+            r = line.get_markersize() / 2 * fig.dpi / 72
+            xy = np.column_stack([line.get_xdata(), line.get_ydata()]).astype(float)
+            points += [(x, y, r, tuple(d)) for (x, y), d in zip(ax.transData.transform(xy), xy)]
+    out = []
+    for t in fig.findobj(matplotlib.text.Text):
+        if not t.get_visible() or not t.get_text().strip():
+            continue
+        box = t.get_window_extent(renderer)
+        out += [
+            f"{t.get_text()!r} over {d}"
+            for x, y, r, d in points
+            if box.x0 - r < x < box.x1 + r and box.y0 - r < y < box.y1 + r
+        ]
+    return out
+
+
+def test_the_per_layer_figures_head_numbers_lie_clear_of_every_marker():
+    """per_layer.png wrote each layer's best head just above its point, where the worst-head square and the
+    all-ablated cross of the same layer (a few hundredths of a nat higher) overprinted it (layers 2, 3, 8, 16
+    of SmolLM2-135M). The numbers now run along the top axis: no text covers a marker, and each layer's
+    number is its best head."""
+    layers = np.arange(6)
+    best = np.array([4.0, 4.02, 3.9, 4.1, 4.0, 3.95])
+    fig = figs.per_layer_plot(layers, 3.85, best, best + 0.03, best + 0.05, np.array([8, 3, 4, 0, 7, 2]), "t")
+    assert _texts_over_markers(fig) == []
+    top = [a for a in fig.axes[0].child_axes]
+    labels = {round(t.get_position()[0]): t.get_text() for t in top[0].get_xticklabels()}
+    assert labels == {0: "8", 1: "3", 2: "4", 3: "0", 4: "7", 5: "2"}
+
+
+def test_the_pruning_legend_lies_under_the_panels_inside_the_figure():
+    """pruning_curve.png's legend sat inside the top panel and covered the random band's upper edge at
+    0.6-0.7 of the heads removed (figures/smollm2-135m-prune-2x64). It lies under the panels, clear of
+    every panel, and wholly inside the 300-dpi PNG."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from headprobe.commands.prune_core import METRICS
+
+    frac = np.linspace(0, 1, 11)
+    losses = {c: 3 + 8 * frac for c, _ in METRICS}
+    fig = figs.pruning_methods_plot(
+        [("Michel et al. gradient importance", frac, losses), ("Voita et al. L0 gates", frac, losses)],
+        [("random order", frac, {c: np.stack([v, v + 2, v - 1]) for c, v in losses.items()})],
+        METRICS,
+        "Head pruning, smollm2-135m\n(4-bit weights, float32 compute)",
+        saved=("saved model (81 heads removed)", 0.3, {c: 5.0 for c, _ in METRICS}),
+    )
+    fig.set_dpi(figs.SAVE_DPI)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    legends = fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    assert len(legends) == 1
+    box = legends[0].get_window_extent(renderer)
+    assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
+    assert box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y0 >= 0
+    assert len(legends[0].get_texts()) == 4
+
+
+def test_diff_heatmaps_part_and_name_the_kv_groups_as_the_scan_heatmaps_do():
+    """diff.png of SmolLM2-135M (3 query heads per key/value head) labelled its head axis plain "head"
+    with no group lines, beside the scan's heatmaps of the same heads that read "head (3 per KV head)"
+    with white lines between the groups. Both draw the same axis now; an MHA model keeps plain "head"."""
+    change = np.random.default_rng(0).normal(size=(4, 9))
+    panel = ("induction score", "Δ induction score", change, np.zeros((4, 9), bool), {})
+    grouped = figs.diff_heatmaps([panel], "t", group_size=3).axes[0]
+    scan = figs.signed_head_heatmap(change, "t", "Δ", group_size=3).axes[0]
+
+    def lines(ax):
+        return sorted(float(line.get_xdata()[0]) for line in ax.get_lines() if line.get_color() == "white")
+
+    assert grouped.get_xlabel() == scan.get_xlabel() == "head (3 per KV head)"
+    assert lines(grouped) == lines(scan) == [2.5, 5.5]
+    plain = figs.diff_heatmaps([panel], "t", group_size=1).axes[0]
+    assert plain.get_xlabel() == "head" and lines(plain) == []
+
+
+def test_the_circuit_legend_writes_the_unit_outside_the_absolute_value():
+    """circuit.png's legend read "width: |EAP-IG score (nats/token)|, largest 1.57": the unit inside
+    the absolute-value bars and the largest width without one. It reads "width: |EAP-IG score|,
+    largest 1.57 nats/token"; a label without a unit stays whole."""
+    edges = _toy_circuit_edges()
+    top = max(abs(e[3]) for e in edges)
+    for label, want in (
+        ("EAP-IG score (nats/token)", f"width: |EAP-IG score|, largest {top:.3g} nats/token"),
+        ("attribution", f"width: |attribution|, largest {top:.3g}"),
+    ):
+        fig = figs.circuit_graph(edges, 2, 4, "t", label)
+        texts = [t.get_text() for t in fig.legends[0].get_texts()]
+        assert want in texts, texts
+
+
+def test_the_in_context_loss_axis_says_late_minus_early_in_both_figures():
+    """loss_vs_heads.png plotted the in-context loss near -4.5 under "in-context loss (nats)", a negative
+    loss with nothing in the figure saying what it is (training.png said "late − early" in its legend
+    only). Both figures label the axis "in-context loss (late − early, nats)"."""
+    steps = np.array([0, 100, 200])
+    train = figs.training_curves(steps, np.zeros(3), np.zeros(3), np.array([0.0, -1, -4]), np.ones(3), None, "t")
+    heads = figs.loss_vs_heads(np.array([1, 2, 4]), np.ones(3), "t", np.array([-4.5, -4.4, -1.0]))
+    labels = [" ".join(ax.get_ylabel().split()) for ax in (*train.axes[1:2], *heads.axes[1:])]  # wrapped to fit
+    assert labels == ["in-context loss (late − early, nats)"] * 2, labels
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    for fig in (train, heads):  # each no taller than its panel
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        ax = fig.axes[1]
+        box, panel = ax.yaxis.label.get_window_extent(canvas.get_renderer()), ax.get_window_extent()
+        assert panel.y0 <= box.y0 and box.y1 <= panel.y1, (box, panel)

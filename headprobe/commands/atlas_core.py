@@ -53,6 +53,15 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
+def over_training_title(table: pd.DataFrame) -> str:
+    """over_training.png's title: which model family's checkpoints, how many (it read "head types over
+    training (real scans)", naming neither)."""
+    steps = table.dropna(subset=["step"])
+    families = ", ".join(dict.fromkeys(steps["family"].dropna().astype(str))) if "family" in steps else ""
+    n = steps["model"].nunique()
+    return f"Head types over training{', ' + families if families else ''} ({n} checkpoint{'s' if n != 1 else ''})"
+
+
 @dataclass(repr=False)
 class AtlasResult(CompactRepr):
     """A finished atlas.
@@ -91,7 +100,7 @@ class AtlasResult(CompactRepr):
         figs = {"atlas": atlas_lib.atlas_overview(self.table, f"Head atlas: {n} {what}{'s' if n > 1 else ''}")}
         figs.update({f"atlas_{t}": atlas_lib.depth_plot(self.table, t) for t in atlas_lib.table_types(self.table)})
         if self.table["step"].notna().any():
-            figs["over_training"] = atlas_lib.over_training_plot(self.table, "head types over training (real scans)")
+            figs["over_training"] = atlas_lib.over_training_plot(self.table, over_training_title(self.table))
         return figs
 
     def summary(self) -> dict:

@@ -663,7 +663,7 @@ def diff_figure(result: DiffResult):
     """diff.png of a run (:func:`draw_diff`)."""
     c = result.config
     tasks = [result.quantity_task(q) for q in result.tests] if result.detection else []  # none measured: no caveat
-    caveat = no_box_caveat(result.detection, tasks, c.correction)
+    caveat = no_box_caveat(result.detection, tasks, CORRECTION_TITLES.get(c.correction, c.correction))
     title = figure_title(
         result.spec_a.name, result.spec_b.name, c.requantize_b, c.correction, c.alpha, c.min_change, c.k, caveat
     )
@@ -672,6 +672,7 @@ def diff_figure(result: DiffResult):
         {q: result.changed(q) for q in result.tests},
         result.top,
         title,
+        result.spec_a.n_heads // result.spec_a.n_kv_heads if result.spec_a.n_kv_heads else None,
     )
 
 
@@ -699,6 +700,11 @@ def no_box_caveat(detection: dict, tasks, correction: str) -> str:
     return f"NO VERDICT{scope}: no head could be boxed (p >= {p:.3g} from {seqs}, {correction} needs <= {needed:.3g})"
 
 
+CORRECTION_TITLES = {"bh": "Benjamini-Hochberg", "holm": "Holm"}
+"""How diff.png's title names the correction over heads: in full, as the scan's overview and ablation
+figures do ("bh" there read as an unexplained abbreviation)."""
+
+
 def figure_title(
     a: str,
     b: str,
@@ -710,18 +716,20 @@ def figure_title(
     caveat: str = "",
 ) -> str:
     """diff.png's title: the two models, ``caveat`` (:func:`no_box_caveat`) on a line of its own where
-    given, and what the boxes and dots mean."""
+    given, and what the boxes and dots mean (``correction`` named by :data:`CORRECTION_TITLES`, the
+    top-k set by its ``k``)."""
+    correction = CORRECTION_TITLES.get(correction, correction)
     return (
         f"Change B − A per head: A = {a}, B = {b}"
         + (f" re-quantized to {requantize_b}" if requantize_b else "")
         + (f"\n{caveat}" if caveat else "")
         + f"\nboxed: changed (significant, {correction} over heads at alpha {alpha}, paired sign-flip test "
         f"over sequences, and >= {min_change} pooled sd over heads); filled dot: role flipped (top-{k} "
-        "membership and a change); hollow: crossed the top-k boundary without one"
+        f"membership and a change); hollow: crossed the top-{k} boundary without one"
     )
 
 
-def draw_diff(changes: dict, changed: dict, top: dict, title: str):
+def draw_diff(changes: dict, changed: dict, top: dict, title: str, group_size: int | None = None):
     """One heatmap per quantity (:func:`~headprobe.analyses.figures.diff_heatmaps`): each head's mean
     paired change B - A (``changes``, ``[layer, head]``; diverging colours, 0 white); heads that
     changed (``changed``, :func:`changed_heads`) boxed; for a type's ranking score, a filled dot
@@ -735,7 +743,7 @@ def draw_diff(changes: dict, changed: dict, top: dict, title: str):
         moved = {tuple(h) for h in sets["A"]} ^ {tuple(h) for h in sets["B"]}
         dotted[q] = {(int(h[0]), int(h[1])): bool(changed[q][h[0], h[1]]) for h in moved} if q in changed else {}
     panels = [(*quantity_labels(q), changes[q], changed[q], dotted.get(q, {})) for q in changes]
-    return diff_heatmaps(panels, title)
+    return diff_heatmaps(panels, title, group_size)
 
 
 def redraw(out: str | Path) -> dict:
@@ -764,7 +772,8 @@ def redraw(out: str | Path) -> dict:
             changed[q][h] = True
     top = {t: {m: heads(hs) for m, hs in v.items()} for t, v in summary["top_k"].items()}
     c = summary["config"]
-    caveat = no_box_caveat(summary.get("detection", {}), [v["task"] for v in quantities.values()], c["correction"])
+    named = CORRECTION_TITLES.get(c["correction"], c["correction"])
+    caveat = no_box_caveat(summary.get("detection", {}), [v["task"] for v in quantities.values()], named)
     title = figure_title(
         summary["model"],
         summary["model_b"],
@@ -775,4 +784,6 @@ def redraw(out: str | Path) -> dict:
         c["k"],
         caveat,
     )
-    return {"diff": draw_diff({q: grid(table[f"{q}_change"]) for q in quantities}, changed, top, title)}
+    kv = summary["layout"].get("n_kv_heads")  # absent from a summary.json older than the field: no groups
+    group = H // kv if kv else None
+    return {"diff": draw_diff({q: grid(table[f"{q}_change"]) for q in quantities}, changed, top, title, group)}

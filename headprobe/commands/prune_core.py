@@ -258,7 +258,7 @@ class PruneResult(CompactRepr, WritesOutputs):
                 t.loss_worst_only.to_numpy(),
                 t.loss_layer_ablated.to_numpy(),
                 t.best_head.to_numpy(),
-                f"One head per layer, {spec.name}",
+                f"One head per layer, {spec.name} ({figs.weights_label(spec.weights)})",  # as pruning_curve's title
             )
         return out
 
