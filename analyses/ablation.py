@@ -1003,10 +1003,8 @@ def head_importance(
         :class:`HeadImportance`: ``importance`` and ``attribution`` ``[layer, head]`` (NaN in a
         layer without heads), the mean scored loss at ``head_mask`` (nats/token) and ``kind``.
 
-    A hook at every layer's ``hook_z`` (both backends) returns ``z * xi + delta`` with the head
-    mask ``xi`` (``[batch, head]``, at ``head_mask``, default all ones) and ``delta = 0``, both
-    requiring grad. With ``L = sum_x L(x)`` over sequences, one backward pass gives each
-    sequence's ``dL(x)/dxi_h`` and ``dL(x)/dz_h``:
+    One backward pass (:func:`_importance_gradients`) gives each sequence's ``dL(x)/dxi_h`` and
+    ``dL(x)/dz_h``:
 
     * ``I_h = mean_x |dL(x)/dxi_h|``, unnormalised (Michel et al.'s definition of ``I_h``);
       ``normalize`` divides each layer's scores by their l2 norm (their section 4.1, before pruning). The absolute value is taken per sequence, the paper's
@@ -1017,10 +1015,7 @@ def head_importance(
       of ``kind`` (:mod:`headprobe.probe.core.ablation_kinds`: 0, ``mean_z``, or the z on
       ``source_tokens``): the first-order change of the mean loss.
 
-    Data-parallel under ``torchrun`` (:mod:`headprobe.analyses.distributed`): each rank takes its
-    contiguous slice of the batch (:func:`~headprobe.analyses.distributed.batch_slice`; sequences
-    do not interact), sums its per-sequence scores in float64, and an all-reduce adds the sums, so
-    every rank returns the one-process result (to float32 rounding, ~1e-7 relative).
+    Data-parallel under ``torchrun`` (:func:`_sharded_importance`).
 
     Raises:
         HeadprobeError: unknown ``kind`` or its reference input missing, or the model failed its
@@ -1028,21 +1023,47 @@ def head_importance(
     """
     ablation_kinds.check(kind, mean_z, source_tokens)  # before any rank returns early
     require_head_ablation(model)
+    if distributed.active():
+        return _sharded_importance(model, tokens, first, kind, mean_z, source_tokens, head_mask, normalize)
+    g_xi, attr, per_seq = _importance_gradients(model, tokens, first, kind, mean_z, source_tokens, head_mask)
+    importance = _by_layer(model.spec, [g.abs().float().mean(dim=0) for g in g_xi], torch.float32)
+    if normalize:
+        importance = importance / importance.norm(dim=1, keepdim=True).clamp_min(1e-20)
+    attribution = _by_layer(model.spec, [a.mean(dim=0) for a in attr], torch.float32)
+    return HeadImportance(importance, attribution, float(per_seq.detach().mean()), kind)
+
+
+def _by_layer(spec: ModelSpec, per_layer: list[Tensor], dtype: torch.dtype) -> Tensor:
+    """``[n_layers, n_heads]`` from one ``[head]`` row per attention layer; NaN in a layer without
+    heads (a hybrid's linear-attention layers)."""
+    out = torch.full((spec.n_layers, spec.n_heads), float("nan"), dtype=dtype)
+    out[list(spec.attention_layers)] = torch.stack(per_layer).cpu().to(dtype)
+    return out
+
+
+def _importance_gradients(
+    model: LoadedModel,
+    tokens: Tensor,
+    first: int,
+    kind: str,
+    mean_z: Tensor | None,
+    source_tokens: Tensor | None,
+    head_mask: Tensor | None,
+) -> tuple[list[Tensor], list[Tensor], Tensor]:
+    """The one backward pass of :func:`head_importance` (same arguments): a hook at every
+    attention layer's ``hook_z`` (both backends) returns ``z * xi + delta`` with the head mask
+    ``xi`` (``[batch, head]``, at ``head_mask``, default all ones) and ``delta = 0``, both requiring
+    grad; with ``L = sum_x L(x)`` over sequences, one backward gives every sequence's gradients.
+
+    Returns:
+        ``(g_xi, attr, per_seq)``: per attention layer ``dL(x)/dxi`` ``[batch, head]`` and the
+        attribution ``sum_pos (r_h - z_h) . dL(x)/dz_h`` ``[batch, head]``; the scored loss per
+        sequence ``[batch]`` (nats/token)."""
     spec = model.spec
-    sharded = distributed.active()
-    if sharded:  # this rank's rows only; the sums are added over ranks below
-        B_total = tokens.shape[0]
-        rows = distributed.batch_slice(B_total)
-        tokens = tokens[rows]
-        source_tokens = source_tokens[rows] if source_tokens is not None else None
-        if tokens.shape[0] == 0:
-            return _reduced_importance(
-                torch.zeros(2 * spec.n_layers * spec.n_heads + 1, dtype=torch.float64), spec, B_total, kind, normalize
-            )
     tokens = tokens.to(model.device)
     ablation, inputs = kind_inputs(model, kind, mean_z, source_tokens)
     base = torch.ones(spec.n_layers, spec.n_heads) if head_mask is None else head_mask.detach().float().cpu()
-    layers = list(spec.attention_layers)  # a hybrid's linear-attention layers have no heads: their rows stay NaN
+    layers = list(spec.attention_layers)
     hooks, xis, deltas, zs = _mask_probes(base, tokens.shape[0], layers)
     with torch.inference_mode(False), torch.enable_grad():
         logits = model.forward(tokens, fwd_hooks=hooks)
@@ -1050,27 +1071,41 @@ def head_importance(
         grads = torch.autograd.grad(per_seq.sum(), [xis[l] for l in layers] + [deltas[l] for l in layers])
     g_xi, g_z = grads[: len(layers)], grads[len(layers) :]
     diff = ablation_directions(zs, ablation, inputs)
-    attr = [(d * g.float()).sum(dim=(1, 3)) for d, g in zip(diff, g_z)]  # [batch, head] per layer of layers
+    attr = [(d * g.float()).sum(dim=(1, 3)) for d, g in zip(diff, g_z)]
+    return list(g_xi), attr, per_seq
 
-    def by_layer(per_layer: list[Tensor], dtype: torch.dtype) -> Tensor:  # [n_layers, n_heads], NaN where no heads
-        out = torch.full((spec.n_layers, spec.n_heads), float("nan"), dtype=dtype)
-        out[layers] = torch.stack(per_layer).cpu().to(dtype)
-        return out
 
-    if sharded:
-        sums = torch.cat(
-            [
-                by_layer([g.abs().double().sum(dim=0) for g in g_xi], torch.float64).flatten(),
-                by_layer([a.double().sum(dim=0) for a in attr], torch.float64).flatten(),
-                per_seq.detach().double().sum().cpu().view(1),
-            ]
-        )
+def _sharded_importance(
+    model: LoadedModel,
+    tokens: Tensor,
+    first: int,
+    kind: str,
+    mean_z: Tensor | None,
+    source_tokens: Tensor | None,
+    head_mask: Tensor | None,
+    normalize: bool,
+) -> HeadImportance:
+    """:func:`head_importance` under ``torchrun`` (:mod:`headprobe.analyses.distributed`): each rank
+    takes its contiguous slice of the batch (:func:`~headprobe.analyses.distributed.batch_slice`;
+    sequences do not interact), sums its per-sequence scores in float64, and an all-reduce adds the
+    sums, so every rank returns the one-process result (to float32 rounding, ~1e-7 relative)."""
+    spec = model.spec
+    B_total = tokens.shape[0]
+    rows = distributed.batch_slice(B_total)
+    tokens = tokens[rows]
+    source_tokens = source_tokens[rows] if source_tokens is not None else None
+    if tokens.shape[0] == 0:
+        sums = torch.zeros(2 * spec.n_layers * spec.n_heads + 1, dtype=torch.float64)
         return _reduced_importance(sums, spec, B_total, kind, normalize)
-    importance = by_layer([g.abs().float().mean(dim=0) for g in g_xi], torch.float32)
-    if normalize:
-        importance = importance / importance.norm(dim=1, keepdim=True).clamp_min(1e-20)
-    attribution = by_layer([a.mean(dim=0) for a in attr], torch.float32)
-    return HeadImportance(importance, attribution, float(per_seq.detach().mean()), kind)
+    g_xi, attr, per_seq = _importance_gradients(model, tokens, first, kind, mean_z, source_tokens, head_mask)
+    sums = torch.cat(
+        [
+            _by_layer(spec, [g.abs().double().sum(dim=0) for g in g_xi], torch.float64).flatten(),
+            _by_layer(spec, [a.double().sum(dim=0) for a in attr], torch.float64).flatten(),
+            per_seq.detach().double().sum().cpu().view(1),
+        ]
+    )
+    return _reduced_importance(sums, spec, B_total, kind, normalize)
 
 
 def _mask_probes(base: Float[Tensor, "layer head"], batch: int, layers: Sequence[int]) -> tuple[list, dict, dict, dict]:

@@ -204,8 +204,7 @@ def iterative_pruning(
         order: ``importance`` (lowest first, Michel et al.) or ``random`` (seeded baseline).
         step_fraction: fraction of all heads removed per step (the paper: 0.1); of every head present (:func:`present_heads`).
         rescore: recompute importance at the current mask after each step (else once, as in the paper).
-        normalize: rank by ``I_h`` divided by its layer's l2 norm (Michel et al. section 4.1; the
-            default); False: by the unnormalised ``I_h`` (what ``ablate`` reports).
+        normalize: rank by ``I_h`` / its layer's l2 norm (Michel et al. §4.1); False: raw ``I_h`` (as ``ablate``).
         max_fraction: stop once this fraction of heads is removed.
         resume: a state that ``on_step`` handed out earlier; the run continues after its last step.
         on_step: called after every step with the run's state (JSON-serialisable), to checkpoint it.
