@@ -453,15 +453,21 @@ def mib_graph(edges: list[dict], layout: Layout, in_graph: set[str], d_model: in
 
 def _node_in_graph(name: str, node: str, value: Any) -> bool:
     """A node's ``in_graph``: ``{"in_graph": bool, ...}`` as ``to_json`` writes it, or a bare
-    boolean (the form ``from_json``'s docstring describes).
+    boolean (the form ``from_json``'s docstring describes). Checked for every node, heads or not:
+    ``from_json`` sets each node's flag from the value (a string ``"false"`` would be true). A
+    ``score`` (``to_json`` writes one where the graph has node scores) must be a number; NaN is
+    allowed (EAP-IG's mark of a node left unscored).
 
     Raises:
-        HeadprobeError: neither."""
+        HeadprobeError: neither form, or a score that is no number (a boolean is none)."""
     flag = value.get("in_graph") if isinstance(value, dict) else value
     if not isinstance(flag, bool):
         raise HeadprobeError(
             f'{name}: node {node!r} is {json.dumps(value)[:60]}, not {{"in_graph": true|false}} (EAP-IG\'s graph JSON)'
         )
+    score = value.get("score", 0.0) if isinstance(value, dict) else 0.0
+    if not isinstance(score, (int, float)) or isinstance(score, bool):
+        raise HeadprobeError(f"{name}: node {node!r} has score {json.dumps(score)[:40]}, not a number")
     return flag
 
 
@@ -521,8 +527,10 @@ def read_mib(
         HeadprobeError: no ``cfg``, ``nodes`` or (``scores`` not given) ``edges``, the keys
             ``Graph.from_json`` asserts; a ``cfg`` without one of ``cfg_keys`` (:data:`MIB_CFG_KEYS`),
             of another model (n_layers, n_heads, d_model, parallel_attn_mlp); a node name that is
-            none of EAP-IG's graph of ``cfg`` (:func:`_mib_node_known`), a head node without a boolean
-            ``in_graph``, or an edge that graph does not have (:func:`_mib_edge_parent`).
+            none of EAP-IG's graph of ``cfg`` (:func:`_mib_node_known`), a node without a boolean
+            ``in_graph`` or with a score that is no number, an edge whose score is no finite number
+            or whose ``in_graph`` is no boolean (:func:`_mib_edge_scores`), or an edge that graph
+            does not have (:func:`_mib_edge_parent`).
     """
     missing = [k for k in MIB_JSON_KEYS if k not in data and not (k == "edges" and scores is not None)]
     if missing:  # a graph without edges was read as heads without scores
@@ -542,8 +550,8 @@ def read_mib(
                 f"{name}: node {str(node)[:40]!r} is no node of EAP-IG's graph of {n_layers} layers x {n_heads} "
                 "heads (input, a{l}.h{h}, m{l}, logits: Graph.from_json looks each one up)"
             )
-        m = _MIB_HEAD.fullmatch(str(node))
-        if m and _node_in_graph(name, node, value):
+        in_graph = _node_in_graph(name, node, value)  # every node's, as from_json reads each
+        if in_graph and (m := _MIB_HEAD.fullmatch(str(node))):
             heads.append((int(m.group(1)), int(m.group(2))))
     if scores is None:
         scores = {}

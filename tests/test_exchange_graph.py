@@ -368,6 +368,33 @@ def test_a_node_with_in_graph_false_is_not_in_the_circuit(tmp_path):
     assert read_head_file(path, Layout("m", 2, 4), 3).heads == [(0, 1), (1, 2)]
 
 
+def test_node_scores_are_read_past_nan_included_but_a_string_flag_is_refused(tmp_path):
+    """``to_json`` of a graph with node scores writes ``{"in_graph", "score"}`` per node, NaN for a
+    node left unscored: read as the same heads. A node flag ``"false"`` (true to Python, so
+    ``from_json`` would put the node in the graph) is refused, an MLP node's as a head's."""
+    from headprobe.analyses.exchange import Layout, read_head_file
+    from headprobe.probe.core.errors import HeadprobeError
+
+    src, _, _ = eap_ig_names(2, 4)
+    inside = {"a0.h1", "a1.h2"}
+    nodes = {n: {"in_graph": n in inside, "score": float("nan") if n[0] == "m" else 0.25} for n in src}
+    graph = {
+        "cfg": {"n_layers": 2, "n_heads": 4, "parallel_attn_mlp": False, "d_model": 32},
+        "nodes": nodes | {"logits": {"in_graph": True, "score": float("nan")}},
+        "edges": {"a0.h1->a1.h2<q>": {"score": 0.5, "in_graph": True}},
+    }
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(graph))  # NaN written as EAP-IG's json.dump writes it
+    assert "NaN" in path.read_text()
+    assert read_head_file(path, Layout("m", 2, 4), 3).heads == [(0, 1), (1, 2)]
+    for node in ("m1", "a0.h2"):
+        graph["nodes"][node] = {"in_graph": "false"}
+        path.write_text(json.dumps(graph))
+        with pytest.raises(HeadprobeError, match=f"node '{node}' is .*not .*true.false"):
+            read_head_file(path, Layout("m", 2, 4), 3)
+        graph["nodes"][node] = {"in_graph": False}
+
+
 def test_mibs_ioi_graph_imports_as_the_heads_it_names():
     """MIB's shipped IOI circuit (GPT-2 small; tests/data/mib/README.md): its attention nodes with
     ``in_graph`` true, 67 of the 144."""
