@@ -18,18 +18,21 @@ FLAG_IN_MESSAGE = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*|-[a-zA-Z])(?![\w-])"
 """A command-line flag named in a message: ``--n-random``, ``-k`` (not the ``-negative`` of ``non-negative``)."""
 
 
-class HeadprobeError(Exception):
+class HeadprobeError(ValueError):
     """A problem with the user's input or environment (not a bug in headprobe).
 
     The message is one line, says what is wrong and, where possible, how to fix it. The CLI
     prints it as ``headprobe: error: <message>`` and exits with status 2, without a traceback.
+    A ``ValueError``: a Python caller's ``except ValueError`` catches a bad argument or file, as it
+    catches the standard library's bad-value errors (a :class:`TypeError` of an unknown keyword
+    stays a ``TypeError``).
     """
 
 
-class InputValueError(HeadprobeError, ValueError):
+class InputValueError(HeadprobeError):
     """A bad value of a Python function's argument (an empty ``heads=[]``, an ``attention_mask``
-    holding a 2): a :class:`HeadprobeError` (one line; the CLI's exit status 2) that ``except
-    ValueError`` catches too, as the standard library's own bad-value errors."""
+    holding a 2). Every :class:`HeadprobeError` is a ``ValueError`` now; this name, kept for the
+    code that catches it, marks the refusals of an argument's value."""
 
 
 def one_line_repr(value: object, width: int = 60) -> str:

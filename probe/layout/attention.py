@@ -612,6 +612,8 @@ class KVPolicy:
                 if e["cache"] not in ("full", "streaming"):
                     raise HeadprobeError(f'{source}: a group\'s cache is "full" or "streaming", not {e["cache"]!r}')
                 grid[layer][g] = None if e["cache"] == "full" else Streaming(e["sink"], e["window"])
+        except HeadprobeError:  # a ValueError too: its own line, not wrapped as a malformed policy
+            raise
         except (KeyError, TypeError, ValueError) as err:
             raise HeadprobeError(f"{source}: malformed policy ({type(err).__name__}: {err})") from None
         missing = [(layer, g) for layer in range(n_layers) for g in range(n_groups) if grid[layer][g] is ...]

@@ -356,6 +356,8 @@ def _read_pruned_dir(path: str | os.PathLike[str]) -> tuple[TransformerConfig, l
         cfg = TransformerConfig.from_json(meta["model"])
         kept = [list(map(int, k)) for k in meta["pruned"]["kept_heads"]]
         state = load_file(str(path / PRUNED_WEIGHTS))
+    except HeadprobeError:  # the config's own refusal (a ValueError too), as it reads
+        raise
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
         raise HeadprobeError(f"cannot read pruned model directory {path}: {' '.join(str(e).split())[:200]}") from None
     if len(kept) != cfg.n_layers:
