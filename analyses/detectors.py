@@ -74,8 +74,13 @@ def diagonal_mean(
     """Mean of ``diag`` (``A[q, q - offset]``, entry i is query ``i + offset``) over queries
     ``q >= first_query`` and the batch (``per_sequence``: not the batch, ``[batch, head]``):
     :func:`offset_score` from a diagonal (the streamed path's)."""
-    kept = diag[..., max(first_query - offset, 0) :].float()
+    kept = _kept_queries(diag, offset, first_query)
     return kept.mean(dim=2) if per_sequence else kept.mean(dim=(0, 2))
+
+
+def _kept_queries(diag: Float[Tensor, "batch head n"], offset: int, first_query: int) -> Float[Tensor, "batch head m"]:
+    """``diag``'s entries of queries ``q >= first_query`` (entry i is query ``i + offset``), as float32."""
+    return diag[..., max(first_query - offset, 0) :].float()
 
 
 def previous_token_score(pattern: Pattern) -> Float[Tensor, " head"]:
@@ -152,6 +157,19 @@ def induction_score(
     queries) gives this times ``S / T``.
     """
     return offset_score(pattern, offset=period - 1, first_query=start + period, per_sequence=per_sequence)
+
+
+def induction_scores(
+    pattern: Pattern, period: int, start: int
+) -> tuple[Float[Tensor, " head"], Float[Tensor, "batch head"]]:
+    """:func:`induction_score` pooled over the batch, ``[head]``, and per sequence, ``[batch, head]``,
+    from one read of the pattern's diagonal: the pooled one the same numbers, bit for bit, as
+    ``induction_score(pattern, period, start)`` (the mean over batch and queries at once, not the
+    mean of the per-sequence means, which differs by float32 rounding, ~2e-7)."""
+    offset, first_query = period - 1, start + period
+    _check(pattern, max(offset + 1, first_query + 1))
+    kept = _kept_queries(pattern.diagonal(offset=-offset, dim1=-2, dim2=-1), offset, first_query)
+    return kept.mean(dim=(0, 2)), kept.mean(dim=2)
 
 
 def positional_score(pattern: Pattern) -> tuple[Float[Tensor, " head"], Float[Tensor, " head"]]:

@@ -37,7 +37,7 @@ from torch import Tensor
 
 from headprobe.analyses.ablation import task_loss, token_losses
 from headprobe.analyses.data import TokenSet, ascii_text, pydoc_topics, repeated_random_tokens
-from headprobe.analyses.detectors import induction_score, previous_token_score
+from headprobe.analyses.detectors import induction_scores, previous_token_score
 from headprobe.analyses.train_config import (  # noqa: F401 - re-exported
     COPIES_IN_CONTEXT,
     CORPORA,
@@ -311,8 +311,8 @@ def evaluate(loaded: LoadedModel, held_out: Tensor, repeated, held_out_text: Ten
     ind_seq = torch.zeros(spec.n_layers, spec.n_heads, repeated.tokens.shape[0])
 
     def on_pattern(layer: int, pattern: Tensor) -> None:
-        ind[layer] = induction_score(pattern, repeated.period, repeated.start).cpu()
-        ind_seq[layer] = induction_score(pattern, repeated.period, repeated.start, per_sequence=True).T.cpu()
+        pooled, per_sequence = induction_scores(pattern, repeated.period, repeated.start)  # one read
+        ind[layer], ind_seq[layer] = pooled.cpu(), per_sequence.T.cpu()
         prev[layer] = previous_token_score(pattern[..., repeated.start :, repeated.start :]).cpu()
 
     logits = patterns_by_layer(loaded, repeated.tokens, on_pattern)

@@ -740,3 +740,46 @@ def test_first_step_and_phase_change_gate_use_the_rule_of_induction_formed():
         assert s["phase_change_between"] == ([400, 500] if first else None)
         assert (f"induction formed first at step {first}" in text) is bool(first)
         assert ("no induction head formed" in text) is not first
+
+
+def test_evaluate_reads_each_layers_induction_diagonal_once_with_the_logged_numbers(tiny_run):
+    """``evaluate`` scored induction twice per layer (pooled, then per sequence: two reads of the
+    pattern's ``q - period + 1`` diagonal); now once, both from that one read. The pooled score is
+    bit-identical to :func:`induction_score`'s (the committed training logs stay reproducible) and
+    both match a loop over the captured patterns (float64)."""
+    from torch.overrides import TorchFunctionMode
+
+    from headprobe.analyses.detectors import induction_score
+    from headprobe.analyses.train import _eval_data, evaluate
+    from headprobe.probe.hooks.capture import patterns_by_layer
+
+    loaded = tiny_run.loaded
+    held_out, repeated, _, _ = _eval_data(TINY, loaded, "cpu")
+    period, start = repeated.period, repeated.start
+    reads = []
+
+    class Diagonals(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.Tensor.diagonal and kwargs.get("offset", args[1] if len(args) > 1 else 0) == 1 - period:
+                reads.append(1)
+            return func(*args, **kwargs)
+
+    with Diagonals():
+        ev = evaluate(loaded, held_out, repeated)
+    n_layers = loaded.spec.n_layers
+    assert len(reads) == n_layers, f"{len(reads)} reads of the induction diagonal for {n_layers} layers"
+
+    patterns = {}
+    with torch.inference_mode():
+        patterns_by_layer(loaded, repeated.tokens, lambda layer, p: patterns.__setitem__(layer, p.clone()))
+    for layer, p in patterns.items():
+        assert torch.equal(ev["induction"][layer], induction_score(p, period, start))  # the old pooled path
+        p64 = p.double()
+        ref = torch.zeros(p.shape[0], p.shape[1], dtype=torch.float64)
+        queries = range(start + period, p.shape[-1])
+        for q in queries:
+            ref += p64[:, :, q, q - period + 1]
+        ref /= len(queries)  # [batch, head]
+        torch.testing.assert_close(ev["induction_per_sequence"][layer].double(), ref.T, rtol=0, atol=1e-6)
+        torch.testing.assert_close(ev["induction"][layer].double(), ref.mean(0), rtol=0, atol=1e-6)
