@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -372,3 +373,51 @@ def test_the_readmes_estimate_correlations_are_the_benchmarks():
     for method, rho in measured.items():
         said = re.findall(rf"(?<![\w-]){re.escape(method)} (-?[0-9.]+)", quoted)
         assert said == [f"{rho:.2f}"], (method, said, rho)
+
+
+def _documented_columns() -> dict[str, set[str]]:
+    """docs/ablate.md's **Column names** table: ``{"exact": names, "estimate": names}``, ``<task>``
+    written out as both tasks."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[1] / "docs" / "ablate.md").read_text(encoding="utf-8")
+    table = doc.split("| quantity | exact run (`ablate`) | `--estimate` run | exact? |", 1)[1].split("\n\n", 1)[0]
+    out: dict[str, set[str]] = {"exact": set(), "estimate": set()}
+    for row in table.strip().splitlines()[1:]:
+        cells = row.strip("|").split("|")
+        for kind, cell in zip(("exact", "estimate"), cells[1:3]):
+            for name in re.findall(r"`([a-z_<>0-9]+)`", cell):
+                out[kind] |= {name.replace("<task>", t) for t in ("natural", "repeated")}
+    return out
+
+
+def test_the_column_names_table_maps_an_exact_run_onto_an_estimate_run(tiny_dir, tmp_path):
+    """docs/ablate.md's table names every value column of head_ablation.csv in both kinds of run,
+    and its mapping holds: an exact run's ``<task>_importance`` and ``<task>_attribution`` (with
+    ``--heads``: for every head) are the numbers an ``--estimate gradient`` / ``attribution`` run
+    writes as ``<task>_importance_estimate`` / ``<task>_attribution_estimate`` (same tokens)."""
+    from headprobe.cli import main
+    from headprobe.commands.ablate_core import ESTIMATE_COLUMN
+
+    text = _text(tmp_path)
+    run = ["ablate", "--model", str(tiny_dir), "--text", text, *SMALL]
+    assert main([*run, "--out", str(tmp_path / "exact"), "--heads", "0.0,1.1"]) == 0
+    exact = pd.read_csv(tmp_path / "exact" / "head_ablation.csv")
+    tables = {}
+    for method in ("gradient", "attribution"):
+        assert main([*run, "--out", str(tmp_path / method), "--estimate", method]) == 0
+        tables[method] = pd.read_csv(tmp_path / method / "head_ablation.csv")
+    written = {
+        "exact": set(exact.columns) - {"layer", "head", "kv_head"},
+        "estimate": {f"{t}_{c}" for t in ("natural", "repeated") for c in ESTIMATE_COLUMN.values()}
+        | {"induction_score"},
+    }
+    assert _documented_columns() == written
+    for task in ("natural", "repeated"):
+        assert exact[f"{task}_loss_delta"].isna().sum() == 14  # --heads: two of the 16 swept
+        assert exact[f"{task}_importance"].notna().all()  # the gradient columns: every head
+        for method, column in (("gradient", "importance"), ("attribution", "attribution")):
+            np.testing.assert_allclose(
+                tables[method][f"{task}_{column}_estimate"], exact[f"{task}_{column}"], rtol=1e-6, atol=1e-9
+            )
