@@ -791,3 +791,60 @@ def test_the_committed_kv_runs_uniform_windows_are_their_kv_memory():
             chosen = chosen[chosen["target"] == u["target"]].iloc[0]
             _window_identity(u.to_dict(), int(chosen["kv_bytes"]), n_groups, sink, per_position)
         assert curve[curve["policy"] != "uniform"]["uniform_window"].isna().all(), d
+
+
+def _argv_from_config(config: dict) -> list[str]:
+    """``headprobe kv``'s command line rebuilt from a summary.json ``config``: every setting that is not
+    None as its flag (a switch given where it holds the value the switch sets, lists joined by commas),
+    written here from the flag names alone, not from the code that writes the config."""
+    from headprobe.settings import flag_names, switch_value
+
+    flags = flag_names(KVConfig)
+    argv = ["kv", "--out", "o"]
+    for name, value in config.items():
+        if value is None or name not in flags:
+            continue
+        switch = switch_value(KVConfig, name)
+        if switch:
+            argv += [flags[name]] if value == (switch == "=True") else []
+        else:
+            argv += [flags[name], ",".join(map(str, value)) if isinstance(value, list) else str(value)]
+    return argv
+
+
+def test_a_tolerance_runs_config_rebuilds_the_command_given(tiny_dir, text_file, tmp_path):
+    """With --loss-tolerance and no --kv-budget, summary.json's ``config`` records no kv_budget (it
+    recorded the default 0.5, and the command rebuilt from it was refused: --loss-tolerance is not
+    allowed with --kv-budget): the command rebuilt from the config parses, and to the same config."""
+    import dataclasses
+
+    from headprobe.cli import check_argv
+
+    out = tmp_path / "o"
+    argv = ["kv", "--model", str(tiny_dir), "--device", "cpu", "--text", str(text_file), "--formats", "none"]
+    argv += ["--seq-len", "48", "--block-len", "6", "--sink", "2", "--window", "6", "--budgets", "0.5"]
+    assert main([*argv, "--n-random", "1", "--loss-tolerance", "0.01", "--out", str(out)]) == 0
+    config = json.loads((out / "summary.json").read_text())["config"]
+    parsed = check_argv(_argv_from_config(config))  # refused where config holds both
+    assert parsed is not None
+    assert config["loss_tolerance"] == 0.01 and config["kv_budget"] is None
+    assert json.loads(json.dumps(dataclasses.asdict(parsed[1]))) == config
+    # without --loss-tolerance the budget is recorded: the default, as given
+    assert check_argv(["kv", "--out", "o"])[1].kv_budget == 0.5  # type: ignore[index]
+
+
+def test_the_committed_kv_runs_configs_rebuild_an_accepted_command():
+    """Every committed kv run's summary.json ``config`` (figures/*kv*) rebuilds a command line that
+    ``headprobe kv`` accepts (parsed and checked, no model loaded), to the same settings."""
+    import dataclasses
+    from pathlib import Path
+
+    from headprobe.cli import check_argv
+
+    runs = sorted(p for p in (Path(__file__).parents[1] / "figures").glob("*kv*") if (p / "summary.json").is_file())
+    assert len(runs) >= 4
+    for d in runs:
+        config = json.loads((d / "summary.json").read_text())["config"]
+        parsed = check_argv(_argv_from_config(config))
+        assert parsed is not None, d
+        assert json.loads(json.dumps(dataclasses.asdict(parsed[1]))) == config, d

@@ -64,6 +64,8 @@ HELP = "head-level KV-cache policy: which KV groups keep a full cache, measured 
 
 METHODS = ("estimate", "retrieval", "measured")
 DEFAULT_BUDGETS = (0.25, 0.5, 0.75)
+DEFAULT_KV_BUDGET = 0.5
+"""``--kv-budget`` where neither it nor ``--loss-tolerance`` is given."""
 
 
 def _fractions(text: str) -> tuple[float, ...]:
@@ -119,7 +121,9 @@ class KVConfig(ModelSettings):
         n_per_distance: long-range sequences per distance.
         sink: attention-sink positions a streaming group keeps. window: recent positions it keeps
             (None: ``seq_len // 8``).
-        kv_budget: the chosen policy's KV cache as a fraction of the full one (ignored with loss_tolerance).
+        kv_budget: the chosen policy's KV cache as a fraction of the full one; None: 0.5
+            (:data:`DEFAULT_KV_BUDGET`) without loss_tolerance, and stays None with it, so summary.json's
+            ``config`` records the one of the two exclusive flags given (a command rebuilt from it parses).
         loss_tolerance: instead of a budget, the most natural-text loss increase (nats/token) allowed.
         budgets: KV fractions of the quality-memory curve (kv_budget is added).
         method: ``estimate`` (attention mass outside sink + window), ``retrieval`` (attention on the
@@ -144,9 +148,9 @@ class KVConfig(ModelSettings):
     window: int | None = setting(
         None, "recent positions a streaming group keeps (default seq-len / 8)", type=positive_int
     )
-    kv_budget: float = setting(
-        0.5,
-        "the policy's KV cache as a fraction of the full cache (default %(default)s)",
+    kv_budget: float | None = setting(
+        None,
+        f"the policy's KV cache as a fraction of the full cache (default {DEFAULT_KV_BUDGET})",
         type=float,
         exclusive="budget",
         needs=Needs("loss_tolerance", (None,)),
@@ -185,7 +189,9 @@ class KVConfig(ModelSettings):
             raise HeadprobeError(
                 f"--method must be one of {', '.join(METHODS)}, got {self.method!r}{did_you_mean(str(self.method), METHODS)}"
             )
-        if not 0 < self.kv_budget <= 1:
+        if self.kv_budget is None and self.loss_tolerance is None:
+            object.__setattr__(self, "kv_budget", DEFAULT_KV_BUDGET)
+        if self.kv_budget is not None and not 0 < self.kv_budget <= 1:
             raise HeadprobeError(f"--kv-budget must be in (0, 1], got {self.kv_budget}")
         if self.loss_tolerance is not None and self.loss_tolerance < 0:
             raise HeadprobeError(f"--loss-tolerance is an increase in nats/token, >= 0; got {self.loss_tolerance}")
@@ -205,7 +211,7 @@ class KVConfig(ModelSettings):
         budgets = tuple(
             sorted(
                 {*map(float, self.budgets), float(self.kv_budget)}
-                if self.loss_tolerance is None
+                if self.kv_budget is not None
                 else set(map(float, self.budgets))
             )
         )
@@ -246,7 +252,7 @@ class KVConfig(ModelSettings):
         n_ctx = options.peek_context(self.model) if isinstance(self.model, str) else None
         if n_ctx:
             check_context(self.seq_len, n_ctx)
-        low = [b for b in (*self.budgets, self.kv_budget) if b < self.floor]
+        low = [b for b in self.budgets if b < self.floor]  # kv_budget is among them where given
         if low:
             raise HeadprobeError(
                 f"budget {low[0]} is below what every group streaming costs ({self.floor:.3f} of the cache "

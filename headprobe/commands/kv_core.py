@@ -141,7 +141,7 @@ class KVResult(CompactRepr, WritesOutputs):
                 "window": c.window,
                 "method": self.costs.method,
                 "target": {"kv_budget": c.kv_budget}
-                if c.loss_tolerance is None
+                if c.kv_budget is not None
                 else tolerance_check(by["chosen"], c.loss_tolerance),
                 "full_groups": [f"{layer}.{g}" for layer, g in self.policy.full_groups if (layer, g) not in excluded],
                 **self._sliding(),
@@ -598,7 +598,7 @@ def _checked_setup(model: LoadedModel, config: KVConfig) -> tuple[AttentionLayou
             f"every layer of {model.spec.name} has a sliding window of at most --window {config.window}: "
             f"streaming would change nothing; use a smaller --window"
         )
-    for b in (*config.budgets, config.kv_budget) if config.loss_tolerance is None else config.budgets:
+    for b in config.budgets:  # --kv-budget among them where given (KVConfig)
         kp.check_budget(b, streaming, layout, config.seq_len, candidates)
     return layout, streaming, candidates
 
@@ -711,6 +711,7 @@ def _chosen_and_measured(model: LoadedModel, config: KVConfig, progress: bool) -
     )
     bar.close()
     if config.loss_tolerance is None:
+        assert config.kv_budget is not None  # KVConfig sets it exactly where --loss-tolerance is not given
         full_groups = kp.budget_full_groups(
             costs.score, streaming, layout, config.seq_len, config.kv_budget, candidates
         )
