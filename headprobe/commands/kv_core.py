@@ -141,7 +141,7 @@ class KVResult(CompactRepr, WritesOutputs):
                 "window": c.window,
                 "method": self.costs.method,
                 "target": {"kv_budget": c.kv_budget}
-                if c.kv_budget is not None
+                if c.loss_tolerance is None
                 else tolerance_check(by["chosen"], c.loss_tolerance),
                 "full_groups": [f"{layer}.{g}" for layer, g in self.policy.full_groups if (layer, g) not in excluded],
                 **self._sliding(),
