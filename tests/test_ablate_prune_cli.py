@@ -678,3 +678,58 @@ def test_the_ablation_figure_names_a_change_and_its_sign(tiny_dir, tmp_path):
     assert len(bars) == 2
     for bar in bars:
         assert " ".join(bar.get_ylabel().split()).startswith("Δ loss = ablated − clean (nats/token"), bar.get_ylabel()
+
+
+def test_ablated_losses_worse_than_a_uniform_guess_are_remarked(tiny_dir, tmp_path):
+    """A head whose ablation leaves the loss above ln(d_vocab) (worse than guessing uniformly over the
+    vocabulary) is named in summary.json's ``ablated_loss_above_uniform`` and one NOTE line of the
+    report; none such: no key and no line. The reference: each head's ablated loss on a full forward
+    pass through hooks and ln of config.json's vocab_size (the tiny random model's losses sit near it)."""
+    import dataclasses
+    import math
+
+    import headprobe
+    from headprobe.commands.ablate import AblateConfig
+    from headprobe.commands.ablate import core as ablate_core
+    from headprobe.probe.backends.base import scored_loss
+    from headprobe.probe.hooks.ablation import head_ablation_hooks
+
+    model = headprobe.load_model(str(tiny_dir), device="cpu")
+    cfg = AblateConfig(
+        model=str(tiny_dir), text=_text(tmp_path), seq_len=16, n_natural=2, n_repeated=2, period=6, device="cpu"
+    )
+    r = ablate_core.run(model, cfg, progress=False)
+    bound = math.log(json.loads((tiny_dir / "config.json").read_text())["vocab_size"])
+    _, _, sets, _ = ablate_core._task_sets(model, r.config)
+    want = {}
+    for task, (tokens, first, _) in sets.items():
+        with torch.no_grad():
+            losses = {
+                f"{layer}.{head}": float(
+                    scored_loss(
+                        model.forward(tokens, fwd_hooks=head_ablation_hooks([(layer, head)], "zero")), tokens, first
+                    )
+                    .double()
+                    .mean()
+                )
+                for layer in range(model.spec.n_layers)
+                for head in range(model.spec.n_heads)
+            }
+        if over := {h: x for h, x in losses.items() if x > bound}:
+            want[task] = over
+    assert want, "the tiny model's ablated losses were meant to cross ln(d_vocab)"
+    summary, report = r.summary(), r.report()
+    got = summary["ablated_loss_above_uniform"]
+    assert got["ln_d_vocab"] == pytest.approx(bound, abs=1e-5)
+    assert {t: {e["head"]: e["ablated_loss"] for e in hs} for t, hs in got["heads"].items()} == {
+        t: pytest.approx(o, abs=1e-4) for t, o in want.items()
+    }
+    notes = [x for x in report.splitlines() if "above ln(vocabulary)" in x]
+    assert len(notes) == 1 and f"= {bound:.2f} nats" in notes[0]
+    assert all(f"{t} {len(o)} head" in notes[0] for t, o in want.items())
+    # a vocabulary so large that no loss reaches ln(d_vocab): no key, no line, the rest unchanged
+    r.spec = dataclasses.replace(r.spec, d_vocab=10**9)
+    assert "ablated_loss_above_uniform" not in r.summary()
+    assert [x for x in r.report().splitlines() if "above ln(vocabulary)" not in x] == [
+        x for x in report.splitlines() if "above ln(vocabulary)" not in x
+    ] and "above ln(vocabulary)" not in r.report()

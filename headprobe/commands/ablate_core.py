@@ -295,6 +295,7 @@ class AblateResult(CompactRepr, WritesOutputs):
                 "interval_rule": interval_rule() + ": ci95 of each head's loss increase, and the "
                 "<task>_loss_delta_ci95_low/high columns of head_ablation.csv",
                 **({"interval_null_reasons": no_ci} if (no_ci := self._interval_null_reasons()) else {}),
+                **({"ablated_loss_above_uniform": worse} if (worse := self._above_uniform()) else {}),
                 # importance is unsigned (E|dL/dxi|): compared with the effect's size, and with the signed effect
                 "spearman_with_exact_sweep": {
                     t: {
@@ -325,6 +326,22 @@ class AblateResult(CompactRepr, WritesOutputs):
                 **{f"{t}_gradient": r.gradient_s for t, r in results.items()},
             },
         )
+
+    def _above_uniform(self) -> dict | None:
+        """summary.json's ``ablated_loss_above_uniform``, or None (the key absent) where no head's
+        ablated loss (clean loss + its effect, nats/token) exceeds ``ln(d_vocab)``, the loss of a
+        uniform guess over the vocabulary: ``ln_d_vocab`` (nats), ``d_vocab`` and per task with any
+        such head (:data:`TASKS` order) those heads, worst first, ``{"head", "ablated_loss"}``."""
+        import math
+
+        bound = math.log(self.spec.d_vocab)
+        heads = {}
+        for task, r in self.tasks.items():
+            ablated = r.clean_loss + np.asarray(r.effect, dtype=float)  # NaN (not swept) compares False
+            over = sorted(((int(i), int(j)) for i, j in zip(*np.nonzero(ablated > bound))), key=lambda h: -ablated[h])
+            if over:
+                heads[task] = [{"head": format_head(h), "ablated_loss": round(float(ablated[h]), 5)} for h in over]
+        return {"ln_d_vocab": round(bound, 5), "d_vocab": self.spec.d_vocab, "heads": heads} if heads else None
 
     def _interval_null_reasons(self) -> dict[str, str]:
         """Task -> why its intervals are null (fewer than 2 sequences: ``--n-natural 1``, ``--n-repeated 1``)."""
@@ -492,6 +509,15 @@ class AblateResult(CompactRepr, WritesOutputs):
             f"{resumed} resumed from a checkpoint"
         )
         lines.append(f"top induction-score heads: {', '.join(s['top_induction_score_heads'][:5])}")
+        if worse := s.get("ablated_loss_above_uniform"):
+            per = ", ".join(
+                f"{task} {len(h)} head{'s' * (len(h) > 1)} (worst {h[0]['head']}: {h[0]['ablated_loss']:.2f})"
+                for task, h in worse["heads"].items()
+            )
+            lines.append(
+                f"NOTE: ablated loss above ln(vocabulary) = {worse['ln_d_vocab']:.2f} nats, worse than a uniform "
+                f"guess over the {worse['d_vocab']} tokens: {per} (summary.json's ablated_loss_above_uniform)"
+            )
         return lines
 
 
