@@ -430,6 +430,7 @@ def head_heatmap(
     mask_hatch: str | None = None,
     removed: np.ndarray | None = None,
     cbar_full_height: bool = False,
+    cbar_math: bool = False,
 ) -> Figure:
     """A layer x head heatmap of ``scores`` (``[layer, head]``); white lines separate GQA groups.
 
@@ -453,6 +454,8 @@ def head_heatmap(
         cbar_full_height: the colour bar exactly as tall as the heatmap (an inset axes; its label must fit that
             height, or the layout collapses); False: matplotlib's, 0.9 of the axes' slot and at most 20 times
             its width (shorter than a tall, narrow heatmap).
+        cbar_math: ``cbar_label`` is a fixed formula of this package (``$...$``, no data), typeset as
+            mathtext (:func:`_mathtext`); False: drawn as written (:func:`literal_text`).
 
     Raises:
         ValueError: ``discrete`` with more than :data:`CATEGORY_COLORS` integers in ``[vmin, vmax]``.
@@ -491,6 +494,8 @@ def head_heatmap(
     else:
         cb = fig.colorbar(im, **where, extend=extend)
     cb.set_label(cbar_label)
+    if cbar_math:
+        _mathtext(cb.ax.yaxis.label)
     if missing or masked.any() or gone.any():
         _heat_legend(ax, bool(masked.any()), bool(missing), mask_label, n_layers, mask_hatch, bool(gone.any()))
     return fig
@@ -1185,9 +1190,11 @@ def signed_head_heatmap(
     group_size: int | None = None,
     ax=None,
     removed: np.ndarray | None = None,
+    cbar_math: bool = False,
 ) -> Figure:
     """A layer x head heatmap of a signed quantity (e.g. a loss change in nats) on ``RdBu_r``,
-    centred at 0 with symmetric limits over the heads not ``removed`` (:func:`head_heatmap`'s)."""
+    centred at 0 with symmetric limits over the heads not ``removed`` (:func:`head_heatmap`'s;
+    ``cbar_math`` as there)."""
     values = np.asarray(values, dtype=float)
     kept = values if removed is None else values[~np.asarray(removed, dtype=bool)]
     vmax = float(np.nanmax(np.abs(kept))) if np.isfinite(kept).any() else 1.0
@@ -1201,6 +1208,7 @@ def signed_head_heatmap(
         group_size=group_size,
         ax=ax,
         removed=removed,
+        cbar_math=cbar_math,
     )
 
 

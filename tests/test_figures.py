@@ -1394,3 +1394,28 @@ def test_the_in_context_loss_axis_says_late_minus_early_in_both_figures():
         ax = fig.axes[1]
         box, panel = ax.yaxis.label.get_window_extent(canvas.get_renderer()), ax.get_window_extent()
         assert panel.y0 <= box.y0 and box.y1 <= panel.y1, (box, panel)
+
+
+def test_the_metric_heatmaps_colour_bars_state_formula_and_unit(tmp_path):
+    """heatmap_value_share_token0's colour bar read ``share of sum_j |A_ij v_j W_O|`` (ASCII pseudo-math) and
+    heatmap_dla's ``logit of the next token`` (no unit). The first is typeset (mathtext that parses, still
+    parsed after saving, no ``sum_j`` or ``_ij`` as written); the second names its unit, logit units, as
+    direct_logit_attribution's docstring does."""
+    from matplotlib.mathtext import MathTextParser
+
+    from headprobe.analyses.metrics import metric_figure_makers
+
+    rng = np.random.default_rng(0)
+    scores = {"value_share_token0": rng.uniform(size=(4, 6)), "dla": rng.normal(size=(4, 6))}
+    makers = metric_figure_makers(scores, 3, "m (float32 weights)")
+    share = makers["heatmap_value_share_token0"]()
+    figs.save_figure(share, tmp_path / "share", formats=("png", "svg"))
+    label = share.axes[1].yaxis.label
+    text = label.get_text()
+    assert label.get_parse_math() and text.count("$") >= 2, text
+    assert "sum_j" not in text and "A_ij" not in text and r"\Vert" in text, text
+    for formula in re.findall(r"\$[^$]+\$", text):
+        MathTextParser("agg").parse(formula)  # raises on a formula mathtext cannot set
+    dla = makers["heatmap_dla"]()
+    assert dla.axes[1].get_ylabel().endswith("(logit units)"), dla.axes[1].get_ylabel()
+    assert not dla.axes[1].yaxis.label.get_parse_math()
