@@ -248,7 +248,7 @@ def _depth_panel(ax, table: pd.DataFrame, head_type: str, labels: Sequence[str],
     ax.set_ylim(len(labels) - 0.5, -0.5)
     ax.set_yticks(range(len(labels)), labels)
     ax.tick_params(axis="y", labelleft=show_labels, length=0)
-    ax.set_xticks(DEPTH_TICKS, [f"{v:g}" for v in DEPTH_TICKS])  # each tick labelled: a bare mid tick read as unlabelled
+    ax.set_xticks(DEPTH_TICKS, [f"{v:g}" for v in DEPTH_TICKS])  # each labelled: a bare mid tick read as unlabelled
     ax.set_xlabel(DEPTH_LABEL)
     ax.set_title(head_type.replace("_", "-"))
     return scale
