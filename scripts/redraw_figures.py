@@ -77,15 +77,15 @@ def redraw_train(d: Path) -> list[Path]:
 def redraw_circuit(d: Path) -> list[Path]:
     """Redraw a circuit run's circuit figure from its edges.csv with today's figure code
     (:func:`headprobe.commands.circuit_core.circuit_figure`, what the command draws); the model's
-    name and shape from summary.json."""
+    name, weights and shape from summary.json."""
     from headprobe.analyses.figures import save_figure
     from headprobe.commands.circuit_core import circuit_figure
 
     meta = json.loads((d / "summary.json").read_text())
     lay, cfg = meta["layout"], meta["config"]
-    fig = circuit_figure(
-        pd.read_csv(d / "edges.csv"), cfg["top"], cfg["method"], meta["model"], lay["n_layers"], lay["n_heads"]
-    )
+    edges = pd.read_csv(d / "edges.csv")
+    weights = meta.get("weights_precision") or ""
+    fig = circuit_figure(edges, cfg["top"], cfg["method"], meta["model"], lay["n_layers"], lay["n_heads"], weights)
     return save_figure(fig, d / "circuit")
 
 

@@ -1419,3 +1419,21 @@ def test_the_metric_heatmaps_colour_bars_state_formula_and_unit(tmp_path):
     dla = makers["heatmap_dla"]()
     assert dla.axes[1].get_ylabel().endswith("(logit units)"), dla.axes[1].get_ylabel()
     assert not dla.axes[1].yaxis.label.get_parse_math()
+
+
+def test_a_circuit_figure_of_a_trained_checkpoint_is_titled_by_the_model_not_its_path():
+    """figures/train-default-circuit/circuit.png was titled "figures/train-default: top 20 edges by |EAP-IG|", the
+    folder the model was loaded from. A model ``headprobe train`` saved is named by its shape (and its folder's name,
+    never the path); a registered model keeps its name."""
+    import pandas as pd
+
+    from headprobe.commands.circuit_core import TRAINED_WEIGHTS, circuit_figure, model_title
+
+    edges = pd.DataFrame({"edge": ["0.0->1.2:k", "1.2->logits"], "score": [0.5, -0.3], "exact": [0.4, None]})
+    weights = f"float32 {TRAINED_WEIGHTS}; native backend"
+    fig = circuit_figure(edges, 20, "eap-ig", "/work/main/figures/train-default", 2, 4, weights)
+    title = " ".join(fig.axes[0].title.get_text().split())
+    assert title == "2-layer, 4-head model trained with headprobe (train-default): top 2 edges by |EAP-IG|", title
+    assert "/" not in title
+    assert model_title("smollm2-135m", "4-bit Q4_1 GGUF", 30, 9) == "smollm2-135m"
+    assert model_title("HuggingFaceTB/SmolLM2-135M", "float32", 30, 9) == "HuggingFaceTB/SmolLM2-135M"
