@@ -749,9 +749,11 @@ def _range_text(first: int, last: int) -> str:
 
 def _span(positions: Sequence[int], total: int) -> str:
     """``0–27 of 101`` for a crop, ``0–3 and 96–99 of 100 (4–95 not drawn)`` for one with positions
-    left out between those drawn, ``""`` for a whole axis."""
+    left out between those drawn, ``0–31`` for a whole axis (the example's own length, which a scan's
+    natural-text example cuts from a longer sequence: no "of 32"): every pattern figure's axes say
+    which positions they show in the same words."""
     if list(positions) == list(range(total)):
-        return ""
+        return _range_text(0, total - 1)
     runs = _runs(positions)
     drawn = " and ".join(_range_text(positions[a], positions[b - 1]) for a, b in runs)
     gaps = [
@@ -759,7 +761,7 @@ def _span(positions: Sequence[int], total: int) -> str:
         for (_, b), _next in zip(runs, runs[1:])
         if positions[b] > positions[b - 1] + 1
     ]
-    return f" {drawn} of {total}" + (f" ({', '.join(gaps)} not drawn)" if gaps else "")
+    return f"{drawn} of {total}" + (f" ({', '.join(gaps)} not drawn)" if gaps else "")
 
 
 def _break_marks(axes: Sequence[Any]) -> None:
@@ -788,6 +790,10 @@ def _pattern_ticks(ax, axis: Sequence[int], span: range, labels: Sequence[str], 
         ax.set_yticks(idx, names, fontsize=fs)
 
 
+PATTERN_QUERY_LABEL = "query position"
+"""How :func:`pattern_plot`'s query axis begins, whatever its crop (then ``, 47–74 of 101``) and sequence."""
+
+
 @_styled
 def pattern_plot(
     pattern: np.ndarray,
@@ -795,7 +801,7 @@ def pattern_plot(
     title: str,
     marks: Sequence[int] = (),
     causal: bool = False,
-    ylabel: str = "query position",
+    ylabel: str = PATTERN_QUERY_LABEL,
     positions: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> Figure:
     """One head's attention pattern ``[q_pos, k_pos]`` with token labels on both axes (every
@@ -812,7 +818,10 @@ def pattern_plot(
         labels: one token label per position of the whole sequence.
         positions: ``(q_positions, k_positions)``, the absolute positions of ``pattern``'s rows
             and columns (e.g. :func:`headprobe.analyses.scoring.repeat_window`); each axis label
-            then says which positions are shown (``key positions 0–27 of 101``). None: all.
+            (the axis labels say which positions are shown: ``key position, 0–27 of 101``). None: all.
+        ylabel: :data:`PATTERN_QUERY_LABEL`, then what the sequence is (``query position (first
+            scored sequence)``): the query axis reads ``query position, 0–31`` (a crop: ``, 47–74 of 101``) and
+            that, on its own line.
     """
     import matplotlib
 
@@ -860,16 +869,15 @@ def _pattern_labels(fig, axes, positions, total: int, ylabel: str, title: str, s
     axis is broken."""
     rows, cols = positions
     xlabel = (
-        "key position"
-        + ("s" if _span(cols, total) else "")
-        + _span(cols, total).replace(" (", "\n(", 1)
+        f"key position, {_span(cols, total)}".replace(" (", "\n(", 1)
         + ("" if step == 1 else f"\n(every {step} positions: token (position))")
         + ("\n" + "\n".join(notes) if notes else "")
     )
-    span = _span(rows, total)
-    # "query positions 47–74 of 101" and what follows it, e.g. "(first scored sequence)", on two lines
+    # one wording, cropped or whole: "query position, 47–74 of 101" and what follows ``ylabel``'s
+    # "query position", e.g. "(first scored sequence)", on a line of its own
+    what = ylabel.removeprefix(PATTERN_QUERY_LABEL).strip()
     axes[0].set_ylabel(
-        ylabel.replace("query position", "query positions" + span, 1).replace(" (", "\n(", 1) if span else ylabel
+        f"{PATTERN_QUERY_LABEL}, {_span(rows, total)}".replace(" (", "\n(", 1) + (f"\n{what}" if what else "")
     )
     if len(axes) == 1:
         axes[0].set_xlabel(xlabel)

@@ -378,14 +378,15 @@ def test_a_cropped_pattern_labels_every_token_and_says_which_positions_it_shows(
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == [labels[c] for c in cols]
     assert [t.get_text() for t in ax.get_yticklabels()] == [labels[r] for r in rows]
-    assert ax.get_xlabel().startswith("key positions 0–27 of 101")
-    assert ax.get_ylabel() == "query positions 47–74 of 101\n(first scored sequence)"
+    assert ax.get_xlabel().startswith("key position, 0–27 of 101")
+    assert ax.get_ylabel() == "query position, 47–74 of 101\n(first scored sequence)"
     # no key here lies after its query: nothing is greyed, and the note does not claim it is
     assert not np.isnan(np.ma.getdata(ax.images[0].get_array())).any() and "grey" not in ax.get_xlabel()
     dashed = sorted((ln.get_xdata()[0], ln.get_ydata()[0]) for ln in ax.get_lines())
     assert dashed == [(0, 51 - 47 - 0.5), (start - 0.5, 0)]  # block 1 starts at key 1, the repeat at query 51
     whole = figs.pattern_plot(pattern, labels, "t", causal=True)  # no positions: the whole pattern, thinned labels
-    assert whole.axes[0].get_xlabel().startswith("key position\n(every 7 positions")
+    assert whole.axes[0].get_xlabel().startswith("key position, 0–100\n(every 7 positions")
+    assert whole.axes[0].get_ylabel() == "query position, 0–100"
 
 
 def test_save_figure_lays_the_figure_out_once_for_all_three_formats(tmp_path, monkeypatch):
@@ -567,7 +568,7 @@ def test_a_pattern_with_keys_left_out_draws_a_break_and_names_the_keys_not_drawn
         len(marks) == 2 and not panels[0].spines["right"].get_visible() and not panels[1].spines["left"].get_visible()
     )
     text = "\n".join(t.get_text() for t in fig.findobj(matplotlib.text.Text))
-    assert "key positions 0–3 and 96–99 of 100" in text and "4–95 not drawn" in text
+    assert "key position, 0–3 and 96–99 of 100" in text and "4–95 not drawn" in text
     assert "0–99" not in text
 
 
@@ -1419,6 +1420,26 @@ def test_the_metric_heatmaps_colour_bars_state_formula_and_unit(tmp_path):
     dla = makers["heatmap_dla"]()
     assert dla.axes[1].get_ylabel().endswith("(logit units)"), dla.axes[1].get_ylabel()
     assert not dla.axes[1].yaxis.label.get_parse_math()
+
+
+def test_every_pattern_figures_query_axis_has_one_wording():
+    """The scan's pattern figures named their query axis two ways: "query positions 47–74 of 101" (a crop, the
+    repeated tokens) and "query position" (a whole natural-text example). Cropped or whole, each axis now reads
+    "<axis> position, <first>–<last>" (a crop: "of <n>" too), then the sequence on a line of its own."""
+    T = 40
+    labels = [f"t{i}" for i in range(T)]
+    rows, cols = list(range(20, 30)), list(range(10))
+    ylabel = "query position (first scored sequence)"
+    crop = figs.pattern_plot(np.zeros((10, 10)), labels, "t", causal=True, ylabel=ylabel, positions=(rows, cols))
+    whole = figs.pattern_plot(np.eye(T), labels, "t", causal=True, ylabel=ylabel)
+    ylabels = [crop.axes[0].get_ylabel(), whole.axes[0].get_ylabel()]
+    assert ylabels == [
+        "query position, 20–29 of 40\n(first scored sequence)",
+        f"query position, 0–{T - 1}\n(first scored sequence)",
+    ]
+    assert [re.sub(r"[0-9–]+( of \d+)?", "N", y) for y in ylabels] == ["query position, N\n(first scored sequence)"] * 2
+    assert crop.axes[0].get_xlabel().startswith("key position, 0–9 of 40")
+    assert whole.axes[0].get_xlabel().startswith(f"key position, 0–{T - 1}\n")
 
 
 def test_a_circuit_figure_of_a_trained_checkpoint_is_titled_by_the_model_not_its_path():
