@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from headprobe.analyses.verdicts import (
-    CORRECTION_NAMES,
     NOT_RUN,
     NOT_TESTED,
     UNITS,
@@ -1029,9 +1028,24 @@ def _ablation_panel(ax, kind: str, rows: Sequence[dict], types: list[str], rng: 
     )
 
 
+STOPPED_MARK = "†"
+""":func:`ablation_plot`'s mark after a p-value whose test stopped early (or was not run): why, and the
+range in full, are in the caption (:func:`ablation_caption`), not above the column."""
+
+
+def _ablation_p(r: dict) -> str:
+    """The p-value above a column, one short line: ``p = 0.02``; a stopped test's range ``p 0.05–0.0877``
+    (its bound ``p ≤ 0.0877`` where the smallest is not recorded) and :data:`STOPPED_MARK`."""
+    text = p_text(r)
+    if r.get("p_value") is not None and r.get("p_value_is_bound") and r.get("p_value_min") is not None:
+        text = f"p {r['p_value_min']:.3g}–{r['p_value']:.3g}"
+    return text + (STOPPED_MARK if r.get("tested") and stop_text(r) is not None else "")
+
+
 def _ablation_verdict_text(r: dict) -> str:
-    """The numbers :func:`ablation_plot` writes above a head type's column for row ``r``: control sets
-    ablated (or reached), p and, where tested, why the test stopped, the adjusted p and the verdict."""
+    """The numbers :func:`ablation_plot` writes above a head type's column for row ``r``, at most four
+    short lines (five columns side by side): control sets that reached the effect, p (:func:`_ablation_p`)
+    and, where tested, the adjusted p and the verdict. Why a test stopped is the caption's."""
     reached = (
         "no control set"
         if not r["draws"]
@@ -1040,18 +1054,10 @@ def _ablation_verdict_text(r: dict) -> str:
         else f"n={r['draws']}"
     )
     if r.get("tested"):
-        verdict = verdict_label(r["confirmed"])
-        stop = {
-            "futile under the correction": "\n(stopped: cannot\nreach α after\n"
-            f"{CORRECTION_NAMES.get(r.get('correction') or '', '')})",
-            "settled above alpha": "\n(stopped: > α)",
-            NOT_RUN: "\n(not run: cannot\nreach α)",
-        }
-        p = p_text(r).replace("p in [", "p in\n[")  # five columns: at most ~15 characters a line
-        return f"{reached}\n{p}{stop.get(r.get('stop_reason') or '', '')}\nadj {r['p_adjusted']:.3g}\n{verdict}"
+        return f"{reached}\n{_ablation_p(r)}\nadj {r['p_adjusted']:.3g}\n{verdict_label(r['confirmed'])}"
     if r["confirmed"] is None and r.get("no_verdict"):
-        return f"{reached}\n{p_text(r)}\n{verdict_label(None)}"
-    return f"{reached}\n{p_text(r)}\n{NOT_TESTED}"
+        return f"{reached}\n{_ablation_p(r)}\n{verdict_label(None)}"
+    return f"{reached}\n{_ablation_p(r)}\n{NOT_TESTED}"
 
 
 def _ablation_handles(rows: Sequence[dict], k: int, rule: VerdictRule | None) -> list:
@@ -1068,13 +1074,15 @@ def _ablation_handles(rows: Sequence[dict], k: int, rule: VerdictRule | None) ->
             marker="o",
             ms=2,
             color=_CONTROL_COLOR,
-            label=f"control sets of {k} random heads (g/n reached: g of n sets\nreached the top-k Δ; "
-            "p in [a, b]: a stopped test's range)",
+            label=f"control sets of {k} random heads (g/n reached: g of n sets\nreached the top-k Δ)",
         ),
         Line2D([], [], color="black", lw=0.9, label="largest control effect"),
     ]
     unit = UNITS[effect_metric(rows)]
     within = unit.removesuffix("/token") if unit.endswith("/token") else f"({unit})"  # ±0.1 nats, ±0.1 (1 - cos)
+    if any(r.get("tested") and stop_text(r) is not None for r in rows):
+        stopped = f"{STOPPED_MARK}: the test stopped early (p a–b: its range); why: the caption"
+        handles.append(Line2D([], [], ls="", label=stopped))
     if rule is not None:
         handles.append(Line2D([], [], ls="", label=rule_legend(rule)))
     handles.append(

@@ -13,10 +13,11 @@ from its head_scores.csv (the heatmaps and the overview) and, for the example pa
 K-composition, from its model, loaded as summary.json's config says: those come from a forward
 pass on the scan's own first sequences (rebuilt from the seed) and from the weights, the
 functions the scan calls. The overview outlines the heads each type's verification ablated and
-titles its verdict, read from summary.json's ``ablations``. The redraw checks that it reproduces
-the run (the same top heads as summary.json, each type's ablated heads the top k of the saved
-table, the same K-composition numbers, the patterns of patterns.npz to its uint8 precision) and
-stops otherwise. The ablation figure itself is not redrawn; rerun the scan for it.
+titles its verdict, read from summary.json's ``ablations``, and the ablation figure and its caption
+(ablation.caption.txt) are drawn from those rows (every control set's effect is saved there). The
+redraw checks that it reproduces the run (the same top heads as summary.json, each type's ablated
+heads the top k of the saved table, the same K-composition numbers, the patterns of patterns.npz to
+its uint8 precision) and stops otherwise.
 
 A kv directory (``summary.json`` + ``curve.csv``) is redrawn from its curve.csv and summary.json's
 model and config (:func:`redraw_kv`), an ablate directory (``summary.json`` + ``head_ablation.csv``)
@@ -311,19 +312,27 @@ def redraw_scan(
     out: Path | None = None,
     formats: str | Sequence[str] | None = None,
 ) -> list[Path]:
-    """Redraw a scan's figures but the ablation one (see the module docstring) into ``out`` (default:
-    ``d``), those of ``stems`` only where given, in ``formats`` (as :func:`~headprobe.analyses.figures.save_figure`;
-    None: ``$HEADPROBE_FIGURE_FORMATS`` or all three); ``model`` as :func:`scan_result`. Returns the paths.
+    """Redraw a scan's figures (see the module docstring) into ``out`` (default: ``d``), those of
+    ``stems`` only where given, in ``formats`` (as :func:`~headprobe.analyses.figures.save_figure`;
+    None: ``$HEADPROBE_FIGURE_FORMATS`` or all three); ``model`` as :func:`scan_result`. With the
+    ablation figure, its caption (ablation.caption.txt, :func:`~headprobe.analyses.figures.ablation_caption`,
+    its rows in the figure's order) too. Returns the paths.
 
     Raises:
         SystemExit: the redraw does not reproduce the run's numbers.
     """
-    from headprobe.analyses.figures import save_figure
-    from headprobe.commands.scan import figure_makers
+    from headprobe.analyses.figures import ablation_caption, save_figure
+    from headprobe.commands.scan_core import ablation_rows, figure_makers
 
-    makers = figure_makers(scan_result(d, model, with_composition=stems is None or "composition_k" in stems))
-    chosen = [stem for stem in makers if stem != "ablation" and (stems is None or stem in stems)]
-    return [p for stem in chosen for p in save_figure(makers[stem](), (out or d) / stem, formats=formats)]
+    result = scan_result(d, model, with_composition=stems is None or "composition_k" in stems)
+    makers = figure_makers(result)
+    chosen = [stem for stem in makers if stems is None or stem in stems]
+    written = [p for stem in chosen for p in save_figure(makers[stem](), (out or d) / stem, formats=formats)]
+    if "ablation" in chosen:  # the caption lists the rows as the figure does
+        caption = (out or d) / "ablation.caption.txt"
+        caption.write_text(ablation_caption(ablation_rows(result), result.verification, rule=result.rule))
+        written.append(caption)
+    return written
 
 
 def _kind(d: Path) -> str | None:
@@ -349,12 +358,16 @@ def check_run(d: Path, redraw, tol: float = 1.0) -> list[str]:
 
 
 def _differ(d: Path, drawn: list[Path], tol: float) -> list[str]:
-    """One line per PNG of ``drawn`` whose namesake in ``d`` is missing or differs (:func:`_compare`)."""
+    """One line per PNG of ``drawn`` whose namesake in ``d`` is missing or differs (:func:`_compare`),
+    and per text file (a caption) that is not byte for byte the committed one."""
     out = []
     for p in drawn:
         kept = d / p.name
         if not kept.is_file():
             out.append(f"{kept}: not committed")
+        elif p.suffix != ".png":
+            if kept.read_bytes() != p.read_bytes():
+                out.append(f"{kept}: differs from today's text")
         elif (why := _compare(kept, p, tol)) is not None:
             out.append(f"{kept}: differs from today's drawing ({why})")
     return out

@@ -1458,3 +1458,61 @@ def test_a_circuit_figure_of_a_trained_checkpoint_is_titled_by_the_model_not_its
     assert "/" not in title
     assert model_title("smollm2-135m", "4-bit Q4_1 GGUF", 30, 9) == "smollm2-135m"
     assert model_title("HuggingFaceTB/SmolLM2-135M", "float32", 30, 9) == "HuggingFaceTB/SmolLM2-135M"
+
+
+def _committed_scan():
+    """figures/smollm2-135m as the figure code reads it: a ScanResult holding only config.types, the
+    verifications and their record (its rule) from summary.json and the ranking scores from head_scores.csv
+    (no model, no forward pass)."""
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from headprobe.analyses.ablation import Verification
+    from headprobe.commands.scan_core import ScanResult
+
+    d = Path(__file__).resolve().parents[1] / "figures" / "smollm2-135m"
+    summary, table = json.loads((d / "summary.json").read_text()), pd.read_csv(d / "head_scores.csv")
+    lay = summary["layout"]
+    shape = (lay["n_layers"], lay["n_heads"])
+    result = object.__new__(ScanResult)  # the fields the figures read, set as they are
+    result.__dict__.update(
+        config=SimpleNamespace(types=tuple(summary["config"]["types"])),
+        verifications=[Verification.from_dict(r) for r in summary["ablations"]],
+        verification=summary["verification"],
+        scores={c: table[c].to_numpy().reshape(shape) for c in table.columns if c not in ("layer", "head", "kv_head")},
+        spec=SimpleNamespace(
+            n_layers=shape[0], n_heads=shape[1], group_size=shape[1] // lay["n_kv_heads"], removed_heads=()
+        ),
+    )
+    return result
+
+
+def test_the_ablation_figure_lists_the_types_in_the_overviews_order_with_short_notes():
+    """The demo's ablation.png put its types in summary.json's verification order (induction last) beside an
+    overview with induction third, and wrote 7 lines above duplicate-token ("p in / [0.05, 0.0877] / (stopped:
+    cannot / reach α after / BH)"). Both figures take config.types' order now, and each column's note is at most
+    4 short lines: a stopped test's p is a range marked †, the legend says what † means, the caption why."""
+    from headprobe.analyses.detectors import DETECTORS
+    from headprobe.commands.scan_core import ablation_rows, overview_maker
+
+    result = _committed_scan()
+    dets = [DETECTORS[name] for name in result.config.types]
+    overview = overview_maker(result, dets, "t")()
+    panels = [ax.get_title().split("\n")[0] for ax in overview.axes if ax.images]
+    rows = ablation_rows(result)
+    fig = figs.ablation_plot(rows, "t", rule=result.rule)
+    ticks = [t.get_text().split("\n")[0] for t in fig.axes[-1].get_xticklabels()]
+    assert [t.replace("-", "_") for t in ticks] == list(result.config.types)
+    assert panels == [DETECTORS[t.replace("-", "_")].panel_title for t in ticks], (panels, ticks)
+    notes = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert notes and all(len(n.split("\n")) <= 4 and max(map(len, n.split("\n"))) <= 16 for n in notes), notes
+    stopped = [n for n in notes if figs.STOPPED_MARK in n]
+    assert len(stopped) == 2 and "p 0.05–0.0877" + figs.STOPPED_MARK in stopped[0], stopped
+    legend = " ".join(t.get_text() for t in fig.legends[0].get_texts())
+    assert f"{figs.STOPPED_MARK}: the test stopped early" in legend, legend
+    caption = figs.ablation_caption(rows, result.verification, rule=result.rule)
+    assert "stopped: cannot reach alpha after BH" in caption
+    assert [line.split(" (")[0] for line in caption.splitlines()[1::2]] == ticks
