@@ -488,8 +488,9 @@ STABILITY_LABEL = "stability: fraction of conditions\nwith the head in top-k [95
 
 def stability_figure(result: RobustnessResult):
     """robustness.png of ``result`` (:func:`stability_plot`)."""
-    conds = [o.condition.name for o in result.outcomes]
-    return stability_plot(result.table, result.types, conds, result.spec.name, result.config.k)
+    conds, k = [o.condition.name for o in result.outcomes], result.config.k
+    assert k is not None  # set by resolved() before the run
+    return stability_plot(result.table, result.types, conds, result.spec.name, k)
 
 
 def stability_plot(table: pd.DataFrame, types: dict[str, dict], conds: list[str], model: str, k: int):
