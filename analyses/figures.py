@@ -482,22 +482,28 @@ def head_heatmap(
     if len(title) > 56 and ", " in title and "\n" not in title:  # "<what>, <model>" on two lines when long
         title = ",\n".join(title.split(", ", 1))
     ax.set_title(title)  # anything still too wide is broken by _wrap_titles
-    # cbar_full_height: an inset axes spanning the heatmap, which the constrained layout keeps clear of its neighbours
-    where = (
-        {"cax": ax.inset_axes((1.04, 0.0, 0.06, 1.0))} if cbar_full_height else {"ax": ax, "shrink": 0.9, "pad": 0.02}
-    )
+    _heat_colorbar(ax, im, levels, extend, cbar_label, cbar_full_height, cbar_math)
+    if missing or masked.any() or gone.any():
+        _heat_legend(ax, bool(masked.any()), bool(missing), mask_label, n_layers, mask_hatch, bool(gone.any()))
+    return fig
+
+
+def _heat_colorbar(ax, im, levels, extend: str, label: str, full_height: bool, math: bool) -> None:
+    """:func:`head_heatmap`'s colour bar of ``im`` beside ``ax``: a tick and label per category ``levels``
+    (or a scale, None), ``extend`` as there, ``label`` (typeset with ``math``: :func:`_mathtext`); with
+    ``full_height`` an inset axes spanning the heatmap, which the constrained layout keeps clear of its
+    neighbours."""
+    fig = ax.figure
+    where = {"cax": ax.inset_axes((1.04, 0.0, 0.06, 1.0))} if full_height else {"ax": ax, "shrink": 0.9, "pad": 0.02}
     if levels is not None:
         cb = fig.colorbar(im, **where, ticks=levels)
         cb.set_ticklabels([_category_label(v, i == 0, i == len(levels) - 1, extend) for i, v in enumerate(levels)])
         cb.ax.tick_params(length=0)  # a label per colour block, no scale between them
     else:
         cb = fig.colorbar(im, **where, extend=extend)
-    cb.set_label(cbar_label)
-    if cbar_math:
+    cb.set_label(label)
+    if math:
         _mathtext(cb.ax.yaxis.label)
-    if missing or masked.any() or gone.any():
-        _heat_legend(ax, bool(masked.any()), bool(missing), mask_label, n_layers, mask_hatch, bool(gone.any()))
-    return fig
 
 
 def _heat_cells(ax, scores: np.ndarray, masked: np.ndarray, cmap: str, vmin, vmax, discrete: bool):
