@@ -149,6 +149,8 @@ def _rank_column(head_type: str) -> str:
 
 
 DEPTH_LABEL = "depth: first layer (0) to last (1)"
+DEPTH_TICKS = (0.0, 0.5, 1.0)
+"""The depth axis' ticks, each labelled (``0``, ``0.5``, ``1``): the middle one was drawn bare."""
 
 _MARK = {
     LABELS[True]: dict(marker="o", filled=True),
@@ -246,7 +248,7 @@ def _depth_panel(ax, table: pd.DataFrame, head_type: str, labels: Sequence[str],
     ax.set_ylim(len(labels) - 0.5, -0.5)
     ax.set_yticks(range(len(labels)), labels)
     ax.tick_params(axis="y", labelleft=show_labels, length=0)
-    ax.set_xticks([0, 0.5, 1], ["0", "", "1"])
+    ax.set_xticks(DEPTH_TICKS, [f"{v:g}" for v in DEPTH_TICKS])  # each labelled: a bare mid tick read as unlabelled
     ax.set_xlabel(DEPTH_LABEL)
     ax.set_title(head_type.replace("_", "-"))
     return scale

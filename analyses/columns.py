@@ -51,6 +51,9 @@ class HeatmapStyle:
             head that is not positional; None: every head is drawn.
         signed: a signed quantity, drawn by :func:`headprobe.analyses.figures.signed_head_heatmap`
             (``RdBu_r`` centred at 0, symmetric limits; ``options`` unused).
+        math_label: the colour bar's label with its formula typeset (matplotlib mathtext, ``$...$``;
+            a fixed string, no ``{name}`` fields, no data), drawn in place of ``label``; None: ``label``
+            as written (``label`` stays the plain text elsewhere).
     """
 
     column: str
@@ -60,6 +63,7 @@ class HeatmapStyle:
     encoder_options: tuple[tuple[str, object], ...] = ()
     mask_below: tuple[str, float] | None = None
     signed: bool = False
+    math_label: str | None = None
 
     def options_for(self, causal: bool) -> dict[str, object]:
         """The heatmap's keyword arguments for a causal model or an encoder."""

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from headprobe.analyses.verdicts import (
-    CORRECTION_NAMES,
     NOT_RUN,
     NOT_TESTED,
     UNITS,
@@ -430,6 +429,7 @@ def head_heatmap(
     mask_hatch: str | None = None,
     removed: np.ndarray | None = None,
     cbar_full_height: bool = False,
+    cbar_math: bool = False,
 ) -> Figure:
     """A layer x head heatmap of ``scores`` (``[layer, head]``); white lines separate GQA groups.
 
@@ -453,6 +453,8 @@ def head_heatmap(
         cbar_full_height: the colour bar exactly as tall as the heatmap (an inset axes; its label must fit that
             height, or the layout collapses); False: matplotlib's, 0.9 of the axes' slot and at most 20 times
             its width (shorter than a tall, narrow heatmap).
+        cbar_math: ``cbar_label`` is a fixed formula of this package (``$...$``, no data), typeset as
+            mathtext (:func:`_mathtext`); False: drawn as written (:func:`literal_text`).
 
     Raises:
         ValueError: ``discrete`` with more than :data:`CATEGORY_COLORS` integers in ``[vmin, vmax]``.
@@ -480,20 +482,28 @@ def head_heatmap(
     if len(title) > 56 and ", " in title and "\n" not in title:  # "<what>, <model>" on two lines when long
         title = ",\n".join(title.split(", ", 1))
     ax.set_title(title)  # anything still too wide is broken by _wrap_titles
-    # cbar_full_height: an inset axes spanning the heatmap, which the constrained layout keeps clear of its neighbours
-    where = (
-        {"cax": ax.inset_axes((1.04, 0.0, 0.06, 1.0))} if cbar_full_height else {"ax": ax, "shrink": 0.9, "pad": 0.02}
-    )
+    _heat_colorbar(ax, im, levels, extend, cbar_label, cbar_full_height, cbar_math)
+    if missing or masked.any() or gone.any():
+        _heat_legend(ax, bool(masked.any()), bool(missing), mask_label, n_layers, mask_hatch, bool(gone.any()))
+    return fig
+
+
+def _heat_colorbar(ax, im, levels, extend: str, label: str, full_height: bool, math: bool) -> None:
+    """:func:`head_heatmap`'s colour bar of ``im`` beside ``ax``: a tick and label per category ``levels``
+    (or a scale, None), ``extend`` as there, ``label`` (typeset with ``math``: :func:`_mathtext`); with
+    ``full_height`` an inset axes spanning the heatmap, which the constrained layout keeps clear of its
+    neighbours."""
+    fig = ax.figure
+    where = {"cax": ax.inset_axes((1.04, 0.0, 0.06, 1.0))} if full_height else {"ax": ax, "shrink": 0.9, "pad": 0.02}
     if levels is not None:
         cb = fig.colorbar(im, **where, ticks=levels)
         cb.set_ticklabels([_category_label(v, i == 0, i == len(levels) - 1, extend) for i, v in enumerate(levels)])
         cb.ax.tick_params(length=0)  # a label per colour block, no scale between them
     else:
         cb = fig.colorbar(im, **where, extend=extend)
-    cb.set_label(cbar_label)
-    if missing or masked.any() or gone.any():
-        _heat_legend(ax, bool(masked.any()), bool(missing), mask_label, n_layers, mask_hatch, bool(gone.any()))
-    return fig
+    cb.set_label(label)
+    if math:
+        _mathtext(cb.ax.yaxis.label)
 
 
 def _heat_cells(ax, scores: np.ndarray, masked: np.ndarray, cmap: str, vmin, vmax, discrete: bool):
@@ -744,9 +754,11 @@ def _range_text(first: int, last: int) -> str:
 
 def _span(positions: Sequence[int], total: int) -> str:
     """``0–27 of 101`` for a crop, ``0–3 and 96–99 of 100 (4–95 not drawn)`` for one with positions
-    left out between those drawn, ``""`` for a whole axis."""
+    left out between those drawn, ``0–31`` for a whole axis (the example's own length, which a scan's
+    natural-text example cuts from a longer sequence: no "of 32"): every pattern figure's axes say
+    which positions they show in the same words."""
     if list(positions) == list(range(total)):
-        return ""
+        return _range_text(0, total - 1)
     runs = _runs(positions)
     drawn = " and ".join(_range_text(positions[a], positions[b - 1]) for a, b in runs)
     gaps = [
@@ -754,7 +766,7 @@ def _span(positions: Sequence[int], total: int) -> str:
         for (_, b), _next in zip(runs, runs[1:])
         if positions[b] > positions[b - 1] + 1
     ]
-    return f" {drawn} of {total}" + (f" ({', '.join(gaps)} not drawn)" if gaps else "")
+    return f"{drawn} of {total}" + (f" ({', '.join(gaps)} not drawn)" if gaps else "")
 
 
 def _break_marks(axes: Sequence[Any]) -> None:
@@ -783,6 +795,10 @@ def _pattern_ticks(ax, axis: Sequence[int], span: range, labels: Sequence[str], 
         ax.set_yticks(idx, names, fontsize=fs)
 
 
+PATTERN_QUERY_LABEL = "query position"
+"""How :func:`pattern_plot`'s query axis begins, whatever its crop (then ``, 47–74 of 101``) and sequence."""
+
+
 @_styled
 def pattern_plot(
     pattern: np.ndarray,
@@ -790,7 +806,7 @@ def pattern_plot(
     title: str,
     marks: Sequence[int] = (),
     causal: bool = False,
-    ylabel: str = "query position",
+    ylabel: str = PATTERN_QUERY_LABEL,
     positions: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> Figure:
     """One head's attention pattern ``[q_pos, k_pos]`` with token labels on both axes (every
@@ -807,7 +823,10 @@ def pattern_plot(
         labels: one token label per position of the whole sequence.
         positions: ``(q_positions, k_positions)``, the absolute positions of ``pattern``'s rows
             and columns (e.g. :func:`headprobe.analyses.scoring.repeat_window`); each axis label
-            then says which positions are shown (``key positions 0–27 of 101``). None: all.
+            (the axis labels say which positions are shown: ``key position, 0–27 of 101``). None: all.
+        ylabel: :data:`PATTERN_QUERY_LABEL`, then what the sequence is (``query position (first
+            scored sequence)``): the query axis reads ``query position, 0–31`` (a crop: ``, 47–74 of 101``) and
+            that, on its own line.
     """
     import matplotlib
 
@@ -855,16 +874,15 @@ def _pattern_labels(fig, axes, positions, total: int, ylabel: str, title: str, s
     axis is broken."""
     rows, cols = positions
     xlabel = (
-        "key position"
-        + ("s" if _span(cols, total) else "")
-        + _span(cols, total).replace(" (", "\n(", 1)
+        f"key position, {_span(cols, total)}".replace(" (", "\n(", 1)
         + ("" if step == 1 else f"\n(every {step} positions: token (position))")
         + ("\n" + "\n".join(notes) if notes else "")
     )
-    span = _span(rows, total)
-    # "query positions 47–74 of 101" and what follows it, e.g. "(first scored sequence)", on two lines
+    # one wording, cropped or whole: "query position, 47–74 of 101" and what follows ``ylabel``'s
+    # "query position", e.g. "(first scored sequence)", on a line of its own
+    what = ylabel.removeprefix(PATTERN_QUERY_LABEL).strip()
     axes[0].set_ylabel(
-        ylabel.replace("query position", "query positions" + span, 1).replace(" (", "\n(", 1) if span else ylabel
+        f"{PATTERN_QUERY_LABEL}, {_span(rows, total)}".replace(" (", "\n(", 1) + (f"\n{what}" if what else "")
     )
     if len(axes) == 1:
         axes[0].set_xlabel(xlabel)
@@ -1016,9 +1034,24 @@ def _ablation_panel(ax, kind: str, rows: Sequence[dict], types: list[str], rng: 
     )
 
 
+STOPPED_MARK = "†"
+""":func:`ablation_plot`'s mark after a p-value whose test stopped early (or was not run): why, and the
+range in full, are in the caption (:func:`ablation_caption`), not above the column."""
+
+
+def _ablation_p(r: dict) -> str:
+    """The p-value above a column, one short line: ``p = 0.02``; a stopped test's range ``p 0.05–0.0877``
+    (its bound ``p ≤ 0.0877`` where the smallest is not recorded) and :data:`STOPPED_MARK`."""
+    text = p_text(r)
+    if r.get("p_value") is not None and r.get("p_value_is_bound") and r.get("p_value_min") is not None:
+        text = f"p {r['p_value_min']:.3g}–{r['p_value']:.3g}"
+    return text + (STOPPED_MARK if r.get("tested") and stop_text(r) is not None else "")
+
+
 def _ablation_verdict_text(r: dict) -> str:
-    """The numbers :func:`ablation_plot` writes above a head type's column for row ``r``: control sets
-    ablated (or reached), p and, where tested, why the test stopped, the adjusted p and the verdict."""
+    """The numbers :func:`ablation_plot` writes above a head type's column for row ``r``, at most four
+    short lines (five columns side by side): control sets that reached the effect, p (:func:`_ablation_p`)
+    and, where tested, the adjusted p and the verdict. Why a test stopped is the caption's."""
     reached = (
         "no control set"
         if not r["draws"]
@@ -1027,18 +1060,10 @@ def _ablation_verdict_text(r: dict) -> str:
         else f"n={r['draws']}"
     )
     if r.get("tested"):
-        verdict = verdict_label(r["confirmed"])
-        stop = {
-            "futile under the correction": "\n(stopped: cannot\nreach α after\n"
-            f"{CORRECTION_NAMES.get(r.get('correction') or '', '')})",
-            "settled above alpha": "\n(stopped: > α)",
-            NOT_RUN: "\n(not run: cannot\nreach α)",
-        }
-        p = p_text(r).replace("p in [", "p in\n[")  # five columns: at most ~15 characters a line
-        return f"{reached}\n{p}{stop.get(r.get('stop_reason') or '', '')}\nadj {r['p_adjusted']:.3g}\n{verdict}"
+        return f"{reached}\n{_ablation_p(r)}\nadj {r['p_adjusted']:.3g}\n{verdict_label(r['confirmed'])}"
     if r["confirmed"] is None and r.get("no_verdict"):
-        return f"{reached}\n{p_text(r)}\n{verdict_label(None)}"
-    return f"{reached}\n{p_text(r)}\n{NOT_TESTED}"
+        return f"{reached}\n{_ablation_p(r)}\n{verdict_label(None)}"
+    return f"{reached}\n{_ablation_p(r)}\n{NOT_TESTED}"
 
 
 def _ablation_handles(rows: Sequence[dict], k: int, rule: VerdictRule | None) -> list:
@@ -1055,13 +1080,15 @@ def _ablation_handles(rows: Sequence[dict], k: int, rule: VerdictRule | None) ->
             marker="o",
             ms=2,
             color=_CONTROL_COLOR,
-            label=f"control sets of {k} random heads (g/n reached: g of n sets\nreached the top-k Δ; "
-            "p in [a, b]: a stopped test's range)",
+            label=f"control sets of {k} random heads (g/n reached: g of n sets\nreached the top-k Δ)",
         ),
         Line2D([], [], color="black", lw=0.9, label="largest control effect"),
     ]
     unit = UNITS[effect_metric(rows)]
     within = unit.removesuffix("/token") if unit.endswith("/token") else f"({unit})"  # ±0.1 nats, ±0.1 (1 - cos)
+    if any(r.get("tested") and stop_text(r) is not None for r in rows):
+        stopped = f"{STOPPED_MARK}: the test stopped early (p a–b: its range); why: the caption"
+        handles.append(Line2D([], [], ls="", label=stopped))
     if rule is not None:
         handles.append(Line2D([], [], ls="", label=rule_legend(rule)))
     handles.append(
@@ -1185,9 +1212,11 @@ def signed_head_heatmap(
     group_size: int | None = None,
     ax=None,
     removed: np.ndarray | None = None,
+    cbar_math: bool = False,
 ) -> Figure:
     """A layer x head heatmap of a signed quantity (e.g. a loss change in nats) on ``RdBu_r``,
-    centred at 0 with symmetric limits over the heads not ``removed`` (:func:`head_heatmap`'s)."""
+    centred at 0 with symmetric limits over the heads not ``removed`` (:func:`head_heatmap`'s;
+    ``cbar_math`` as there)."""
     values = np.asarray(values, dtype=float)
     kept = values if removed is None else values[~np.asarray(removed, dtype=bool)]
     vmax = float(np.nanmax(np.abs(kept))) if np.isfinite(kept).any() else 1.0
@@ -1201,6 +1230,7 @@ def signed_head_heatmap(
         group_size=group_size,
         ax=ax,
         removed=removed,
+        cbar_math=cbar_math,
     )
 
 

@@ -599,7 +599,11 @@ DLA = HeadColumn(
     ("dla",),
     _dla,
     causal_only=True,
-    figures=(HeatmapStyle("dla", "direct logit attribution", "logit of the next token", signed=True),),
+    figures=(
+        HeatmapStyle(
+            "dla", "direct logit attribution", "contribution to the next token's logit (logit units)", signed=True
+        ),
+    ),
 )
 LOCAL_FRACTION = HeadColumn(
     "local_fraction",
@@ -613,6 +617,11 @@ LOCAL_FRACTION = HeadColumn(
         ),
     ),
 )
+VALUE_SHARE_LABEL = (
+    r"share on token 0: $A_{i0}\,\Vert v_0W_O\Vert\,/\,\Sigma_j\,A_{ij}\,\Vert v_jW_O\Vert$, mean over queries $i$"
+)
+r"""``heatmap_value_share_token0``'s colour-bar label, :func:`value_weighted_share` typeset (no space inside the
+formula: a label too tall for its bar breaks at spaces; ``\Sigma_j``, as mathtext sets ``\sum``'s index below it)."""
 NO_OP = HeadColumn(
     "no_op",
     ("learned_sink_mass", "gate_closure", "value_share_token0"),
@@ -620,7 +629,12 @@ NO_OP = HeadColumn(
     figures=(
         HeatmapStyle("learned_sink_mass", "learned sink mass", "1 - row sum: weight on the learned sink"),
         HeatmapStyle("gate_closure", "output gate closure", "1 - mean gate value"),
-        HeatmapStyle("value_share_token0", "value-weighted attention to token 0", "share of sum_j |A_ij v_j W_O|"),
+        HeatmapStyle(
+            "value_share_token0",
+            "value-weighted attention to token 0",
+            "share on token 0: A_i0 |v_0 W_O| / sum_j A_ij |v_j W_O|, mean over queries i",
+            math_label=VALUE_SHARE_LABEL,
+        ),
     ),
 )
 """How a head says nothing (with ``sink_rate``, the first token's mass): the learned sink's mass,
@@ -875,9 +889,10 @@ def heatmap_makers(
             if values is None or (not record.is_head_type and not np.isfinite(values).any()):
                 continue
             title = f"{style.title.format_map(_Fields(fields or {}))}, {tag}"
-            label = style.label.format_map(_Fields(fields or {}))
+            label = style.math_label or style.label.format_map(_Fields(fields or {}))
+            math = {"cbar_math": True} if style.math_label else {}  # typeset, not drawn as written
             out[f"heatmap_{style.column}"] = (
-                partial(figs.signed_head_heatmap, values, title, label, group_size=group_size, removed=removed)
+                partial(figs.signed_head_heatmap, values, title, label, group_size=group_size, removed=removed, **math)
                 if style.signed
                 else partial(
                     figs.head_heatmap,
@@ -887,6 +902,7 @@ def heatmap_makers(
                     group_size=group_size,
                     removed=removed,
                     **style.figure_options(scores, causal),
+                    **math,
                 )
             )
     return out

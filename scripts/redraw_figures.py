@@ -1,4 +1,4 @@
-"""Redraw the committed study, training, prune, circuit, diff, atlas, kv, ablate and scan figures from the numbers their runs saved.
+"""Redraw the committed study, training, prune, circuit, diff, atlas, kv, ablate, robustness and scan figures from the numbers their runs saved.
 
 Usage: ``.venv/bin/python scripts/redraw_figures.py [--check] [figures | figures/RUN]``
 
@@ -13,16 +13,21 @@ from its head_scores.csv (the heatmaps and the overview) and, for the example pa
 K-composition, from its model, loaded as summary.json's config says: those come from a forward
 pass on the scan's own first sequences (rebuilt from the seed) and from the weights, the
 functions the scan calls. The overview outlines the heads each type's verification ablated and
-titles its verdict, read from summary.json's ``ablations``. The redraw checks that it reproduces
-the run (the same top heads as summary.json, each type's ablated heads the top k of the saved
-table, the same K-composition numbers, the patterns of patterns.npz to its uint8 precision) and
-stops otherwise. The ablation figure itself is not redrawn; rerun the scan for it.
+titles its verdict, read from summary.json's ``ablations``, and the ablation figure and its caption
+(ablation.caption.txt) are drawn from those rows (every control set's effect is saved there). The
+redraw checks that it reproduces the run (the same top heads as summary.json, each type's ablated
+heads the top k of the saved table, the same K-composition numbers, the patterns of patterns.npz to
+its uint8 precision) and stops otherwise.
 
 A kv directory (``summary.json`` + ``curve.csv``) is redrawn from its curve.csv and summary.json's
 model and config (:func:`redraw_kv`), an ablate directory (``summary.json`` + ``head_ablation.csv``)
-from its table (:func:`redraw_ablate`), each with the function the command draws with.
+from its table (:func:`redraw_ablate`), a robustness directory from its robustness.csv and summary.json
+(:func:`redraw_robustness`) and a ``prune --per-layer`` directory's per_layer figure from its per_layer.csv
+(:func:`redraw_per_layer`), each with the function the command draws with. A run kept inside another's
+folder (figures/smollm2-135m/prune-per-layer) is found there too (:func:`_run_dirs`).
 
-``--check`` writes nothing: it draws each scan, kv and ablate directory's figures as PNGs elsewhere
+``--check`` writes nothing: it draws each scan, kv, ablate, robustness and per-layer prune directory's
+figures as PNGs (a scan's ablation caption as text) elsewhere
 and says which committed PNG differs from them (:func:`check_scan`, :func:`check_run`; exit status 1
 if one does): whether the committed figures still are what the code draws. Other runs are named as
 not checked (their tables are rounded to 5 decimals, so a redraw differs from the run's own figure by
@@ -77,15 +82,15 @@ def redraw_train(d: Path) -> list[Path]:
 def redraw_circuit(d: Path) -> list[Path]:
     """Redraw a circuit run's circuit figure from its edges.csv with today's figure code
     (:func:`headprobe.commands.circuit_core.circuit_figure`, what the command draws); the model's
-    name and shape from summary.json."""
+    name, weights and shape from summary.json."""
     from headprobe.analyses.figures import save_figure
     from headprobe.commands.circuit_core import circuit_figure
 
     meta = json.loads((d / "summary.json").read_text())
     lay, cfg = meta["layout"], meta["config"]
-    fig = circuit_figure(
-        pd.read_csv(d / "edges.csv"), cfg["top"], cfg["method"], meta["model"], lay["n_layers"], lay["n_heads"]
-    )
+    edges = pd.read_csv(d / "edges.csv")
+    weights = meta.get("weights_precision") or ""
+    fig = circuit_figure(edges, cfg["top"], cfg["method"], meta["model"], lay["n_layers"], lay["n_heads"], weights)
     return save_figure(fig, d / "circuit")
 
 
@@ -191,6 +196,30 @@ def redraw_ablate(d: Path, out: Path | None = None, formats=None) -> list[Path]:
     group_size = shape[1] // (int(t["kv_head"].max()) + 1)
     figures = ablation_figures(maps, tag, group_size, removed_cells(*shape, removed), estimate)
     return _save(figures, d, out, formats)
+
+
+def redraw_robustness(d: Path, out: Path | None = None, formats=None) -> list[Path]:
+    """Redraw a robustness run's figure from its robustness.csv and summary.json (each type's record, the
+    conditions in their order, the model, k) with today's figure code
+    (:func:`headprobe.commands.robustness_core.stability_plot`, what the command draws), into ``out``
+    (default ``d``)."""
+    from headprobe.commands.robustness_core import stability_plot
+
+    meta = json.loads((d / "summary.json").read_text())
+    conds = [c["name"] for c in meta["conditions"]]
+    fig = stability_plot(pd.read_csv(d / "robustness.csv"), meta["types"], conds, meta["model"], meta["config"]["k"])
+    return _save({"robustness": fig}, d, out, formats)
+
+
+def redraw_per_layer(d: Path, out: Path | None = None, formats=None) -> list[Path]:
+    """Redraw a ``prune --per-layer`` run's per_layer figure from its per_layer.csv and summary.json's model
+    and weights with today's figure code (:func:`headprobe.commands.prune_core.per_layer_figure`, what the
+    command draws), into ``out`` (default ``d``)."""
+    from headprobe.commands.prune_core import per_layer_figure
+
+    meta = json.loads((d / "summary.json").read_text())
+    fig = per_layer_figure(pd.read_csv(d / "per_layer.csv"), meta["model"], meta["weights_precision"])
+    return _save({"per_layer": fig}, d, out, formats)
 
 
 def redraw_atlas(d: Path) -> list[Path]:
@@ -311,27 +340,42 @@ def redraw_scan(
     out: Path | None = None,
     formats: str | Sequence[str] | None = None,
 ) -> list[Path]:
-    """Redraw a scan's figures but the ablation one (see the module docstring) into ``out`` (default:
-    ``d``), those of ``stems`` only where given, in ``formats`` (as :func:`~headprobe.analyses.figures.save_figure`;
-    None: ``$HEADPROBE_FIGURE_FORMATS`` or all three); ``model`` as :func:`scan_result`. Returns the paths.
+    """Redraw a scan's figures (see the module docstring) into ``out`` (default: ``d``), those of
+    ``stems`` only where given, in ``formats`` (as :func:`~headprobe.analyses.figures.save_figure`;
+    None: ``$HEADPROBE_FIGURE_FORMATS`` or all three); ``model`` as :func:`scan_result`. With the
+    ablation figure, its caption (ablation.caption.txt, :func:`~headprobe.analyses.figures.ablation_caption`,
+    its rows in the figure's order) too. Returns the paths.
 
     Raises:
         SystemExit: the redraw does not reproduce the run's numbers.
     """
-    from headprobe.analyses.figures import save_figure
-    from headprobe.commands.scan import figure_makers
+    from headprobe.analyses.figures import ablation_caption, save_figure
+    from headprobe.commands.scan_core import ablation_rows, figure_makers
 
-    makers = figure_makers(scan_result(d, model, with_composition=stems is None or "composition_k" in stems))
-    chosen = [stem for stem in makers if stem != "ablation" and (stems is None or stem in stems)]
-    return [p for stem in chosen for p in save_figure(makers[stem](), (out or d) / stem, formats=formats)]
+    result = scan_result(d, model, with_composition=stems is None or "composition_k" in stems)
+    makers = figure_makers(result)
+    chosen = [stem for stem in makers if stems is None or stem in stems]
+    written = [p for stem in chosen for p in save_figure(makers[stem](), (out or d) / stem, formats=formats)]
+    if "ablation" in chosen:  # the caption lists the rows as the figure does
+        caption = (out or d) / "ablation.caption.txt"
+        caption.write_text(ablation_caption(ablation_rows(result), result.verification, rule=result.rule))
+        written.append(caption)
+    return written
 
 
 def _kind(d: Path) -> str | None:
-    """Which command's run directory ``d`` is, by the files it holds: ``scan``, ``kv`` or ``ablate``
-    (the runs ``--check`` compares), or None."""
+    """Which command's run directory ``d`` is, by the files it holds: ``scan``, ``kv``, ``ablate``,
+    ``robustness`` or ``per_layer`` (a ``prune --per-layer`` run: the runs ``--check`` compares), or None."""
     if not (d / "summary.json").is_file():
         return None
-    for kind, table in (("scan", "head_scores.csv"), ("kv", "curve.csv"), ("ablate", "head_ablation.csv")):
+    tables = (
+        ("scan", "head_scores.csv"),
+        ("kv", "curve.csv"),
+        ("ablate", "head_ablation.csv"),
+        ("robustness", "robustness.csv"),
+        ("per_layer", "per_layer.csv"),
+    )
+    for kind, table in tables:
         if (d / table).is_file():
             return kind
     return None
@@ -349,12 +393,16 @@ def check_run(d: Path, redraw, tol: float = 1.0) -> list[str]:
 
 
 def _differ(d: Path, drawn: list[Path], tol: float) -> list[str]:
-    """One line per PNG of ``drawn`` whose namesake in ``d`` is missing or differs (:func:`_compare`)."""
+    """One line per PNG of ``drawn`` whose namesake in ``d`` is missing or differs (:func:`_compare`),
+    and per text file (a caption) that is not byte for byte the committed one."""
     out = []
     for p in drawn:
         kept = d / p.name
         if not kept.is_file():
             out.append(f"{kept}: not committed")
+        elif p.suffix != ".png":
+            if kept.read_bytes() != p.read_bytes():
+                out.append(f"{kept}: differs from today's text")
         elif (why := _compare(kept, p, tol)) is not None:
             out.append(f"{kept}: differs from today's drawing ({why})")
     return out
@@ -388,6 +436,26 @@ def _compare(expected: Path, actual: Path, tol: float) -> str | None:
     return None if why is None else why.splitlines()[0]
 
 
+REDRAWS = {"kv": redraw_kv, "ablate": redraw_ablate, "robustness": redraw_robustness, "per_layer": redraw_per_layer}
+"""The redraw of each kind of run (:func:`_kind`) but scan, which ``--check`` compares with :func:`check_run`."""
+RUN_FILES = ("study.json", "train_log.csv", "summary.json")
+"""A run's own directory holds one of these."""
+
+
+def _run_dirs(root: Path) -> list[Path]:
+    """The directories :func:`main` redraws or checks: ``root`` where it is a run's (:data:`RUN_FILES`),
+    else each folder in it; after each run, the runs kept inside it (``figures/smollm2-135m/prune-per-layer``,
+    a prune run beside the scan it was made for), which a loop over ``figures/`` alone passed by."""
+    is_run = lambda p: any((p / f).is_file() for f in RUN_FILES)
+    tops = [root] if is_run(root) else sorted(p for p in root.iterdir() if p.is_dir())
+    out = []
+    for d in tops:
+        out.append(d)
+        if is_run(d):
+            out += sorted(p for p in d.iterdir() if p.is_dir() and is_run(p))
+    return out
+
+
 def main(argv: list[str]) -> None:
     import argparse
 
@@ -400,33 +468,32 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--check",
         action="store_true",
-        help="write nothing; say which committed PNG differs (scan, kv and ablate runs only)",
+        help="write nothing; say which committed PNG differs (scan, kv, ablate, robustness, per-layer prune runs)",
     )
     args = parser.parse_args(argv)
     check, root = args.check, Path(args.root)
     if not root.is_dir():
         parser.error(f"{root} is not a directory")
     written, differ, unchecked = [], [], []
-    runs = ("study.json", "train_log.csv", "summary.json")  # a run's own directory, or a folder of them
-    for d in [root] if any((root / f).is_file() for f in runs) else sorted(root.iterdir()):
+    for d in _run_dirs(root):
         kind = _kind(d)
         if check:
             if kind == "scan":
                 differ += check_scan(d)
             elif kind is not None:
-                differ += check_run(d, redraw_kv if kind == "kv" else redraw_ablate)
-            elif d.is_dir():
-                unchecked.append(d.name)
+                differ += check_run(d, REDRAWS[kind])
+            else:
+                unchecked.append(d.name if d == root else str(d.relative_to(root)))
         elif (d / "study.json").is_file():
             written += redraw_study(d)
         elif (d / "train_log.csv").is_file():
             written += redraw_train(d)
         elif kind == "scan":
             written += redraw_scan(d)
-        elif kind == "kv":
-            written += redraw_kv(d)
-        elif kind == "ablate":
-            written += redraw_ablate(d)
+        elif kind is not None:
+            written += REDRAWS[kind](d)
+            if (d / "pruning_curve.csv").is_file():  # a prune run with --per-layer: its curves too
+                written += redraw_prune(d)
         elif (d / "pruning_curve.csv").is_file():
             written += redraw_prune(d)
         elif (d / "edges.csv").is_file():
@@ -438,7 +505,9 @@ def main(argv: list[str]) -> None:
     for line in [str(p) for p in written] + differ:
         print(line)
     if unchecked:
-        print(f"not checked (--check compares scan, kv and ablate runs only): {', '.join(unchecked)}")
+        print(
+            f"not checked (--check compares scan, kv, ablate, robustness, per-layer prune runs): {', '.join(unchecked)}"
+        )
     if differ:
         raise SystemExit(1)
 

@@ -760,3 +760,17 @@ def test_atlas_summary_states_each_models_self_check(atlas_run):
         assert got["models"][m] == want, m
     assert got["all_ok"] is all(ref["ok"] for ref in scans.values())
     assert got["max_relative_error"] == max(ref["max_relative_error"] for ref in scans.values())
+
+
+@pytest.mark.figures
+def test_every_depth_tick_of_an_atlas_is_labelled():
+    """The depth axis had ticks at 0, 0.5 and 1 and labelled only the ends: the middle tick read as a
+    forgotten label. Every tick of a depth plot and of each overview panel carries its number."""
+    from headprobe.analyses import atlas
+
+    table = pd.read_csv(Path(__file__).resolve().parents[1] / "figures" / "atlas" / "atlas.csv")
+    for fig in (atlas.depth_plot(table, "induction"), atlas.atlas_overview(table)):
+        for ax in [a for a in fig.axes if a.get_xlabel() == atlas.DEPTH_LABEL]:
+            ticks = [float(v) for v in ax.get_xticks()]
+            assert ticks == [0.0, 0.5, 1.0], ticks
+            assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "0.5", "1"]

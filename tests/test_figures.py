@@ -378,14 +378,15 @@ def test_a_cropped_pattern_labels_every_token_and_says_which_positions_it_shows(
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == [labels[c] for c in cols]
     assert [t.get_text() for t in ax.get_yticklabels()] == [labels[r] for r in rows]
-    assert ax.get_xlabel().startswith("key positions 0–27 of 101")
-    assert ax.get_ylabel() == "query positions 47–74 of 101\n(first scored sequence)"
+    assert ax.get_xlabel().startswith("key position, 0–27 of 101")
+    assert ax.get_ylabel() == "query position, 47–74 of 101\n(first scored sequence)"
     # no key here lies after its query: nothing is greyed, and the note does not claim it is
     assert not np.isnan(np.ma.getdata(ax.images[0].get_array())).any() and "grey" not in ax.get_xlabel()
     dashed = sorted((ln.get_xdata()[0], ln.get_ydata()[0]) for ln in ax.get_lines())
     assert dashed == [(0, 51 - 47 - 0.5), (start - 0.5, 0)]  # block 1 starts at key 1, the repeat at query 51
     whole = figs.pattern_plot(pattern, labels, "t", causal=True)  # no positions: the whole pattern, thinned labels
-    assert whole.axes[0].get_xlabel().startswith("key position\n(every 7 positions")
+    assert whole.axes[0].get_xlabel().startswith("key position, 0–100\n(every 7 positions")
+    assert whole.axes[0].get_ylabel() == "query position, 0–100"
 
 
 def test_save_figure_lays_the_figure_out_once_for_all_three_formats(tmp_path, monkeypatch):
@@ -567,7 +568,7 @@ def test_a_pattern_with_keys_left_out_draws_a_break_and_names_the_keys_not_drawn
         len(marks) == 2 and not panels[0].spines["right"].get_visible() and not panels[1].spines["left"].get_visible()
     )
     text = "\n".join(t.get_text() for t in fig.findobj(matplotlib.text.Text))
-    assert "key positions 0–3 and 96–99 of 100" in text and "4–95 not drawn" in text
+    assert "key position, 0–3 and 96–99 of 100" in text and "4–95 not drawn" in text
     assert "0–99" not in text
 
 
@@ -1394,3 +1395,124 @@ def test_the_in_context_loss_axis_says_late_minus_early_in_both_figures():
         ax = fig.axes[1]
         box, panel = ax.yaxis.label.get_window_extent(canvas.get_renderer()), ax.get_window_extent()
         assert panel.y0 <= box.y0 and box.y1 <= panel.y1, (box, panel)
+
+
+def test_the_metric_heatmaps_colour_bars_state_formula_and_unit(tmp_path):
+    """heatmap_value_share_token0's colour bar read ``share of sum_j |A_ij v_j W_O|`` (ASCII pseudo-math) and
+    heatmap_dla's ``logit of the next token`` (no unit). The first is typeset (mathtext that parses, still
+    parsed after saving, no ``sum_j`` or ``_ij`` as written); the second names its unit, logit units, as
+    direct_logit_attribution's docstring does."""
+    from matplotlib.mathtext import MathTextParser
+
+    from headprobe.analyses.metrics import metric_figure_makers
+
+    rng = np.random.default_rng(0)
+    scores = {"value_share_token0": rng.uniform(size=(4, 6)), "dla": rng.normal(size=(4, 6))}
+    makers = metric_figure_makers(scores, 3, "m (float32 weights)")
+    share = makers["heatmap_value_share_token0"]()
+    figs.save_figure(share, tmp_path / "share", formats=("png", "svg"))
+    label = share.axes[1].yaxis.label
+    text = label.get_text()
+    assert label.get_parse_math() and text.count("$") >= 2, text
+    assert "sum_j" not in text and "A_ij" not in text and r"\Vert" in text, text
+    for formula in re.findall(r"\$[^$]+\$", text):
+        MathTextParser("agg").parse(formula)  # raises on a formula mathtext cannot set
+    dla = makers["heatmap_dla"]()
+    assert dla.axes[1].get_ylabel().endswith("(logit units)"), dla.axes[1].get_ylabel()
+    assert not dla.axes[1].yaxis.label.get_parse_math()
+
+
+def test_every_pattern_figures_query_axis_has_one_wording():
+    """The scan's pattern figures named their query axis two ways: "query positions 47–74 of 101" (a crop, the
+    repeated tokens) and "query position" (a whole natural-text example). Cropped or whole, each axis now reads
+    "<axis> position, <first>–<last>" (a crop: "of <n>" too), then the sequence on a line of its own."""
+    T = 40
+    labels = [f"t{i}" for i in range(T)]
+    rows, cols = list(range(20, 30)), list(range(10))
+    ylabel = "query position (first scored sequence)"
+    crop = figs.pattern_plot(np.zeros((10, 10)), labels, "t", causal=True, ylabel=ylabel, positions=(rows, cols))
+    whole = figs.pattern_plot(np.eye(T), labels, "t", causal=True, ylabel=ylabel)
+    ylabels = [crop.axes[0].get_ylabel(), whole.axes[0].get_ylabel()]
+    assert ylabels == [
+        "query position, 20–29 of 40\n(first scored sequence)",
+        f"query position, 0–{T - 1}\n(first scored sequence)",
+    ]
+    assert [re.sub(r"[0-9–]+( of \d+)?", "N", y) for y in ylabels] == ["query position, N\n(first scored sequence)"] * 2
+    assert crop.axes[0].get_xlabel().startswith("key position, 0–9 of 40")
+    assert whole.axes[0].get_xlabel().startswith(f"key position, 0–{T - 1}\n")
+
+
+def test_a_circuit_figure_of_a_trained_checkpoint_is_titled_by_the_model_not_its_path():
+    """figures/train-default-circuit/circuit.png was titled "figures/train-default: top 20 edges by |EAP-IG|", the
+    folder the model was loaded from. A model ``headprobe train`` saved is named by its shape (and its folder's name,
+    never the path); a registered model keeps its name."""
+    import pandas as pd
+
+    from headprobe.commands.circuit_core import TRAINED_WEIGHTS, circuit_figure, model_title
+
+    edges = pd.DataFrame({"edge": ["0.0->1.2:k", "1.2->logits"], "score": [0.5, -0.3], "exact": [0.4, None]})
+    weights = f"float32 {TRAINED_WEIGHTS}; native backend"
+    fig = circuit_figure(edges, 20, "eap-ig", "/work/main/figures/train-default", 2, 4, weights)
+    title = " ".join(fig.axes[0].title.get_text().split())
+    assert title == "2-layer, 4-head model trained with headprobe (train-default): top 2 edges by |EAP-IG|", title
+    assert "/" not in title
+    assert model_title("smollm2-135m", "4-bit Q4_1 GGUF", 30, 9) == "smollm2-135m"
+    assert model_title("HuggingFaceTB/SmolLM2-135M", "float32", 30, 9) == "HuggingFaceTB/SmolLM2-135M"
+
+
+def _committed_scan():
+    """figures/smollm2-135m as the figure code reads it: a ScanResult holding only config.types, the
+    verifications and their record (its rule) from summary.json and the ranking scores from head_scores.csv
+    (no model, no forward pass)."""
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from headprobe.analyses.ablation import Verification
+    from headprobe.commands.scan_core import ScanResult
+
+    d = Path(__file__).resolve().parents[1] / "figures" / "smollm2-135m"
+    summary, table = json.loads((d / "summary.json").read_text()), pd.read_csv(d / "head_scores.csv")
+    lay = summary["layout"]
+    shape = (lay["n_layers"], lay["n_heads"])
+    result = object.__new__(ScanResult)  # the fields the figures read, set as they are
+    result.__dict__.update(
+        config=SimpleNamespace(types=tuple(summary["config"]["types"])),
+        verifications=[Verification.from_dict(r) for r in summary["ablations"]],
+        verification=summary["verification"],
+        scores={c: table[c].to_numpy().reshape(shape) for c in table.columns if c not in ("layer", "head", "kv_head")},
+        spec=SimpleNamespace(
+            n_layers=shape[0], n_heads=shape[1], group_size=shape[1] // lay["n_kv_heads"], removed_heads=()
+        ),
+    )
+    return result
+
+
+def test_the_ablation_figure_lists_the_types_in_the_overviews_order_with_short_notes():
+    """The demo's ablation.png put its types in summary.json's verification order (induction last) beside an
+    overview with induction third, and wrote 7 lines above duplicate-token ("p in / [0.05, 0.0877] / (stopped:
+    cannot / reach α after / BH)"). Both figures take config.types' order now, and each column's note is at most
+    4 short lines: a stopped test's p is a range marked †, the legend says what † means, the caption why."""
+    from headprobe.analyses.detectors import DETECTORS
+    from headprobe.commands.scan_core import ablation_rows, overview_maker
+
+    result = _committed_scan()
+    dets = [DETECTORS[name] for name in result.config.types]
+    overview = overview_maker(result, dets, "t")()
+    panels = [ax.get_title().split("\n")[0] for ax in overview.axes if ax.images]
+    rows = ablation_rows(result)
+    fig = figs.ablation_plot(rows, "t", rule=result.rule)
+    ticks = [t.get_text().split("\n")[0] for t in fig.axes[-1].get_xticklabels()]
+    assert [t.replace("-", "_") for t in ticks] == list(result.config.types)
+    assert panels == [DETECTORS[t.replace("-", "_")].panel_title for t in ticks], (panels, ticks)
+    notes = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert notes and all(len(n.split("\n")) <= 4 and max(map(len, n.split("\n"))) <= 16 for n in notes), notes
+    stopped = [n for n in notes if figs.STOPPED_MARK in n]
+    assert len(stopped) == 2 and "p 0.05–0.0877" + figs.STOPPED_MARK in stopped[0], stopped
+    legend = " ".join(t.get_text() for t in fig.legends[0].get_texts())
+    assert f"{figs.STOPPED_MARK}: the test stopped early" in legend, legend
+    caption = figs.ablation_caption(rows, result.verification, rule=result.rule)
+    assert "stopped: cannot reach alpha after BH" in caption
+    assert [line.split(" (")[0] for line in caption.splitlines()[1::2]] == ticks

@@ -71,3 +71,27 @@ def test_the_committed_kv_and_ablate_figures_are_what_the_code_draws():
     for name in kv + ablate:
         redraw = redraw_figures.redraw_kv if runs[name] == "kv" else redraw_figures.redraw_ablate
         assert redraw_figures.check_run(ROOT / "figures" / name, redraw) == [], name
+
+
+def test_the_committed_robustness_and_per_layer_figures_are_redrawn_and_checked():
+    """robustness.png and figures/smollm2-135m/prune-per-layer/per_layer.png were redrawn by one-off scripts: the
+    robustness folder was "not checked" and the per-layer run, inside the scan's folder, was passed by. Both are
+    runs ``--check`` compares now (the nested one found under figures/), each PNG what today's code draws from its
+    CSV and summary.json; a table whose numbers changed differs (the check can fail)."""
+    import shutil
+    import tempfile
+
+    runs = [str(d.relative_to(ROOT / "figures")) for d in redraw_figures._run_dirs(ROOT / "figures")]
+    assert "smollm2-135m/prune-per-layer" in runs, runs
+    for name, kind in (("smollm2-135m-robustness", "robustness"), ("smollm2-135m/prune-per-layer", "per_layer")):
+        d = ROOT / "figures" / name
+        assert redraw_figures._kind(d) == kind
+        assert redraw_figures.check_run(d, redraw_figures.REDRAWS[kind]) == [], name
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp) / "per-layer"
+        shutil.copytree(ROOT / "figures" / "smollm2-135m" / "prune-per-layer", d)
+        t = pd.read_csv(d / "per_layer.csv")
+        t["loss_best_only"] = t["loss_best_only"][::-1].to_numpy()  # the layers' numbers in another order
+        t.to_csv(d / "per_layer.csv", index=False)
+        (why,) = redraw_figures.check_run(d, redraw_figures.redraw_per_layer)
+        assert "per_layer.png: differs from today's drawing" in why

@@ -273,3 +273,46 @@ def test_the_default_other_period_is_never_the_fitted_period(tiny_tokenizer, tex
     repeats = [c for c in conds if c.name.startswith("repeats period")]
     assert [c.name for c in repeats] == [f"repeats period {other}"]
     assert repeats[0].repeated.tokens.shape[1] == base.shape[1] - 2 * (4 - other)  # [BOS] + 2 x period
+
+
+@pytest.mark.figures
+def test_the_stability_figure_has_a_legend_and_axis_labels_with_units():
+    """robustness.png's y label read "head  stability [95% bootstrap]" over two columns of tick text, like a table
+    header, and only its title said what dark and light meant. The committed run redrawn: a legend keys the dark
+    (in the top-k set), light (not in it) and blank cells in their drawn colours and the marks above the columns;
+    the left axis names the heads, the right one the stability with its unit and interval; the title is a title."""
+    import json
+    from pathlib import Path
+
+    import matplotlib.colors as mcolors
+
+    from headprobe.commands.robustness_core import IN_TOP_K, NOT_IN_TOP_K, stability_plot
+
+    d = Path(__file__).resolve().parents[1] / "figures" / "smollm2-135m-robustness"
+    meta = json.loads((d / "summary.json").read_text())
+    table = pd.read_csv(d / "robustness.csv")
+    conds = [c["name"] for c in meta["conditions"]]
+    fig = stability_plot(table, meta["types"], conds, meta["model"], meta["config"]["k"])
+    (legend,) = fig.legends
+    keys = {t.get_text(): h for t, h in zip(legend.get_texts(), legend.legend_handles)}
+    dark = next(h for label, h in keys.items() if "in the condition's top-k set" in label)
+    light = next(h for label, h in keys.items() if "not in" in label)
+    assert mcolors.same_color(dark.get_facecolor(), IN_TOP_K) and mcolors.same_color(
+        light.get_facecolor(), NOT_IN_TOP_K
+    )
+    assert any("blank" in label for label in keys) and any("✓ CONFIRMED" in label for label in keys), list(keys)
+    panels = [ax for ax in fig.axes if ax.images]
+    assert len(panels) == len(meta["types"])
+    for ax, name in zip(panels, meta["types"]):
+        cmap = ax.images[0].get_cmap()
+        assert mcolors.same_color(cmap(1.0), IN_TOP_K) and mcolors.same_color(cmap(0.0), NOT_IN_TOP_K)
+        assert ax.get_ylabel() == "head (layer.head)"
+        (right,) = ax.child_axes
+        assert "fraction of conditions" in right.get_ylabel() and "95% bootstrap CI" in right.get_ylabel()
+        rows = table[table["type"] == name]
+        assert [t.get_text() for t in ax.get_yticklabels()] == [f"{l}.{h}" for l, h in zip(rows["layer"], rows["head"])]
+        assert (
+            right.get_yticklabels()[0].get_text()
+            == f"{rows['stability'].iloc[0]:.2f} [{rows['ci95_low'].iloc[0]:.2f}, {rows['ci95_high'].iloc[0]:.2f}]"
+        )
+    assert fig.get_suptitle() == "Label stability of smollm2-135m, k = 10"

@@ -211,7 +211,7 @@ def test_a_long_prompts_figure_breaks_the_key_axis_and_names_the_keys_not_drawn(
     (fig,) = drawn
     assert len([ax for ax in fig.axes if ax.images]) == 2
     text = fig.get_supxlabel()
-    assert text.startswith(f"key positions 0–3 and {n - 4}–{n - 1} of {n}\n(4–{n - 5} not drawn)"), text
+    assert text.startswith(f"key position, 0–3 and {n - 4}–{n - 1} of {n}\n(4–{n - 5} not drawn)"), text
 
 
 def test_prompt_file_makes_a_config_the_type_checks_accept(tiny_dir, tmp_path, capsys, monkeypatch):

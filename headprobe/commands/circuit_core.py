@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from headprobe import options
@@ -138,8 +139,9 @@ class CircuitResult(CompactRepr, WritesOutputs):
 
     def figure(self):
         """``circuit``: the ``top`` edges as a graph (:func:`circuit_figure`)."""
+        spec = self.spec
         return circuit_figure(
-            self.edges, self.config.top, self.config.method, self.spec.name, self.spec.n_layers, self.spec.n_heads
+            self.edges, self.config.top, self.config.method, spec.name, spec.n_layers, spec.n_heads, spec.precision
         )
 
     def report(self) -> str:
@@ -281,9 +283,28 @@ circuit = options.command_function(
 """``headprobe circuit`` as a function: :func:`headprobe.options.command_function` over :func:`run`."""
 
 
-def circuit_figure(edges: pd.DataFrame, top: int, method: str, name: str, n_layers: int, n_heads: int):
+TRAINED_WEIGHTS = "(headprobe checkpoint)"
+"""What the weights of a model ``headprobe train`` saved say (a pruned checkpoint's say "pruned")."""
+
+
+def model_title(name: str, weights: str, n_layers: int, n_heads: int) -> str:
+    """How a figure's title names the model ``name`` (a ModelSpec's, or summary.json's ``model``): a
+    registered or Hugging Face name as it is; a model ``headprobe train`` saved (its ``weights``, the
+    spec's or summary.json's ``weights_precision``, say :data:`TRAINED_WEIGHTS`) by its shape and its
+    folder's name, never the path it was loaded from ("figures/train-default" read as a file name); any
+    other folder by its name."""
+    folder = Path(name).expanduser().name or name
+    if TRAINED_WEIGHTS in weights:
+        return f"{n_layers}-layer, {n_heads}-head model trained with headprobe ({folder})"
+    return folder if name.startswith((".", "/", "~")) or Path(name).is_dir() else name
+
+
+def circuit_figure(
+    edges: pd.DataFrame, top: int, method: str, name: str, n_layers: int, n_heads: int, weights: str = ""
+):
     """circuit.png: the first ``top`` rows of edges.csv (``edges``, ordered by ``|score|``) as a graph
-    (:func:`headprobe.analyses.figures.circuit_graph`), outlined where ``exact`` was measured; what
+    (:func:`headprobe.analyses.figures.circuit_graph`), outlined where ``exact`` was measured, titled
+    with the model as :func:`model_title` names it (``weights``: the model's weights description); what
     ``headprobe circuit`` draws and scripts/redraw_figures.py redraws from a saved edges.csv."""
     from headprobe.analyses import figures
     from headprobe.analyses.circuit import parse_edge
@@ -298,7 +319,7 @@ def circuit_figure(edges: pd.DataFrame, top: int, method: str, name: str, n_laye
         drawn,
         n_layers,
         n_heads,
-        f"{name}: top {len(drawn)} edges by |{label}|",
+        f"{model_title(name, weights, n_layers, n_heads)}: top {len(drawn)} edges by |{label}|",
         f"{label} score (nats/token)",
         checked=rows["exact"].notna().tolist(),
     )

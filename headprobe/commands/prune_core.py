@@ -60,6 +60,23 @@ def method_label(method: str, rescore: bool) -> str:
     return LABELS[method] + (" (scored once)" if method == "michel" and not rescore else "")
 
 
+def per_layer_figure(t: pd.DataFrame, model: str, weights: str) -> Figure:
+    """per_layer.png from per_layer.csv's rows ``t`` (a row per layer: ``layer``, ``clean_loss``,
+    ``loss_best_only``, ``loss_worst_only``, ``loss_layer_ablated``, ``best_head``) of ``model`` with
+    ``weights`` (the spec's or summary.json's description), titled as pruning_curve is
+    (:func:`headprobe.analyses.figures.per_layer_plot`); what ``prune --per-layer`` draws and
+    scripts/redraw_figures.py redraws."""
+    return figs.per_layer_plot(
+        t.layer.to_numpy(),
+        float(t.clean_loss.iloc[0]),
+        t.loss_best_only.to_numpy(),
+        t.loss_worst_only.to_numpy(),
+        t.loss_layer_ablated.to_numpy(),
+        t.best_head.to_numpy(),
+        f"One head per layer, {model} ({figs.weights_label(weights)})",
+    )
+
+
 def figure_labels(
     name: str, weights: str, dtype: str, present: int, total: int, pruned: dict | None
 ) -> tuple[str, str, tuple[str, float, dict[str, float]] | None]:
@@ -250,16 +267,7 @@ class PruneResult(CompactRepr, WritesOutputs):
                 curves.append((label, *arrays(rs[0])))
         out = {"pruning_curve": figs.pruning_methods_plot(curves, bands, METRICS, title, saved=saved, xlabel=xlabel)}
         if self.per_layer is not None:
-            t = pd.DataFrame(self.per_layer)
-            out["per_layer"] = figs.per_layer_plot(
-                t.layer.to_numpy(),
-                float(t.clean_loss.iloc[0]),
-                t.loss_best_only.to_numpy(),
-                t.loss_worst_only.to_numpy(),
-                t.loss_layer_ablated.to_numpy(),
-                t.best_head.to_numpy(),
-                f"One head per layer, {spec.name} ({figs.weights_label(spec.weights)})",  # as pruning_curve's title
-            )
+            out["per_layer"] = per_layer_figure(pd.DataFrame(self.per_layer), spec.name, spec.weights)
         return out
 
     def outputs(self) -> dict[str, Any]:

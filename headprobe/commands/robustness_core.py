@@ -478,65 +478,85 @@ def run(model: LoadedModel, config: RobustnessConfig, progress: bool = True) -> 
     )
 
 
+IN_TOP_K, NOT_IN_TOP_K = "#1f4e8c", "#e8e8e8"
+""":func:`stability_plot`'s cell colours: the head in the condition's top-k set (dark), not in it (light)."""
+VERDICT_MARKS = {True: "✓", False: "✗", None: "?"}
+""":func:`stability_plot`'s mark above a condition's column: its verdict (``–``: the condition is not the type's)."""
+STABILITY_LABEL = "stability: fraction of conditions\nwith the head in top-k [95% bootstrap CI]"
+""":func:`stability_plot`'s right axis label: what the numbers beside each row are, with their unit."""
+
+
 def stability_figure(result: RobustnessResult):
-    """Heads x conditions for each type: in the condition's top-k set (dark) or not (light), not
-    applicable (blank); the verdict of each condition above its column; stability per head at the right."""
-    from matplotlib.colors import ListedColormap
+    """robustness.png of ``result`` (:func:`stability_plot`)."""
+    conds, k = [o.condition.name for o in result.outcomes], result.config.k
+    assert k is not None  # set by resolved() before the run
+    return stability_plot(result.table, result.types, conds, result.spec.name, k)
+
+
+def stability_plot(table: pd.DataFrame, types: dict[str, dict], conds: list[str], model: str, k: int):
+    """Heads x conditions for each type of ``types`` (summary.json's ``types``): a cell dark where the head
+    is in the condition's top-``k`` set, light where not, blank where the condition is not the type's (a
+    legend says so); the verdict of each condition above its column; each row's head on the left and its
+    stability with its 95% bootstrap interval on the right axis. ``table``: robustness.csv (``type``,
+    ``layer``, ``head``, ``stability``, ``ci95_low``, ``ci95_high`` and one 0/1 column per condition of
+    ``conds``, in summary.json's order); what the command draws and scripts/redraw_figures.py redraws."""
     from matplotlib.figure import Figure
 
-    names = list(result.types)
-    all_conds = [o.condition.name for o in result.outcomes]
-    n_rows = [max(1, sum(result.table["type"] == t)) for t in names] if len(result.table) else [1] * len(names)
-    fig = Figure(
-        figsize=(2.5 + 0.55 * len(all_conds), 1.6 + 0.26 * sum(n_rows) + 0.9 * len(names)), layout="constrained"
-    )
+    names = list(types)
+    n_rows = [max(1, sum(table["type"] == t)) for t in names] if len(table) else [1] * len(names)
+    fig = Figure(figsize=(3.4 + 0.55 * len(conds), 2.2 + 0.26 * sum(n_rows) + 0.9 * len(names)), layout="constrained")
     axes = fig.subplots(len(names), 1, squeeze=False, gridspec_kw={"height_ratios": [r + 3 for r in n_rows]})[:, 0]
     for ax, name in zip(axes, names):
-        rows = result.table[result.table["type"] == name]
-        grid = np.full((len(rows), len(all_conds)), np.nan)
-        for j, c in enumerate(all_conds):
-            if c in rows:
-                grid[:, j] = rows[c].to_numpy(dtype=float, na_value=np.nan)
-        ax.imshow(
-            np.ma.masked_invalid(grid), cmap=ListedColormap(["#e8e8e8", "#1f4e8c"]), vmin=0, vmax=1, aspect="auto"
-        )
-        ax.set_yticks(
-            range(len(rows)),
-            [
-                f"{format_head((l, h))}  {s:.2f} [{lo:.2f}, {hi:.2f}]"
-                for l, h, s, lo, hi in zip(
-                    rows["layer"], rows["head"], rows["stability"], rows["ci95_low"], rows["ci95_high"]
-                )
-            ],
-            fontsize=7,
-        )
-        ax.set_xticks(range(len(all_conds)), all_conds, rotation=40, ha="right", fontsize=7)
-        rec = result.types[name]
-        for j, c in enumerate(all_conds):
-            v = rec["verdicts"].get(c)
-            mark = "–" if v is None else {True: "✓", False: "✗", None: "?"}[v["confirmed"]]
-            ax.text(
-                j,
-                -0.8,
-                mark,
-                ha="center",
-                va="bottom",
-                fontsize=9,
-                color={"✓": "#1a7f37", "✗": "#b42318"}.get(mark, "#555"),
-            )
-        ax.set_ylim(len(rows) - 0.5, -1.6)
+        _stability_panel(ax, table[table["type"] == name], types[name], conds)
         ax.set_title(
-            f"{name.replace('_', '-')}: mean top-k Jaccard {rec['mean_jaccard']:.2f}; "
-            f"{_verdict_words(rec, overlap=False)}",
+            f"{name.replace('_', '-')}: mean top-k Jaccard {types[name]['mean_jaccard']:.2f}; "
+            f"{_verdict_words(types[name], overlap=False)}",
             fontsize=9,
         )
-        ax.set_ylabel("head  stability [95% bootstrap]", fontsize=7)
-    fig.suptitle(
-        f"Label stability of {result.spec.name}, k = {result.config.k}\n"
-        "dark: in the condition's top-k set; ✓/✗: CONFIRMED or not; ?: no verdict; –: does not apply",
-        fontsize=9,
-    )
+    fig.legend(handles=_stability_keys(), loc="outside lower center", ncols=2, frameon=False, fontsize=7)
+    fig.suptitle(f"Label stability of {model}, k = {k}", fontsize=10)
     return fig
+
+
+def _stability_panel(ax, rows: pd.DataFrame, rec: dict, conds: list[str]) -> None:
+    """One type's panel of :func:`stability_plot`: its rows' cells, the verdict marks, both y axes."""
+    from matplotlib.colors import ListedColormap
+
+    grid = np.full((len(rows), len(conds)), np.nan)
+    for j, c in enumerate(conds):
+        if c in rows:
+            grid[:, j] = rows[c].to_numpy(dtype=float, na_value=np.nan)
+    cmap = ListedColormap([NOT_IN_TOP_K, IN_TOP_K])
+    ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=1, aspect="auto", interpolation="nearest")
+    ax.set_yticks(range(len(rows)), [format_head((l, h)) for l, h in zip(rows["layer"], rows["head"])], fontsize=7)
+    ax.set_ylabel("head (layer.head)", fontsize=7)
+    right = ax.secondary_yaxis("right")
+    right.set_yticks(
+        range(len(rows)),
+        [f"{s:.2f} [{lo:.2f}, {hi:.2f}]" for s, lo, hi in zip(rows["stability"], rows["ci95_low"], rows["ci95_high"])],
+        fontsize=7,
+    )
+    right.set_ylabel(STABILITY_LABEL, fontsize=7)
+    ax.set_xticks(range(len(conds)), conds, rotation=40, ha="right", fontsize=7)
+    for j, c in enumerate(conds):
+        v = rec["verdicts"].get(c)
+        mark = "–" if v is None else VERDICT_MARKS[v["confirmed"]]
+        color = {"✓": "#1a7f37", "✗": "#b42318"}.get(mark, "#555")
+        ax.text(j, -0.8, mark, ha="center", va="bottom", fontsize=9, color=color)
+    ax.set_ylim(len(rows) - 0.5, -1.6)
+
+
+def _stability_keys() -> list:
+    """:func:`stability_plot`'s legend: the three kinds of cell and the marks above the columns."""
+    from matplotlib.patches import Patch
+
+    marks = f"{VERDICT_MARKS[True]} CONFIRMED, {VERDICT_MARKS[False]} not confirmed, {VERDICT_MARKS[None]} no verdict"
+    return [
+        Patch(facecolor=IN_TOP_K, label="head in the condition's top-k set"),
+        Patch(facecolor=NOT_IN_TOP_K, label="head not in it"),
+        Patch(facecolor="white", edgecolor="#999999", lw=0.5, label="blank: condition not run for this type"),
+        Patch(color="none", label=f"above each column, the condition's verdict: {marks}, – not run"),
+    ]
 
 
 def format_report(result: RobustnessResult) -> str:

@@ -796,6 +796,15 @@ def no_verdict_caveat(warnings: Sequence[NoVerdictWarning]) -> str:
     return named if len(named) <= CAVEAT_CHARS else NO_VERDICT_SHORT
 
 
+def ablation_rows(result: ScanResult) -> list[dict]:
+    """The verification rows as the ablation figure and its caption list them: by head type in the
+    order of ``config.types``, the one order the overview's panels follow too (summary.json keeps the
+    order the types were verified in), each type's kinds as verified."""
+    order = {name: i for i, name in enumerate(result.config.types or ())}
+    rows = [v.to_dict() for v in result.verifications]
+    return sorted(rows, key=lambda r: order.get(r["head_type"], len(order)))  # stable: kinds keep their order
+
+
 def figure_makers(result: ScanResult) -> dict[str, Callable[[], Figure]]:
     """File stem -> a function of no arguments that draws that figure (a matplotlib Figure): what
     :func:`scan_figures` draws, not drawn yet, so that :func:`write_outputs` can draw, write and
@@ -839,7 +848,7 @@ def figure_makers(result: ScanResult) -> dict[str, Callable[[], Figure]]:
             top_heads(torch.tensor(result.scores["induction"]), 5),
             f"K-composition: top previous-token → top induction heads, {tag}",
         )
-    rows = [v.to_dict() for v in result.verifications]
+    rows = ablation_rows(result)  # the overview's type order (dets, from config.types)
     if rows:
         out["ablation"] = partial(figs.ablation_plot, rows, f"Ablation check\n{tag}", rule=result.rule)
     return out
@@ -918,9 +927,7 @@ def write_outputs(
         if result.verifications:
             write_text(
                 out / "ablation.caption.txt",
-                figs.ablation_caption(
-                    [v.to_dict() for v in result.verifications], result.verification, rule=result.rule
-                ),
+                figs.ablation_caption(ablation_rows(result), result.verification, rule=result.rule),
             )
             written.append(out / "ablation.caption.txt")
         if result.patterns:
