@@ -412,8 +412,9 @@ class Verification:
     says how the tested kind's test ended (``settled above alpha``: h draws reached its effect;
     ``futile under the correction``: curtailed, no later draw could have made it a rejection;
     ``ran to the end``; ``not run: cannot reach alpha``: no control set was ablated, as its sets
-    could not give a verdict: ``draws`` 0, ``p_value`` 1, ``random_mean``/``random_max`` NaN, on both
-    kinds' rows), ``exceedances`` how many control sets reached the top-k effect, and
+    could not give a verdict: ``draws`` 0, ``p_value`` and ``p_adjusted`` None (a test of no draws has
+    no p-value; ``tested`` stays True: the correction counts it in its family, at p = 1),
+    ``random_mean``/``random_max`` NaN, on both kinds' rows), ``exceedances`` how many control sets reached the top-k effect, and
     ``p_value_is_bound`` whether ``p_value`` is a curtailed test's bound (the largest p the rule
     could still have given: the full test's p is at most this), and then ``p_value_min`` the
     smallest it could still have given (the full test's p lies between the two). ``no_verdict`` is also set, with
@@ -437,7 +438,7 @@ class Verification:
     confirmed: bool | None
     random_heads: list[list[str]] = field(default_factory=list)
     control_excludes: list[str] = field(default_factory=list)
-    p_value: float = float("nan")
+    p_value: float | None = float("nan")  # None: no control set ablated (draws 0), no p-value
     top_effect_ci95: list[float] = field(default_factory=lambda: [float("nan"), float("nan")])
     no_verdict: str | None = None
     metric: str = LOSS_METRIC.name
@@ -471,7 +472,7 @@ class Verification:
         nan = float("nan")
         kept = {k: v for k, v in row.items() if k in cls.__dataclass_fields__}
         for k in ("top_effect", "random_mean", "random_max", "p_value"):
-            if k in kept and kept[k] is None:
+            if k in kept and kept[k] is None and not (k == "p_value" and kept.get("draws") == 0):
                 kept[k] = nan
         if kept.get("top_effect_ci95") is not None:
             kept["top_effect_ci95"] = [nan if x is None else x for x in kept["top_effect_ci95"]]

@@ -1060,7 +1060,8 @@ def _ablation_verdict_text(r: dict) -> str:
         else f"n={r['draws']}"
     )
     if r.get("tested"):
-        return f"{reached}\n{_ablation_p(r)}\nadj {r['p_adjusted']:.3g}\n{verdict_label(r['confirmed'])}"
+        adj = "-" if r["p_adjusted"] is None else f"{r['p_adjusted']:.3g}"  # None: no control set ablated
+        return f"{reached}\n{_ablation_p(r)}\nadj {adj}\n{verdict_label(r['confirmed'])}"
     if r["confirmed"] is None and r.get("no_verdict"):
         return f"{reached}\n{_ablation_p(r)}\n{verdict_label(None)}"
     return f"{reached}\n{_ablation_p(r)}\n{NOT_TESTED}"
@@ -1141,7 +1142,7 @@ def ablation_caption(rows: Sequence[dict], design: dict, rule: VerdictRule | Non
         lo, hi = r.get("top_effect_ci95") or [float("nan")] * 2
         verdict = verdict_label(r["confirmed"]) + (f" ({r.get('no_verdict')})" if r["confirmed"] is None else "")
         role = (
-            f"p_adj = {r['p_adjusted']:.4g}, {verdict}"
+            f"p_adj = {'n/a' if r['p_adjusted'] is None else format(r['p_adjusted'], '.4g')}, {verdict}"
             if r.get("tested")
             else NOT_TESTED
             if r.get("no_verdict") is None

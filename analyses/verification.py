@@ -58,6 +58,7 @@ from headprobe.analyses.vocabulary import (
     check_verification_choices,
     draws_advice,
     reachable,
+    together_draws_needed,
 )
 from headprobe.analyses.vocabulary import unreachable_note as _unreachable_note
 from headprobe.probe.backends.base import LoadedModel
@@ -444,15 +445,22 @@ def _distinct_sets(n: int) -> str:
     return f"{n} distinct control set{' exists' if n == 1 else 's exist'}"
 
 
-def _unreachable_reason(x: _Test, n: int, plan: dict) -> str:
-    """Why a test's ``n`` control sets cannot give a verdict (its ``no_verdict``), and that none was
-    ablated where so."""
+def _unreachable_reason(x: _Test, n: int, plan: dict, control: str = "layer-matched") -> str:
+    """Why a test's ``n`` control sets cannot give a verdict (its ``no_verdict``), that none was
+    ablated where so, and, where too few distinct sets exist, how to get more (the fewest a
+    verdict needs: :func:`~headprobe.analyses.vocabulary.together_draws_needed`)."""
     few = f"only {_distinct_sets(n)}" if n < plan["n_random"] else f"{n} control sets"
+    need = together_draws_needed(plan["family_size"], plan["alpha"], plan["correction"])
+    more = (
+        f"; for a verdict a test needs at least {need} distinct control sets: use a smaller -k or a model with "
+        "more heads" + (" (or --control uniform, which draws from more sets)" if control == "layer-matched" else "")
+    )
     return (
         f"{few}: its smallest p-value 1/{n + 1} = {1 / (n + 1):.3f} cannot reach alpha = {plan['alpha']:g} after "
         f"{plan['correction']} over {_tests(plan['family_size'])}"
         + (f"; {draws_advice(plan['alpha'], plan['family_size'], plan['correction'])}" if n >= plan["n_random"] else "")
         + ("; not run: none of them was ablated, as they could decide nothing" if x.not_run else "")
+        + (more if n < plan["n_random"] and n < need else "")
     )
 
 
@@ -959,8 +967,9 @@ def _verification(
     """One row of evidence: the tested kind with its sequential p and adjusted p, or the other kind
     (reported on the control sets it ablated, plain Monte Carlo p). A tested test whose draws
     cannot reach alpha (``reach`` never) has no verdict, with the reason; where none of its
-    control sets was ablated (:attr:`_Test.not_run`) both rows have no draws: p = 1 (``(1 + 0) /
-    (1 + 0)``, what the correction takes), no control mean or maximum (NaN), ``stop_reason``
+    control sets was ablated (:attr:`_Test.not_run`) both rows have no draws and no p-value
+    (``p_value`` and ``p_adjusted`` None; the correction still counts the test, at p = 1, as the
+    plan's family was fixed before any ablation), no control mean or maximum (NaN), ``stop_reason``
     :data:`NOT_RUN`."""
     primary = settings.primary_kind
     effects = x.effects[kind]
@@ -973,7 +982,7 @@ def _verification(
         p = (1 + g) / (1 + n)
     confirmed, no_verdict = None, x.no_verdict
     if tested and x.reach == "never":
-        no_verdict = _unreachable_reason(x, x.n_sets if x.not_run else len(stream), plan)
+        no_verdict = _unreachable_reason(x, x.n_sets if x.not_run else len(stream), plan, settings.control)
     elif tested:
         assert p_adj is not None  # a tested row has an adjusted p
         confirmed = settings.rule(metric).confirms(p_adj, x.top_effect[kind], effects)
@@ -992,13 +1001,13 @@ def _verification(
         confirmed=confirmed,
         random_heads=[names(s) for s in stream[:n]],
         control_excludes=names(excluded),
-        p_value=float(p),
+        p_value=float(p) if n else None,  # no control set ablated: no Monte Carlo p-value at all
         top_effect_ci95=[float(v) for v in st.mean_ci(x.top_per_seq[kind])],
         no_verdict=no_verdict,
         metric=metric.name,
         alpha=settings.alpha,
         min_effect=settings.rule(metric).min_effect,
-        p_adjusted=None if p_adj is None or kind != primary else float(p_adj),
+        p_adjusted=None if p_adj is None or kind != primary or not n else float(p_adj),
         draws=n,
         control=settings.control,
         correction=settings.correction if tested else None,
@@ -1029,7 +1038,10 @@ def stop_reason(mc: st.SequentialMCTest, not_run: bool = False) -> str:
 def _p_method(x: _Test) -> str:
     mc = x.mc
     if x.not_run:
-        return "not run (no control set ablated: its sets cannot reach alpha after the correction; p = 1)"
+        return (
+            "not run (no control set ablated: its sets cannot reach alpha after the correction; no p-value, "
+            "counted in the correction's family at p = 1)"
+        )
     if mc.curtailed:
         return "sequential monte-carlo (curtailed: the largest p still reachable, a bound)"
     return "sequential monte-carlo (stopped early)" if mc.stopped else "sequential monte-carlo"

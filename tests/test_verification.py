@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from headprobe.analyses import statistics as st
+from headprobe.analyses.ablation import Verification
 from headprobe.analyses.verification import (
     BATCH,
     SECONDARY_DRAWS,
@@ -657,10 +658,19 @@ def test_tests_that_cannot_be_confirmed_get_no_raised_draws(tiny_llama_gqa, text
     tested = [v for v in result.verifications if v.tested]
     assert len(tested) == 2
     for v in tested:
-        assert v.draws == 0 and v.exceedances == 0 and v.p_value == 1.0 and v.confirmed is None, v
+        # a test of no draws has no p-value (it read p = 1.0, p_adjusted 1.0, as if a test had run)
+        assert v.draws == 0 and v.exceedances == 0 and v.p_value is None and v.confirmed is None, v
         assert "cannot reach alpha" in v.no_verdict and "not run: none of them was ablated" in v.no_verdict
-        assert v.stop_reason == "not run: cannot reach alpha" and v.p_adjusted == 1.0
-    assert all(v.draws == 0 and v.random_heads == [] for v in result.verifications)
+        assert v.stop_reason == "not run: cannot reach alpha" and v.p_adjusted is None
+        # how to get a verdict: BH over 2 tests at alpha 1e-4 needs 1 / 1e-4 - 1 = 9999 sets at the least
+        assert "for a verdict a test needs at least 9999 distinct control sets: use a smaller -k" in v.no_verdict
+    assert all(v.draws == 0 and v.random_heads == [] and v.p_value is None for v in result.verifications)
+    rows = {(r["head_type"], r["kind"]): r for r in result.summary()["ablations"]}  # summary.json's rows
+    assert rows["induction", "mean"]["p_value"] is None and rows["induction", "mean"]["p_adjusted"] is None
+    assert Verification.from_dict(json.loads(json.dumps(rows["induction", "mean"]))).p_value is None
+    table = [ln for ln in result.report().splitlines() if ln.split()[1:2] in (["mean"], ["zero"])]
+    assert len(table) == 4 and all(ln.split()[-5:-2] == ["0", "-", "-"] for ln in table[::2]), table
+    assert all("1.0000" not in ln for ln in table), table
     kinds = len({v.kind for v in result.verifications})
     controls = len(ablated) - 2 * kinds  # the two top-k sets, each kind
     assert controls == 0 and result.verification["sets_ablated"] == len(ablated), (controls, len(ablated))
@@ -733,7 +743,7 @@ def test_a_test_that_cannot_be_confirmed_ablates_no_control_set(tiny_llama_gqa, 
     ]
     for kind in ("mean", "zero"):
         v = rows["induction", kind]
-        assert v.draws == 0 and v.random_effects == [] and v.p_value == 1.0 and v.confirmed is None
+        assert v.draws == 0 and v.random_effects == [] and v.p_value is None and v.confirmed is None
     assert "only 4 distinct control sets exist" in rows["induction", "mean"].no_verdict
 
     monkeypatch.setattr(verif, "_cap_undecidable", lambda *a: False)  # the engine that ablates every test's sets

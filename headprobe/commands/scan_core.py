@@ -997,7 +997,7 @@ def format_report(result: ScanResult) -> str:
         controls = f"{v.random_mean:+9.{d}f}/{v.random_max:+.{d}f}" if v.draws else f"{'none':>9}/{'-':<{d + 2}}"
         lines.append(
             f"{v.head_type + ' ' + v.kind:<22} {v.task:<9} {clean} {top_effect_text(v, d, 8)} {controls} {v.draws:>4} "
-            f"{'≤' if v.p_value_is_bound else ' '}{v.p_value:6.4f} {p_adj}  {verdict}"
+            f"{_p_cell(v)} {p_adj}  {verdict}"
         )
     lines += [
         f"  {v.head_type.replace('_', '-')}: {evidence_text(v.to_dict(), 4)}"
@@ -1023,6 +1023,14 @@ def format_report(result: ScanResult) -> str:
     lines += [f"NOTE: {n}" for n in design.get("notes", [])]
     lines += [f"NOTE: {n}" for n in wide_interval_notes(result.verifications)]
     return "\n".join(lines)
+
+
+def _p_cell(v: Verification) -> str:
+    """The report's p column, 7 wide: ``≤0.0877`` for a curtailed test's bound, ``-`` where no control
+    set was ablated (no p-value)."""
+    if v.p_value is None:
+        return f"{'-':>7}"
+    return f"{'≤' if v.p_value_is_bound else ' '}{v.p_value:6.4f}"
 
 
 def _no_verdict_text(v: Verification, plan: dict, short: list[str], warnings: Sequence[NoVerdictWarning]) -> str:
