@@ -968,3 +968,35 @@ def test_import_report_prints_the_effects_interval_as_scans_table_does():
     lines = ImportResult(ImportConfig(heads_file="h.txt"), hf, hf.heads, rows, {}).report().splitlines()
     assert f"effect {per_seq.mean():+.4f} [{lo:+.4f}, {hi:+.4f}] vs random -0.0036" in lines[1], lines[1]
     assert f"effect {per_seq.mean():+.4f} [n/a] vs random" in lines[2], lines[2]
+
+
+def test_import_notes_a_confirmed_effect_whose_interval_over_sequences_reaches_0():
+    """The import run of the brief: effect +10.5061 [-1.7349, +22.7471], p = 0.05, CONFIRMED. The
+    permutation test is over control head sets, the interval over sequences: a NOTE (report and
+    summary()'s notes) says the set beats random heads but the effect's size is uncertain on so few
+    sequences (the old code said nothing). An interval above 0, or one not CONFIRMED: no note."""
+    import dataclasses
+
+    from headprobe.analyses.ablation import Verification
+    from headprobe.analyses.exchange import HeadFile
+    from headprobe.commands.import_heads_core import ImportConfig, ImportResult
+
+    row = Verification(
+        "imported", "mean", "repeated", 2, ["0.1", "1.0"], 5.0, 15.5061, 10.5061, [0.3] * 19, 0.3, 0.3, True,
+        top_effect_ci95=[-1.7349, 22.7471], draws=19, tested=True, p_value=0.05, p_adjusted=0.05,
+    )  # fmt: skip
+    hf = HeadFile("list", [(0, 1), (1, 0)], "listed")
+
+    def result(v):
+        return ImportResult(ImportConfig(heads_file="h.txt"), hf, hf.heads, [v], {})
+
+    notes = result(row).summary()["notes"]
+    assert notes == [
+        "imported is CONFIRMED against control sets on these sequences, but its 95% interval over sequences "
+        "[-1.73, +22.7] reaches 0: the head set beats random heads (a test over control sets), but on so few "
+        "sequences the effect's size is uncertain (the interval is over sequences); use more sequences "
+        "(--n-natural, --n-repeated)"
+    ]
+    assert result(row).report().endswith(f"NOTE: {notes[0]}")
+    for other in (dataclasses.replace(row, top_effect_ci95=[0.5, 22.7]), dataclasses.replace(row, confirmed=False)):
+        assert result(other).summary()["notes"] == [] and "NOTE" not in result(other).report()

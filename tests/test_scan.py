@@ -194,7 +194,7 @@ def test_real_smollm2_scan_confirms_induction_heads(smollm2, smollm2_native):
     wide = dataclasses.replace(m, top_effect_ci95=[-1.5, m.top_effect_ci95[1]])
     noted = dataclasses.replace(result, verifications=[wide if v is m else v for v in result.verifications]).report()
     assert "NOTE: induction is CONFIRMED against control sets on these sequences, but its 95% interval" in noted
-    assert f"[-1.5, {m.top_effect_ci95[1]:+.3g}] reaches 0" in noted
+    assert f"[-1.5, {m.top_effect_ci95[1]:+.3g}] reaches 0: the head set beats random heads" in noted
     assert (result.table["kv_head"] == result.table["head"] // 3).all()
     assert result.table["induction"].max() > 0.5
 

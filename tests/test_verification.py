@@ -4,6 +4,7 @@ examples, and the verification's stopping, reachability and bookkeeping on a tin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -851,3 +852,46 @@ def test_a_saved_verification_row_reads_back_with_its_nans(tmp_path):
             assert all(same(x, y) for x, y in zip(a, b, strict=True)), f.name
         else:
             assert same(a, b), f.name
+
+
+def test_a_confirmed_verdict_whose_interval_over_sequences_reaches_0_says_what_that_means(
+    tiny_llama_gqa, text_file, monkeypatch
+):
+    """The verdict's test is over control head sets, the interval over sequences: induction's top-k
+    set raises the loss by 20, -5 and 15 nats on the 3 repeated sequences (mean +10; 95% t interval
+    10 +- t(0.975, 2) * sd / sqrt(3) = [-22.9, +42.9], computed here with scipy), every control set
+    by 0-0.7 on each (each plus the task's mean clean loss less the sequence's own: the interval
+    within 0.5 of scipy's): CONFIRMED (p = 1/20 beats alpha over 1 test), and the report and summary.json
+    (``confirmed_ci_includes_zero``) say the set beats random heads but the effect's size is
+    uncertain on so few sequences. The old code wrote the NOTE in the report only, not in
+    summary.json. The verdict itself is unchanged by it."""
+    from scipy import stats
+
+    import headprobe.analyses.verification as verif
+    from headprobe.analyses.ablation import top_heads
+
+    kw = {"types": "induction", "n_random": 19, "control": "uniform"}
+    base = _scripted(monkeypatch, tiny_llama_gqa, text_file, lambda *a: 0.0, **kw)
+    top = tuple(map(tuple, top_heads(torch.as_tensor(base.scores["induction"]), 3)))
+    per_seq = torch.tensor([20.0, -5.0, 15.0])
+
+    def losses(backend, tokens, sets, kind, *a, **k):
+        clean = base.clean_loss["repeated"]
+        rows = [clean + (per_seq if tuple(map(tuple, s)) == top else torch.full((3,), _noise(s, 0.7))) for s in sets]
+        return torch.stack(rows)
+
+    monkeypatch.setattr(verif, "set_ablation_losses", losses)
+    result = _scan(tiny_llama_gqa, text_file, **kw)
+    v = next(v for v in result.verifications if v.tested)
+    lo, hi = stats.t.interval(0.95, 2, loc=10.0, scale=stats.sem([20.0, -5.0, 15.0]))
+    assert v.confirmed is True and v.top_effect_ci95 == pytest.approx([lo, hi], abs=0.5) and lo < 0 < hi
+    said = json.loads(json.dumps(result.summary()))["confirmed_ci_includes_zero"]
+    assert len(said) == 1 and said[0].startswith(
+        f"induction is CONFIRMED against control sets on these sequences, but its 95% interval over sequences [{v.top_effect_ci95[0]:+.3g}, {v.top_effect_ci95[1]:+.3g}] reaches 0: the head set beats random heads"
+    ), said
+    assert "use more sequences" in said[0] and f"NOTE: {said[0]}" in result.report()
+    # an interval above 0: no such key (the committed summaries stay byte-identical)
+    narrow = dataclasses.replace(
+        result, verifications=[dataclasses.replace(x, top_effect_ci95=[1.0, 2.0]) for x in result.verifications]
+    )
+    assert "confirmed_ci_includes_zero" not in narrow.summary() and "reaches 0" not in narrow.report()

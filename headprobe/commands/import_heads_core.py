@@ -64,7 +64,8 @@ class ImportResult(CompactRepr):
             "ablations": [v.to_dict() if hasattr(v, "to_dict") else vars(v) for v in self.verifications],
             "design": self.design,
             "kv": self.kv,
-            "notes": list(self.notes),
+            # a CONFIRMED verdict whose interval over sequences reaches 0 says what that means, as scan's does
+            "notes": [*self.notes, *scan_core.wide_interval_notes(self.verifications)],
         }
 
     def report(self) -> str:

@@ -668,6 +668,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
             },
             "top_heads": top,
             "confirmed": confirmed,
+            **({"confirmed_ci_includes_zero": wide} if (wide := wide_interval_notes(result.verifications)) else {}),
             "warnings": [str(w) for w in result.warnings],
             "verification": {**result.verification, **verification_rules(spec, result.rule)}
             if result.verifications
@@ -1098,13 +1099,17 @@ def short_text_notes(result: ScanResult) -> list[str]:
 
 
 def wide_interval_notes(verifications) -> list[str]:
-    """A note per CONFIRMED verdict whose 95% t interval over sequences reaches 0: the verdict
-    compares the top-k heads with control sets on these sequences; with this few of them the
-    effect's sign is not settled for other text."""
+    """A note per CONFIRMED verdict whose 95% t interval over sequences reaches 0 (the report's
+    NOTE lines; summary.json's ``confirmed_ci_includes_zero``, import's ``notes``). Two different
+    uncertainties: the verdict's permutation test is over control head sets (the top-k set beats
+    random heads on these sequences), the interval over the sequences (how large the effect is on
+    text like them); a CONFIRMED verdict with an interval reaching 0 was measured on too few
+    sequences to size the effect. The verdict rule is not changed by it."""
     return [
         f"{v.head_type.replace('_', '-')} is CONFIRMED against control sets on these sequences, but its 95% "
-        f"interval over sequences [{v.top_effect_ci95[0]:+.3g}, {v.top_effect_ci95[1]:+.3g}] reaches 0: too few "
-        f"sequences to say the effect holds on other text; use more (--n-natural, --n-repeated)"
+        f"interval over sequences [{v.top_effect_ci95[0]:+.3g}, {v.top_effect_ci95[1]:+.3g}] reaches 0: the head "
+        "set beats random heads (a test over control sets), but on so few sequences the effect's size is "
+        "uncertain (the interval is over sequences); use more sequences (--n-natural, --n-repeated)"
         for v in verifications
         if v.confirmed and v.top_effect_ci95[0] <= 0
     ]
