@@ -128,6 +128,21 @@ def atlas_rows(scores: pd.DataFrame, summary: dict, model: str, family: str, ste
     return rows
 
 
+def model_remarks(scores: pd.DataFrame, summary: dict) -> dict[str, list[str]]:
+    """Type -> remarks on what one model's verdict tests (:func:`~headprobe.analyses.verdicts.verdict_remarks`),
+    from its scan's head_scores.csv (``scores``) and summary.json: the top-k sets of ``ablations``, the
+    token sets of ``tokens`` (the uniform-attention baselines; a causal model only: an encoder's
+    ``metric`` is not ``loss``). Recomputed from these files, so a resumed scan written before
+    summary.json had ``verdict_remarks`` gets them too; {} where there is none."""
+    from headprobe.analyses.verdicts import uniform_baselines, verdict_remarks
+
+    top = {t: heads for t, (heads, _) in type_verdicts(summary).items() if heads}
+    names = [f"{int(layer)}.{int(head)}" for layer, head in zip(scores["layer"], scores["head"])]
+    values = {t: dict(zip(names, scores[t].astype(float))) for t in top if t in scores}
+    causal = (summary.get("metric") or {}).get("name", "loss") == "loss"
+    return verdict_remarks(top, values, uniform_baselines(summary.get("tokens") or {}) if causal else {})
+
+
 def atlas_table(parts: Sequence[pd.DataFrame]) -> pd.DataFrame:
     """The atlas table: the models' :func:`atlas_rows` stacked, columns in a stable order
     (:data:`ID_COLUMNS`, then score columns, then the ``_top``/``_verdict`` pairs); a column a

@@ -297,3 +297,73 @@ class NoVerdictWarning:
         if sep and name and " " not in name:
             return cls.for_type(name.replace("-", "_"), reason)
         return cls("other", line)
+
+
+def uniform_causal_score(first_query: int, seq_len: int) -> float:
+    """The offset score of a head that attends uniformly over its causal context (query ``q`` gives
+    ``1 / (q + 1)`` to each key ``0..q``): the scores are the mean of ``A[q, q - offset]`` over the
+    queries ``q = first_query .. seq_len - 1`` (:func:`headprobe.analyses.detectors.offset_score`;
+    ``offset <= first_query``, so every such key exists), so this is the mean of ``1 / (q + 1)``
+    over them, exactly. Raises ValueError where no query is read (``first_query >= seq_len``)."""
+    queries = range(first_query, seq_len)
+    if not queries:
+        raise ValueError(f"no query from {first_query} in a sequence of {seq_len} tokens")
+    return sum(1.0 / (q + 1) for q in queries) / len(queries)
+
+
+def uniform_baselines(tokens: Mapping) -> dict[str, float]:
+    """Type -> :func:`uniform_causal_score` of the previous-token, duplicate-token and induction
+    scores on a causal scan's token sets (summary.json's ``tokens``). Their definitions
+    (:mod:`headprobe.analyses.detectors`): previous-token, queries ``1 .. T-1`` of the natural text
+    (``T`` its ``seq_len``); on ``[BOS] r_1..r_S r_1..r_S`` (``S`` the ``period``, ``start`` 1 with
+    BOS), duplicate-token queries from ``max(start, 1) + S`` (``duplicate_first_query``), induction
+    from ``start + S``, to ``T - 1``. A type whose set is missing is left out."""
+    out = {}
+    natural, repeated = tokens.get("natural_text") or {}, tokens.get("repeated_random") or {}
+    if natural.get("seq_len", 0) > 1:
+        out["previous_token"] = uniform_causal_score(1, natural["seq_len"])
+    if repeated.get("period") and repeated.get("seq_len"):
+        start, period, n = int(bool(repeated.get("bos"))), repeated["period"], repeated["seq_len"]
+        if max(start, 1) + period < n:
+            out["duplicate_token"] = uniform_causal_score(max(start, 1) + period, n)
+        if start + period < n:
+            out["induction"] = uniform_causal_score(start + period, n)
+    return out
+
+
+def verdict_remarks(
+    top: Mapping[str, Sequence[str]], scores: Mapping[str, Mapping[str, float]], baselines: Mapping[str, float]
+) -> dict[str, list[str]]:
+    """Type -> remarks on what its verdict tests (summary.json's ``verdict_remarks``, the report's
+    NOTE lines; the verdict rule does not read them), only for types that have one:
+
+    - its top-k set shares most of its heads (more than half) with another type's top-k set: the
+      verdict re-tests those heads, whatever pattern they show;
+    - some of its top-k heads score at or below ``baselines[type]``, what a head attending
+      uniformly over its causal context scores (:func:`uniform_baselines`): the type's pattern is
+      not shown by them more than by no pattern at all.
+
+    ``top``: type -> its top-k heads (``"L.H"``, the ablated set); ``scores``: type -> head -> score."""
+    out: dict[str, list[str]] = {}
+    for t, heads in top.items():
+        said, k, name = [], len(heads), t.replace("_", "-")
+        for u, other in top.items():
+            shared = [h for h in heads if h in set(other)]
+            if u != t and 2 * len(shared) > k:
+                said.append(
+                    f"{name}: {len(shared)} of its {k} top heads ({', '.join(shared)}) are also "
+                    f"{u.replace('_', '-')}'s top heads, so its verdict re-tests much of that set"
+                )
+        base = baselines.get(t)
+        vals = [scores.get(t, {}).get(h) for h in heads]
+        if base is not None and vals and None not in vals:
+            low, best = sum(v <= base for v in vals), max(vals)
+            if low:
+                said.append(
+                    f"{name}: {low} of its {k} top heads score at or below {base:.3g}, the {name} score of a head "
+                    f"attending uniformly over its causal context (the highest, {best:.3g}, is {best / base:.2g}x it): "
+                    f"the verdict says ablating them matters, not that they attend as {name} heads do"
+                )
+        if said:
+            out[t] = said
+    return out

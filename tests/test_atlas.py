@@ -774,3 +774,109 @@ def test_every_depth_tick_of_an_atlas_is_labelled():
             ticks = [float(v) for v in ax.get_xticks()]
             assert ticks == [0.0, 0.5, 1.0], ticks
             assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "0.5", "1"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Remarks on what a verdict tests: shared top-k sets, scores no higher than uniform attention
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("n_natural", "period", "bos"), [(48, 23, True), (128, 50, True), (16, 6, False), (9, 4, True)]
+)
+def test_the_uniform_attention_baselines_are_the_detectors_scores_of_a_uniform_causal_head(n_natural, period, bos):
+    """uniform_baselines (the mean of 1/(q+1) over the queries each score reads) against the
+    detectors themselves on a head that attends uniformly over its causal context
+    (``tril(ones) / (q + 1)``): previous-token on a natural sequence of ``n_natural`` tokens,
+    duplicate-token and induction on ``[BOS] r_1..r_S r_1..r_S``, with and without BOS."""
+    from headprobe.analyses import detectors as det
+    from headprobe.analyses.verdicts import uniform_baselines
+
+    def uniform(T: int) -> torch.Tensor:
+        return (torch.tril(torch.ones(T, T, dtype=torch.float64)) / torch.arange(1, T + 1)[:, None])[None, None]
+
+    start = int(bos)
+    T = start + 2 * period
+    got = uniform_baselines(
+        {"natural_text": {"seq_len": n_natural}, "repeated_random": {"period": period, "seq_len": T, "bos": bos}}
+    )
+    ref = {
+        "previous_token": det.previous_token_score(uniform(n_natural)).item(),
+        "duplicate_token": det.duplicate_token_score(uniform(T), period, start).item(),
+        "induction": det.induction_score(uniform(T), period, start).item(),
+    }
+    assert got == pytest.approx(ref, rel=1e-6)  # the detectors read the pattern as float32
+
+
+def _committed_atlas_model(model: str) -> tuple[pd.DataFrame, dict]:
+    """A committed atlas model's head_scores.csv and the summary.json parts model_remarks reads,
+    rebuilt from figures/atlas/atlas.csv (the models' own scan folders are not committed): the
+    ablated sets are the ``<type>_top`` heads; the toy's token sets are those scan fits to its
+    48-token context and its trained periods 4-23 (fit_lengths: 48 natural tokens, period 23 with BOS)."""
+    from headprobe.analyses.data import fit_lengths
+
+    table = pd.read_csv(Path(__file__).parents[1] / "figures" / "atlas" / "atlas.csv")
+    rows = table[table["model"] == model].reset_index(drop=True)
+    types = [c.removesuffix("_top") for c in rows.columns if c.endswith("_top") and rows[c].fillna(False).any()]
+    heads = {t: [f"{a}.{b}" for a, b in zip(rows["layer"], rows["head"])] for t in types}
+    ablations = [
+        {"head_type": t, "kind": "mean", "tested": True, "confirmed": None,
+         "top_heads": [h for h, top in zip(heads[t], rows[f"{t}_top"].fillna(False)) if top]}
+        for t in types
+    ]  # fmt: skip
+    seq_len, period = fit_lengths(48, None, None, (4, 23, 12))
+    tokens = {
+        "natural_text": {"seq_len": seq_len},
+        "repeated_random": {"period": period, "seq_len": 1 + 2 * period, "bos": True},
+    }
+    return rows, {"ablations": ablations, "tokens": tokens if model == "toy" else {}, "metric": {"name": "loss"}}
+
+
+def test_the_committed_toy_atlas_remarks_its_duplicate_token_verdict():
+    """The committed atlas's toy model: four duplicate-token heads CONFIRMED with scores 0.021-0.039,
+    three of them also previous-token's top heads. model_remarks says both (read off atlas.csv
+    here: 0.6, 1.2 and 1.6 in both sets; 1.0 (0.0376) and 1.2 (0.0388) above the uniform head's
+    (H_47 - H_24) / 23 = 0.0288, 0.6 (0.0213) and 1.6 (0.0264) below); SmolLM2's sets share at most
+    half their heads and get none. The old code said nothing (no model_remarks)."""
+    from fractions import Fraction
+
+    rows, summary = _committed_atlas_model("toy")
+    said = atlas_lib.model_remarks(rows, summary)
+    base = float(sum(Fraction(1, q + 1) for q in range(24, 47)) / 23)
+    assert set(said) == {"previous_token", "duplicate_token"}
+    assert said["previous_token"] == [
+        "previous-token: 3 of its 4 top heads (0.6, 1.2, 1.6) are also duplicate-token's top heads, so its verdict "
+        "re-tests much of that set"
+    ]
+    assert said["duplicate_token"][0].startswith(
+        "duplicate-token: 3 of its 4 top heads (0.6, 1.2, 1.6) are also previous-token's"
+    )
+    assert said["duplicate_token"][1].startswith(
+        f"duplicate-token: 2 of its 4 top heads score at or below {base:.3g}, the duplicate-token score of a head "
+        f"attending uniformly over its causal context (the highest, 0.0388, is {0.03882 / base:.2g}x it)"
+    )
+    for model in ("smollm2-135m", "all-minilm-l6-v2"):
+        assert atlas_lib.model_remarks(*_committed_atlas_model(model)) == {}, model
+
+
+def test_the_atlas_records_and_prints_each_models_verdict_remarks(atlas_run, text_file, monkeypatch):
+    """summary.json's ``models.<label>.verdict_remarks`` holds the remarks of each model's own scan
+    files (absent where a model has none: the random tiny models' top-2 heads score above a uniform
+    head's and share no set), and the report prints each as a NOTE naming the model (a scripted
+    remark on a resumed run: the remarks are recomputed from the scan's files)."""
+    out, models, _ = atlas_run
+    summary = json.loads((out / "summary.json").read_text())
+    for m in (models[0], models[2]):
+        d = out / "models" / summary["models"][m]["dir"].split("/", 1)[1]
+        scan = json.loads((d / "summary.json").read_text())
+        ref = atlas_lib.model_remarks(pd.read_csv(d / "head_scores.csv"), scan)
+        assert summary["models"][m].get("verdict_remarks", {}) == ref, m
+    monkeypatch.setattr(
+        atlas_lib, "model_remarks", lambda scores, s: {"induction": [f"induction: {len(scores)} heads"]}
+    )
+    result = headprobe.atlas(models=models, out=out, overwrite=True, text=str(text_file), **SMALL)
+    written = json.loads((out / "summary.json").read_text())["models"]
+    assert written[models[0]]["verdict_remarks"] == {"induction": ["induction: 16 heads"]}
+    assert "verdict_remarks" not in written[models[1]]  # the failed model
+    notes = [ln for ln in result.report().splitlines() if ln.startswith("NOTE: ") and " heads" in ln]
+    assert notes == [f"NOTE: {models[0]} induction: 16 heads", f"NOTE: {models[2]} induction: 8 heads"]

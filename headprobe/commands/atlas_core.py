@@ -147,7 +147,11 @@ class AtlasResult(CompactRepr):
             )
             for t, per in s.items():
                 lines.append(f"  {t:<16} " + " | ".join(per.get(m, "") or "-" for m in models))
-        return "\n".join([*lines, *(f"NOTE: {n}" for n in left_out_notes_of(_window_sets(self.models)))])
+        remarks = [
+            f"{label} {n}" for label, m in self.models.items() for r in m.get("verdict_remarks", {}).values() for n in r
+        ]
+        notes = [*remarks, *left_out_notes_of(_window_sets(self.models))]
+        return "\n".join([*lines, *(f"NOTE: {n}" for n in notes)])
 
 
 def _window_record(tokens: dict) -> dict:
@@ -341,7 +345,10 @@ def run(
         if rec["status"] != "failed":
             summary = json.loads((d / "summary.json").read_text(encoding="utf-8"))
             rec.update(_window_record(summary.get("tokens", {})))
-            parts.append(atlas_lib.atlas_rows(pd.read_csv(d / "head_scores.csv"), summary, label, rec["family"], step))
+            scores = pd.read_csv(d / "head_scores.csv")
+            parts.append(atlas_lib.atlas_rows(scores, summary, label, rec["family"], step))
+            if remarks := atlas_lib.model_remarks(scores, summary):  # only where there is one
+                rec["verdict_remarks"] = remarks
             rules.append(atlas_lib.scan_rule(summary))
             checks[label] = summary.get("self_check")
     if records and all(r["status"] == "failed" for r in records.values()):

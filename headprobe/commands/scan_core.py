@@ -669,6 +669,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
             "top_heads": top,
             "confirmed": confirmed,
             **({"confirmed_ci_includes_zero": wide} if (wide := wide_interval_notes(result.verifications)) else {}),
+            **({"verdict_remarks": said} if (said := verdict_remarks(result)) else {}),
             "warnings": [str(w) for w in result.warnings],
             "verification": {**result.verification, **verification_rules(spec, result.rule)}
             if result.verifications
@@ -1023,6 +1024,7 @@ def format_report(result: ScanResult) -> str:
     )
     lines += [f"NOTE: {n}" for n in design.get("notes", [])]
     lines += [f"NOTE: {n}" for n in wide_interval_notes(result.verifications)]
+    lines += [f"NOTE: {n}" for said in verdict_remarks(result).values() for n in said]
     return "\n".join(lines)
 
 
@@ -1096,6 +1098,34 @@ def short_text_notes(result: ScanResult) -> list[str]:
         f"{int(result.natural.tokens.shape[1])} tokens: {got} natural-text sequence{'' if got == 1 else 's'} scored, "
         f"not the {asked} asked for (--n-natural); give more text or a shorter --seq-len"
     ]
+
+
+def verdict_remarks(result: ScanResult) -> dict[str, list[str]]:
+    """Type -> remarks on what its verdict tests (:func:`~headprobe.analyses.verdicts.verdict_remarks`:
+    a top-k set sharing most of its heads with another type's; top-k heads scoring at or below a head
+    attending uniformly over its causal context, decoders only); summary.json's ``verdict_remarks``
+    and the report's NOTE lines, only where there is one. {} without verdicts."""
+    from headprobe.analyses.verdicts import uniform_baselines
+    from headprobe.analyses.verdicts import verdict_remarks as remarks
+
+    if not result.verifications:
+        return {}
+    primary = (result.verification or {}).get("primary_kind", verif.PRIMARY_KIND)
+    top = {v.head_type: list(v.top_heads) for v in result.verifications if v.kind == primary}
+    scores = {
+        t: {f"{layer}.{head}": float(x) for (layer, head), x in np.ndenumerate(result.scores[t])}
+        for t in top
+        if t in result.scores
+    }
+    tokens = {
+        "natural_text": {"seq_len": int(result.natural.tokens.shape[1])},
+        "repeated_random": {
+            "period": result.repeated.period,
+            "seq_len": int(result.repeated.tokens.shape[1]),
+            "bos": bool(result.repeated.start),
+        },
+    }
+    return remarks(top, scores, uniform_baselines(tokens) if result.spec.causal else {})
 
 
 def wide_interval_notes(verifications) -> list[str]:
