@@ -355,8 +355,9 @@ def verdict_remarks(
                     f"{u.replace('_', '-')}'s top heads, so its verdict re-tests much of that set"
                 )
         base = baselines.get(t)
-        vals = [scores.get(t, {}).get(h) for h in heads]
-        if base is not None and vals and None not in vals:
+        known = scores.get(t, {})
+        vals = [float(known[h]) for h in heads if h in known]
+        if base is not None and heads and len(vals) == k:
             low, best = sum(v <= base for v in vals), max(vals)
             if low:
                 said.append(
