@@ -721,7 +721,7 @@ def command_function(
     ``fn(model=DEFAULT_MODEL, *, progress=False, **config_fields)`` builds ``config_cls`` from
     ``config_fields`` and the model (:func:`config_and_model`: the config's checks and
     ``preflight`` before a model named by a string loads), checks the memory plan of ``run``'s module
-    where it has one (its ``batch_line``, as the command does; printed with ``progress``), calls ``run(loaded, config,
+    where it has one (its ``batch_line``, as the command does; printed to stderr with ``progress``), calls ``run(loaded, config,
     progress=progress)`` and records the load's seconds in the result's ``load_s`` where it has one
     (None for a model given loaded: :func:`~headprobe.probe.core.reprs.load_seconds`).
 
@@ -749,7 +749,7 @@ def command_function(
         # the memory plan the command checks before its run (run_command), refused here as there
         header = getattr(sys.modules[run.__module__], "batch_line", None)
         if header is not None and (line := header(loaded, config)) and progress:
-            print(line, flush=True)
+            print(line, file=sys.stderr, flush=True)  # progress, as its bars: stdout stays the caller's
         out = run(loaded, config, progress=progress)
         if hasattr(out, "load_s"):  # recorded in its summary.json's timings, as run_command does
             out.load_s = load_s
@@ -763,7 +763,10 @@ def command_function(
         return inspect.Parameter.empty if f.default_factory is dataclasses.MISSING else f.default_factory()
 
     keyword = inspect.Parameter.KEYWORD_ONLY
-    fields = [f for f in dataclasses.fields(config_cls) if f.init and f.name != "model"]
+    flags = flag_fields(config_cls)  # the command's settings: those it has a flag for
+    fields = [
+        f for f in dataclasses.fields(config_cls) if f.init and f.name != "model" and (flags is None or f.name in flags)
+    ]
     fn.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  # what inspect.signature and help() read
         [
             inspect.Parameter(
@@ -834,7 +837,8 @@ def check_fields(
     import dataclasses
 
     names = [f.name for f in dataclasses.fields(config_cls)]
-    valid = [n for n in names if n not in positional]
+    flags = flag_fields(config_cls)  # a field the command has no flag for is not the function's either
+    valid = [n for n in names if n not in positional and (flags is None or n in flags)]
     for name in config_fields:
         if name not in valid:
             named = (
@@ -852,6 +856,24 @@ def check_fields(
             raise TypeError(f"{command}() got an unknown setting {name!r}{hint} (settings: {', '.join(named)})")
 
 
+def flag_fields(config_cls) -> set[str] | None:
+    """The fields of ``config_cls`` that its command sets by a flag (the ``dest`` of each flag its
+    parser has: :meth:`~headprobe.commands.Command.add_flags`), the settings its Python function
+    takes; None where ``config_cls``'s module has no ``COMMAND`` of that Config (then every field).
+    A Config shared through inheritance (``ImportConfig`` is ``ScanConfig``'s) has fields its
+    command has no flag for (import's ``types``, ``verify``): the function refuses them as the parser
+    does."""
+    import argparse
+    import dataclasses
+
+    command = getattr(sys.modules.get(config_cls.__module__), "COMMAND", None)
+    if command is None or command.config_class() is not config_cls:
+        return None
+    parser = argparse.ArgumentParser(add_help=False)
+    command.add_flags(parser)
+    return {a.dest for a in parser._actions} & {f.name for f in dataclasses.fields(config_cls)}
+
+
 def accepted_keywords(function: Callable, config_cls, positional: tuple[str, ...] = ("model",)) -> list[str]:
     """The keywords a command's Python ``function`` takes, in the order of its signature
     (``inspect.signature``: a generated function's ``__signature__``): its named parameters but the
@@ -863,7 +885,12 @@ def accepted_keywords(function: Callable, config_cls, positional: tuple[str, ...
     params = inspect.signature(function).parameters.values()
     named = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and not p.name.startswith("_")]
     if any(p.kind is p.VAR_KEYWORD for p in params):
-        named += [f.name for f in dataclasses.fields(config_cls) if f.name not in {*named, *positional}]
+        flags = flag_fields(config_cls)
+        named += [
+            f.name
+            for f in dataclasses.fields(config_cls)
+            if f.name not in {*named, *positional} and (flags is None or f.name in flags)
+        ]
     return named
 
 
