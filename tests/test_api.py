@@ -732,7 +732,11 @@ def _parser_settings(command: str) -> set[str]:
     parser = argparse.ArgumentParser(add_help=False)
     COMMANDS.get(command).add_flags(parser)
     dests = {a.dest for a in parser._actions}
-    return dests - {"out", "overwrite", "formats", "html", "json", "prompt_file"} - ({"model"} if command == "atlas" else set())
+    return (
+        dests
+        - {"out", "overwrite", "formats", "html", "json", "prompt_file"}
+        - ({"model"} if command == "atlas" else set())
+    )
 
 
 def test_every_function_takes_exactly_its_commands_flags(tmp_path, monkeypatch):
