@@ -158,6 +158,44 @@ def peek_context(model: str) -> int | None:
         return None
 
 
+def peek_removed_heads(model: str) -> tuple[set[tuple[int, int]], str] | None:
+    """``(removed heads, config.json's path)`` of a pruned checkpoint directory (``prune
+    --save-pruned``'s: ``pruned.removed_heads``, one list of head indices per layer), read without
+    torch; None for any other model or an unreadable config (the loaded model's
+    ``spec.removed_heads`` decides then: :func:`refuse_removed`)."""
+    import json
+
+    path = Path(model).expanduser() / "config.json"
+    try:
+        pruned = json.loads(path.read_text(encoding="utf-8")).get("pruned")
+        removed = {(layer, int(h)) for layer, hs in enumerate(pruned["removed_heads"]) for h in hs}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return removed, str(path)
+
+
+def refuse_removed(heads, model: str | LoadedModel) -> None:
+    """Refuse ``heads`` (``(layer, head)``) that the pruned checkpoint ``model`` no longer has
+    (:func:`~headprobe.probe.core.heads.check_not_removed`): a name or path read before loading
+    (:func:`peek_removed_heads`), a loaded model by its ``spec.removed_heads``.
+
+    Raises:
+        HeadprobeError: one line naming the heads and the config.json that lists them."""
+    import os
+
+    from headprobe.probe.core.heads import check_not_removed
+
+    if isinstance(model, (str, os.PathLike)):
+        peeked = peek_removed_heads(str(model))
+        if peeked is not None:
+            check_not_removed(heads, *peeked)
+        return
+    removed = getattr(model.spec, "removed_heads", None) or ()
+    if removed:
+        where = Path(model.spec.name) / "config.json"
+        check_not_removed(heads, removed, str(where) if where.is_file() else f"{model.spec.name}'s config.json")
+
+
 def _config_file(model: str) -> Path | None:
     """``model``'s ``config.json``: a directory's, else a hub name's (or alias's) in the local Hugging
     Face cache (no download); None where neither is at hand."""
