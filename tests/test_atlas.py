@@ -774,3 +774,27 @@ def test_every_depth_tick_of_an_atlas_is_labelled():
             ticks = [float(v) for v in ax.get_xticks()]
             assert ticks == [0.0, 0.5, 1.0], ticks
             assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "0.5", "1"]
+
+
+def test_a_note_shared_by_many_checkpoints_is_printed_once_with_a_count():
+    """An atlas over checkpoints of one model on one text printed the same left-out NOTE once per
+    checkpoint (26 times for 26). The committed atlas-training run (13 checkpoints, each 545 of
+    9,896 windows left out, read from its summary.json): one NOTE, 'for 13 checkpoints'. The mixed
+    atlas run (three models, no count shared): each NOTE as before, by its model's name."""
+    from headprobe.analyses.data import left_out_notes_of
+    from headprobe.commands.atlas_core import _window_sets, grouped_left_out_notes
+
+    root = Path(__file__).resolve().parents[1] / "figures"
+    models = json.loads((root / "atlas-training" / "summary.json").read_text())["models"]
+    counts = {(m["windows_left_out"], m["windows_available"]) for m in models.values()}
+    assert len(models) == 13 and counts == {(545, 9351)}  # the reference: one count shared by all
+    (note,) = grouped_left_out_notes(models)
+    first = list(models)[:3]
+    assert note.startswith(
+        f"for 13 checkpoints ({', '.join(first)}, ..., {list(models)[-1]}): 545 of the text's 9896 windows"
+    )
+    mixed = json.loads((root / "atlas" / "summary.json").read_text())["models"]
+    sets = _window_sets(mixed)  # each model's natural text and retrieval haystack, by name
+    left = [(s["windows_left_out"], s["windows_available"]) for s in sets.values() if s.get("windows_left_out")]
+    assert len(left) == len(set(left)) == 4  # no count shared: each NOTE as before, by its name
+    assert grouped_left_out_notes(mixed) == left_out_notes_of(sets)

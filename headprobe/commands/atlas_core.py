@@ -147,7 +147,32 @@ class AtlasResult(CompactRepr):
             )
             for t, per in s.items():
                 lines.append(f"  {t:<16} " + " | ".join(per.get(m, "") or "-" for m in models))
-        return "\n".join([*lines, *(f"NOTE: {n}" for n in left_out_notes_of(_window_sets(self.models)))])
+        return "\n".join([*lines, *(f"NOTE: {n}" for n in grouped_left_out_notes(self.models))])
+
+
+def grouped_left_out_notes(models: dict[str, dict], show: int = 3) -> list[str]:
+    """The left-out NOTEs of the atlas's models (:func:`~headprobe.analyses.data.left_out_notes_of`
+    of :func:`_window_sets`), one per distinct count: an atlas over 26 checkpoints of one model on one
+    text printed the same NOTE 26 times, once per label. Token sets with the same ``(left out,
+    available)`` counts (and kind: natural text or retrieval haystack) share one line, ``for N
+    checkpoints (a, b, ..., z)`` (``models`` where any record has no ``step``) naming the first
+    ``show`` and the last; a count met once keeps its label as before."""
+    noun = "checkpoints" if models and all(r.get("step") is not None for r in models.values()) else "models"
+    groups: dict[tuple, dict[str, dict]] = {}
+    for name, counts in _window_sets(models).items():
+        hay = name.endswith(" retrieval haystack")
+        key = (counts.get("windows_left_out"), counts.get("windows_available"), hay)
+        groups.setdefault(key, {})[name] = counts
+    notes = []
+    for (skipped, available, hay), sets in groups.items():
+        if len(sets) == 1:
+            notes += left_out_notes_of(sets)
+            continue
+        labels = [n.removesuffix(" retrieval haystack") for n in sets]
+        shown = ", ".join(labels if len(labels) <= show + 1 else [*labels[:show], "...", labels[-1]])
+        what = f"for {len(labels)} {noun}{' (retrieval haystack)' if hay else ''} ({shown})"
+        notes += left_out_notes_of({what: {"windows_left_out": skipped, "windows_available": available}})
+    return notes
 
 
 def _window_record(tokens: dict) -> dict:
