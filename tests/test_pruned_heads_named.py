@@ -8,6 +8,7 @@ the ``removed_heads`` the test wrote into the checkpoint itself. Tiny GQA Llama,
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -84,3 +85,23 @@ def test_show_from_python_refuses_a_removed_head_of_a_loaded_model(pruned_dir, t
     with pytest.raises(HeadprobeError, match=r"head 0\.3 was removed by pruning \(removed_heads in .*config\.json\)"):
         headprobe.show(model, head="0.3", prompt="t1 t2 t3 t4 t5", out=tmp_path / "s")
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize(
+    "call, head",
+    [
+        (lambda m, d: __import__("headprobe").patch(m, prompts=str(d / "pairs.jsonl"), heads="1.5"), "1.5"),
+        (lambda m, d: __import__("headprobe").circuit(m, n_seqs=2, period=6, steps=3, receivers="1.6:k"), "1.6"),
+        (lambda m, d: __import__("headprobe").circuit(m, n_seqs=2, period=6, steps=3, qk_head="0.2"), "0.2"),
+        (lambda m, d: __import__("headprobe").import_heads(m, heads_file=str(d / "heads.txt")), "1.5"),
+    ],
+    ids=["patch", "circuit-receivers", "circuit-qk-head", "import"],
+)
+def test_a_loaded_pruned_model_refuses_a_removed_head_in_each_function(call, head, pruned_dir, inputs):
+    """A model given loaded skips the preflight's config.json: each run checks its spec.removed_heads."""
+    import headprobe
+    from headprobe.probe.core.errors import HeadprobeError
+
+    model = headprobe.load_model(str(pruned_dir), device="cpu", quiet=True)
+    with pytest.raises(HeadprobeError, match=rf"head {re.escape(head)} was removed by pruning \(removed_heads in "):
+        call(model, inputs)
