@@ -798,3 +798,22 @@ def test_a_note_shared_by_many_checkpoints_is_printed_once_with_a_count():
     left = [(s["windows_left_out"], s["windows_available"]) for s in sets.values() if s.get("windows_left_out")]
     assert len(left) == len(set(left)) == 4  # no count shared: each NOTE as before, by its name
     assert grouped_left_out_notes(mixed) == left_out_notes_of(sets)
+
+
+def test_an_atlas_says_a_plan_note_every_checkpoint_shares_once_with_its_count(train_run, tmp_path, capsys):
+    """Each checkpoint's scan printed its verification plan's NOTE (here: 2 control sets cannot give a
+    verdict), the same line once per checkpoint. Now it is said once as the first scan plans, and once
+    at the end with the count. Reference: each checkpoint's own scan, run alone, says the line."""
+    _, run = train_run
+    small = dict(n_natural=2, seq_len=16, n_repeated=2, period=6, k=1, n_random=2, device="cpu", types="induction")
+    headprobe.atlas(
+        checkpoints=str(run), out=tmp_path / "a", pattern_len=0, model_figures=False, progress=True, **small
+    )
+    err = capsys.readouterr().err
+    headprobe.scan(str(run / "checkpoints" / "step-000003"), progress=True, **small)
+    alone = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("NOTE: ")]
+    assert alone  # the scan of one checkpoint has a plan NOTE
+    lines = err.splitlines()
+    for note in alone:
+        assert lines.count(note) == 1, (note, err[-3000:])
+        assert lines.count(f"{note} (for 3 checkpoints; shown once above)") == 1, err[-3000:]

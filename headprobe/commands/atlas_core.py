@@ -356,19 +356,7 @@ def run(
     )
     ckpt.load(overwrite=overwrite)
     ckpt.save({})  # from now on the directory is resumable without --overwrite
-    records: dict[str, dict] = {}
-    parts, rules = [], []
-    checks: dict[str, dict | None] = {}
-    for label, name, step in models:
-        counter = f"[{len(records) + 1}/{len(models)}]"
-        rec = records[label] = _model_record(config, out, (label, name, step), counter, progress, formats)
-        d = out / rec["dir"]
-        if rec["status"] != "failed":
-            summary = json.loads((d / "summary.json").read_text(encoding="utf-8"))
-            rec.update(_window_record(summary.get("tokens", {})))
-            parts.append(atlas_lib.atlas_rows(pd.read_csv(d / "head_scores.csv"), summary, label, rec["family"], step))
-            rules.append(atlas_lib.scan_rule(summary))
-            checks[label] = summary.get("self_check")
+    records, parts, rules, checks = _scan_models(config, out, models, progress, formats)
     if records and all(r["status"] == "failed" for r in records.values()):
         _all_failed(out, before, records)
     table = atlas_lib.atlas_table(parts) if parts else pd.DataFrame(columns=list(atlas_lib.ID_COLUMNS))
@@ -398,6 +386,38 @@ def run(
     ckpt.clear()
     result.files = files
     return result
+
+
+def _scan_models(
+    config: AtlasConfig, out: Path, models: list, progress: bool, formats: tuple[str, ...]
+) -> tuple[dict[str, dict], list, list, dict[str, dict | None]]:
+    """Each model's record (:func:`_model_record`), and of those scanned their atlas rows, verdict
+    rules and self-checks: ``(records, parts, rules, checks)``. A plan NOTE every scan says is
+    printed once, then once more at the end with the count of scans that said it
+    (:func:`~headprobe.commands.scan_core.notes_once`)."""
+    import sys
+
+    from headprobe.commands.scan_core import notes_once, repeated_notes
+
+    records: dict[str, dict] = {}
+    parts, rules = [], []
+    checks: dict[str, dict | None] = {}
+    with notes_once() as said:  # a scan's plan NOTE shared by every model: once, counted below
+        for label, name, step in models:
+            counter = f"[{len(records) + 1}/{len(models)}]"
+            rec = records[label] = _model_record(config, out, (label, name, step), counter, progress, formats)
+            d = out / rec["dir"]
+            if rec["status"] != "failed":
+                summary = json.loads((d / "summary.json").read_text(encoding="utf-8"))
+                rec.update(_window_record(summary.get("tokens", {})))
+                rows = atlas_lib.atlas_rows(pd.read_csv(d / "head_scores.csv"), summary, label, rec["family"], step)
+                parts.append(rows)
+                rules.append(atlas_lib.scan_rule(summary))
+                checks[label] = summary.get("self_check")
+    noun = "checkpoints" if all(step is not None for _, _, step in models) else "models"
+    for line in repeated_notes(said, noun) if progress else ():
+        print(line, file=sys.stderr, flush=True)
+    return records, parts, rules, checks
 
 
 def _all_failed(out: Path, before: set[Path] | None, records: dict[str, dict]) -> None:
