@@ -158,6 +158,44 @@ def peek_context(model: str) -> int | None:
         return None
 
 
+def peek_removed_heads(model: str) -> tuple[set[tuple[int, int]], str] | None:
+    """``(removed heads, config.json's path)`` of a pruned checkpoint directory (``prune
+    --save-pruned``'s: ``pruned.removed_heads``, one list of head indices per layer), read without
+    torch; None for any other model or an unreadable config (the loaded model's
+    ``spec.removed_heads`` decides then: :func:`refuse_removed`)."""
+    import json
+
+    path = Path(model).expanduser() / "config.json"
+    try:
+        pruned = json.loads(path.read_text(encoding="utf-8")).get("pruned")
+        removed = {(layer, int(h)) for layer, hs in enumerate(pruned["removed_heads"]) for h in hs}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return removed, str(path)
+
+
+def refuse_removed(heads, model: str | LoadedModel) -> None:
+    """Refuse ``heads`` (``(layer, head)``) that the pruned checkpoint ``model`` no longer has
+    (:func:`~headprobe.probe.core.heads.check_not_removed`): a name or path read before loading
+    (:func:`peek_removed_heads`), a loaded model by its ``spec.removed_heads``.
+
+    Raises:
+        HeadprobeError: one line naming the heads and the config.json that lists them."""
+    import os
+
+    from headprobe.probe.core.heads import check_not_removed
+
+    if isinstance(model, (str, os.PathLike)):
+        peeked = peek_removed_heads(str(model))
+        if peeked is not None:
+            check_not_removed(heads, *peeked)
+        return
+    removed = getattr(model.spec, "removed_heads", None) or ()
+    if removed:
+        where = Path(model.spec.name) / "config.json"
+        check_not_removed(heads, removed, str(where) if where.is_file() else f"{model.spec.name}'s config.json")
+
+
 def _config_file(model: str) -> Path | None:
     """``model``'s ``config.json``: a directory's, else a hub name's (or alias's) in the local Hugging
     Face cache (no download); None where neither is at hand."""
@@ -721,7 +759,7 @@ def command_function(
     ``fn(model=DEFAULT_MODEL, *, progress=False, **config_fields)`` builds ``config_cls`` from
     ``config_fields`` and the model (:func:`config_and_model`: the config's checks and
     ``preflight`` before a model named by a string loads), checks the memory plan of ``run``'s module
-    where it has one (its ``batch_line``, as the command does; printed with ``progress``), calls ``run(loaded, config,
+    where it has one (its ``batch_line``, as the command does; printed to stderr with ``progress``), calls ``run(loaded, config,
     progress=progress)`` and records the load's seconds in the result's ``load_s`` where it has one
     (None for a model given loaded: :func:`~headprobe.probe.core.reprs.load_seconds`).
 
@@ -749,7 +787,7 @@ def command_function(
         # the memory plan the command checks before its run (run_command), refused here as there
         header = getattr(sys.modules[run.__module__], "batch_line", None)
         if header is not None and (line := header(loaded, config)) and progress:
-            print(line, flush=True)
+            print(line, file=sys.stderr, flush=True)  # progress, as its bars: stdout stays the caller's
         out = run(loaded, config, progress=progress)
         if hasattr(out, "load_s"):  # recorded in its summary.json's timings, as run_command does
             out.load_s = load_s
@@ -763,7 +801,10 @@ def command_function(
         return inspect.Parameter.empty if f.default_factory is dataclasses.MISSING else f.default_factory()
 
     keyword = inspect.Parameter.KEYWORD_ONLY
-    fields = [f for f in dataclasses.fields(config_cls) if f.init and f.name != "model"]
+    flags = flag_fields(config_cls)  # the command's settings: those it has a flag for
+    fields = [
+        f for f in dataclasses.fields(config_cls) if f.init and f.name != "model" and (flags is None or f.name in flags)
+    ]
     fn.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  # what inspect.signature and help() read
         [
             inspect.Parameter(
@@ -834,7 +875,8 @@ def check_fields(
     import dataclasses
 
     names = [f.name for f in dataclasses.fields(config_cls)]
-    valid = [n for n in names if n not in positional]
+    flags = flag_fields(config_cls)  # a field the command has no flag for is not the function's either
+    valid = [n for n in names if n not in positional and (flags is None or n in flags)]
     for name in config_fields:
         if name not in valid:
             named = (
@@ -852,6 +894,24 @@ def check_fields(
             raise TypeError(f"{command}() got an unknown setting {name!r}{hint} (settings: {', '.join(named)})")
 
 
+def flag_fields(config_cls) -> set[str] | None:
+    """The fields of ``config_cls`` that its command sets by a flag (the ``dest`` of each flag its
+    parser has: :meth:`~headprobe.commands.Command.add_flags`), the settings its Python function
+    takes; None where ``config_cls``'s module has no ``COMMAND`` of that Config (then every field).
+    A Config shared through inheritance (``ImportConfig`` is ``ScanConfig``'s) has fields its
+    command has no flag for (import's ``types``, ``verify``): the function refuses them as the parser
+    does."""
+    import argparse
+    import dataclasses
+
+    command = getattr(sys.modules.get(config_cls.__module__), "COMMAND", None)
+    if command is None or command.config_class() is not config_cls:
+        return None
+    parser = argparse.ArgumentParser(add_help=False)
+    command.add_flags(parser)
+    return {a.dest for a in parser._actions} & {f.name for f in dataclasses.fields(config_cls)}
+
+
 def accepted_keywords(function: Callable, config_cls, positional: tuple[str, ...] = ("model",)) -> list[str]:
     """The keywords a command's Python ``function`` takes, in the order of its signature
     (``inspect.signature``: a generated function's ``__signature__``): its named parameters but the
@@ -863,7 +923,12 @@ def accepted_keywords(function: Callable, config_cls, positional: tuple[str, ...
     params = inspect.signature(function).parameters.values()
     named = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and not p.name.startswith("_")]
     if any(p.kind is p.VAR_KEYWORD for p in params):
-        named += [f.name for f in dataclasses.fields(config_cls) if f.name not in {*named, *positional}]
+        flags = flag_fields(config_cls)
+        named += [
+            f.name
+            for f in dataclasses.fields(config_cls)
+            if f.name not in {*named, *positional} and (flags is None or f.name in flags)
+        ]
     return named
 
 

@@ -721,3 +721,67 @@ def test_the_api_page_names_only_members_the_loaded_model_has(tiny_gpt2_native):
     tokens, mask = model.to_tokens(["t1 t2", "t3"], padding_side="left")
     assert tokens.shape == mask.shape == (2, 3)
     assert tuple(model.W_O(0).shape) == (spec.n_heads, spec.d_head, spec.d_model)
+
+
+def _parser_settings(command: str) -> set[str]:
+    """The settings of ``headprobe <command>``'s parser (each flag's ``dest``), read from argparse
+    itself, less the output flags a result's ``save`` takes instead (``out``, ``overwrite``, ``formats``,
+    ``html``, ``json``, ``prompt_file``) and atlas's hidden ``--model`` (refused)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(add_help=False)
+    COMMANDS.get(command).add_flags(parser)
+    dests = {a.dest for a in parser._actions}
+    return (
+        dests
+        - {"out", "overwrite", "formats", "html", "json", "prompt_file"}
+        - ({"model"} if command == "atlas" else set())
+    )
+
+
+def test_every_function_takes_exactly_its_commands_flags(tmp_path, monkeypatch):
+    """``import_heads(model, heads_file=..., types=("previous_token",))`` ran (and echoed types into
+    its config), and took ``pattern_len``, ``metrics``, ``verify``, ``streaming``, though ``headprobe
+    import`` has none of those flags (ImportConfig inherits ScanConfig's fields); kv() took
+    ``device_map``, train() ``kv_lora_rank``. Reference: the command's argparse parser. Every config
+    field or keyword a function takes is a flag of its parser (or ``progress``; diff's ``a`` is its
+    first model), and every flag but the output ones is taken (show, atlas and export take ``out``,
+    ``overwrite``, ``formats`` themselves: README)."""
+    monkeypatch.chdir(tmp_path)
+    for command in COMMANDS:
+        function, config = COMMANDS.get(command).function(), COMMANDS.get(command).config_class()
+        required = _REQUIRED.get(command, {})
+        params = inspect.signature(function).parameters
+        defaults = {f.name: f.default for f in dataclasses.fields(config) if f.default is not dataclasses.MISSING}
+        defaults |= {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
+        names = {n for n in params if not n.startswith("_")} | {f.name for f in dataclasses.fields(config)}
+        names -= {n for n, p in params.items() if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        takes = {
+            n
+            for n in names
+            if _unknown_setting(function, n, {**required, n: required.get(n, defaults.get(n, "x")), "not_a_setting": 1})
+            == "not_a_setting"
+        }
+        takes -= {"progress", "out", "overwrite", "formats"} | ({"a"} if command == "diff" else set())
+        flags = _parser_settings(command) - ({"model"} if command == "diff" else set())
+        assert takes == flags, (command, "python only:", takes - flags, "flag only:", flags - takes)
+    assert list(tmp_path.iterdir()) == []  # nothing ran
+
+
+@pytest.mark.parametrize("keyword", ["types", "pattern_len", "metrics", "verify", "streaming"])
+def test_import_refuses_a_setting_import_has_no_flag_for(keyword, tmp_path):
+    """The newcomer's calls: each a TypeError naming the setting, before the file is read."""
+    value = {"types": ("previous_token",), "pattern_len": 7}.get(keyword, False)
+    with pytest.raises(TypeError, match=rf"^import_heads\(\) got an unknown setting '{keyword}'"):
+        headprobe.import_heads("smollm2-135m", heads_file=str(tmp_path / "never-read"), **{keyword: value})
+    assert "types" not in inspect.signature(headprobe.import_heads).parameters
+
+
+def test_progress_lines_of_a_function_go_to_stderr(tiny_dir, text_file, capsys):
+    """With progress=True scan printed its ``data:`` and ``batch:`` lines to stdout; README: progress on
+    stderr. Now stdout stays empty and stderr has them."""
+    model = headprobe.load_model(str(tiny_dir), device="cpu", quiet=True)
+    capsys.readouterr()
+    headprobe.scan(model, text=str(text_file), progress=True, **SMALL_SCAN)
+    out, err = capsys.readouterr()
+    assert out == "" and "data: natural text" in err, (out[-500:], err[-500:])

@@ -880,3 +880,46 @@ def test_the_atlas_records_and_prints_each_models_verdict_remarks(atlas_run, tex
     assert "verdict_remarks" not in written[models[1]]  # the failed model
     notes = [ln for ln in result.report().splitlines() if ln.startswith("NOTE: ") and " heads" in ln]
     assert notes == [f"NOTE: {models[0]} induction: 16 heads", f"NOTE: {models[2]} induction: 8 heads"]
+
+
+def test_a_note_shared_by_many_checkpoints_is_printed_once_with_a_count():
+    """An atlas over checkpoints of one model on one text printed the same left-out NOTE once per
+    checkpoint (26 times for 26). The committed atlas-training run (13 checkpoints, each 545 of
+    9,896 windows left out, read from its summary.json): one NOTE, 'for 13 checkpoints'. The mixed
+    atlas run (three models, no count shared): each NOTE as before, by its model's name."""
+    from headprobe.analyses.data import left_out_notes_of
+    from headprobe.commands.atlas_core import _window_sets, grouped_left_out_notes
+
+    root = Path(__file__).resolve().parents[1] / "figures"
+    models = json.loads((root / "atlas-training" / "summary.json").read_text())["models"]
+    counts = {(m["windows_left_out"], m["windows_available"]) for m in models.values()}
+    assert len(models) == 13 and counts == {(545, 9351)}  # the reference: one count shared by all
+    (note,) = grouped_left_out_notes(models)
+    first = list(models)[:3]
+    assert note.startswith(
+        f"for 13 checkpoints ({', '.join(first)}, ..., {list(models)[-1]}): 545 of the text's 9896 windows"
+    )
+    mixed = json.loads((root / "atlas" / "summary.json").read_text())["models"]
+    sets = _window_sets(mixed)  # each model's natural text and retrieval haystack, by name
+    left = [(s["windows_left_out"], s["windows_available"]) for s in sets.values() if s.get("windows_left_out")]
+    assert len(left) == len(set(left)) == 4  # no count shared: each NOTE as before, by its name
+    assert grouped_left_out_notes(mixed) == left_out_notes_of(sets)
+
+
+def test_an_atlas_says_a_plan_note_every_checkpoint_shares_once_with_its_count(train_run, tmp_path, capsys):
+    """Each checkpoint's scan printed its verification plan's NOTE (here: 2 control sets cannot give a
+    verdict), the same line once per checkpoint. Now it is said once as the first scan plans, and once
+    at the end with the count. Reference: each checkpoint's own scan, run alone, says the line."""
+    _, run = train_run
+    small = dict(n_natural=2, seq_len=16, n_repeated=2, period=6, k=1, n_random=2, device="cpu", types="induction")
+    headprobe.atlas(
+        checkpoints=str(run), out=tmp_path / "a", pattern_len=0, model_figures=False, progress=True, **small
+    )
+    err = capsys.readouterr().err
+    headprobe.scan(str(run / "checkpoints" / "step-000003"), progress=True, **small)
+    alone = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("NOTE: ")]
+    assert alone  # the scan of one checkpoint has a plan NOTE
+    lines = err.splitlines()
+    for note in alone:
+        assert lines.count(note) == 1, (note, err[-3000:])
+        assert lines.count(f"{note} (for 3 checkpoints; shown once above)") == 1, err[-3000:]

@@ -588,3 +588,45 @@ def test_committed_demo_viewer_in_chromium(browser, tmp_path):
     assert shown["rows"] == len(ex["labels"]) == 101 and shown["labels"] == ex["labels"]
     page.screenshot(path=str(tmp_path / "viewer.png"))
     _assert_offline(page)
+
+
+_REASON = (
+    "10 control sets: its smallest p-value 1/11 = 0.091 cannot reach alpha = 0.05 after bh over 5 tests; "
+    "not run: none of them was ablated, as they could decide nothing"
+)
+_TYPES = ("previous-token", "induction", "duplicate-token", "first-token", "positional")
+
+
+@pytest.mark.parametrize("numbers", ["same", "each its own"])
+def test_warnings_of_one_shape_are_one_block_in_chromium(browser, tmp_path, numbers):
+    """A quick scan's page opened with five near-identical WARNING paragraphs (one per head type, each
+    too few control sets), a third of the screen. Now the ``<type>: no verdict: <reason>`` lines of one
+    shape are one block naming every type once: one line where the reasons are equal, a <details>
+    listing each type's own reason where only the numbers differ; another warning stays its own line.
+    Reference: the warnings written into summary.json. Writes tmp_path/warnings.png."""
+    d = tmp_path / "demo"
+    d.mkdir()
+    for f in ("head_scores.csv", "summary.json", "patterns.npz"):
+        shutil.copy(DEMO / f, d)
+    summary = json.loads((d / "summary.json").read_text())
+    reasons = [_REASON if numbers == "same" else _REASON.replace("10 control", f"{10 + i} control") for i in range(5)]
+    task = "natural task: 40% of the text's tokens are unknown to the tokenizer; its scores describe that failure"
+    summary["warnings"] = [task, *(f"{t}: no verdict: {r}" for t, r in zip(_TYPES, reasons, strict=True))]
+    (d / "summary.json").write_text(json.dumps(summary))
+    view.run(view.ViewConfig(dir=str(d)))
+    page = _open(browser, d / "index.html")
+    page.screenshot(path=str(tmp_path / "warnings.png"))
+    warns = page.locator(".warn")
+    assert warns.count() == 2  # the task's line and the types' block (five before)
+    assert warns.nth(0).inner_text() == f"WARNING: {task}"
+    group = warns.nth(1)
+    text = group.inner_text()
+    assert f"no verdict for 5 head types ({', '.join(_TYPES)})" in text
+    if numbers == "same":
+        assert text == f"WARNING: no verdict for 5 head types ({', '.join(_TYPES)}): {_REASON}"
+        assert page.locator("details").count() == 0
+    else:
+        items = group.locator("li")
+        assert group.evaluate("e => e.tagName") == "DETAILS" and items.count() == 5
+        assert [items.nth(i).text_content() for i in range(5)] == [f"{t}: {r}" for t, r in zip(_TYPES, reasons)]
+    _assert_offline(page)

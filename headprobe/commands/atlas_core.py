@@ -150,8 +150,33 @@ class AtlasResult(CompactRepr):
         remarks = [
             f"{label} {n}" for label, m in self.models.items() for r in m.get("verdict_remarks", {}).values() for n in r
         ]
-        notes = [*remarks, *left_out_notes_of(_window_sets(self.models))]
+        notes = [*remarks, *grouped_left_out_notes(self.models)]
         return "\n".join([*lines, *(f"NOTE: {n}" for n in notes)])
+
+
+def grouped_left_out_notes(models: dict[str, dict], show: int = 3) -> list[str]:
+    """The left-out NOTEs of the atlas's models (:func:`~headprobe.analyses.data.left_out_notes_of`
+    of :func:`_window_sets`), one per distinct count: an atlas over 26 checkpoints of one model on one
+    text printed the same NOTE 26 times, once per label. Token sets with the same ``(left out,
+    available)`` counts (and kind: natural text or retrieval haystack) share one line, ``for N
+    checkpoints (a, b, ..., z)`` (``models`` where any record has no ``step``) naming the first
+    ``show`` and the last; a count met once keeps its label as before."""
+    noun = "checkpoints" if models and all(r.get("step") is not None for r in models.values()) else "models"
+    groups: dict[tuple, dict[str, dict]] = {}
+    for name, counts in _window_sets(models).items():
+        hay = name.endswith(" retrieval haystack")
+        key = (counts.get("windows_left_out"), counts.get("windows_available"), hay)
+        groups.setdefault(key, {})[name] = counts
+    notes = []
+    for (skipped, available, hay), sets in groups.items():
+        if len(sets) == 1:
+            notes += left_out_notes_of(sets)
+            continue
+        labels = [n.removesuffix(" retrieval haystack") for n in sets]
+        shown = ", ".join(labels if len(labels) <= show + 1 else [*labels[:show], "...", labels[-1]])
+        what = f"for {len(labels)} {noun}{' (retrieval haystack)' if hay else ''} ({shown})"
+        notes += left_out_notes_of({what: {"windows_left_out": skipped, "windows_available": available}})
+    return notes
 
 
 def _window_record(tokens: dict) -> dict:
@@ -335,22 +360,7 @@ def run(
     )
     ckpt.load(overwrite=overwrite)
     ckpt.save({})  # from now on the directory is resumable without --overwrite
-    records: dict[str, dict] = {}
-    parts, rules = [], []
-    checks: dict[str, dict | None] = {}
-    for label, name, step in models:
-        counter = f"[{len(records) + 1}/{len(models)}]"
-        rec = records[label] = _model_record(config, out, (label, name, step), counter, progress, formats)
-        d = out / rec["dir"]
-        if rec["status"] != "failed":
-            summary = json.loads((d / "summary.json").read_text(encoding="utf-8"))
-            rec.update(_window_record(summary.get("tokens", {})))
-            scores = pd.read_csv(d / "head_scores.csv")
-            parts.append(atlas_lib.atlas_rows(scores, summary, label, rec["family"], step))
-            if remarks := atlas_lib.model_remarks(scores, summary):  # only where there is one
-                rec["verdict_remarks"] = remarks
-            rules.append(atlas_lib.scan_rule(summary))
-            checks[label] = summary.get("self_check")
+    records, parts, rules, checks = _scan_models(config, out, models, progress, formats)
     if records and all(r["status"] == "failed" for r in records.values()):
         _all_failed(out, before, records)
     table = atlas_lib.atlas_table(parts) if parts else pd.DataFrame(columns=list(atlas_lib.ID_COLUMNS))
@@ -380,6 +390,40 @@ def run(
     ckpt.clear()
     result.files = files
     return result
+
+
+def _scan_models(
+    config: AtlasConfig, out: Path, models: list, progress: bool, formats: tuple[str, ...]
+) -> tuple[dict[str, dict], list, list, dict[str, dict | None]]:
+    """Each model's record (:func:`_model_record`), and of those scanned their atlas rows, verdict
+    rules and self-checks: ``(records, parts, rules, checks)``. A plan NOTE every scan says is
+    printed once, then once more at the end with the count of scans that said it
+    (:func:`~headprobe.commands.scan_core.notes_once`)."""
+    import sys
+
+    from headprobe.commands.scan_core import notes_once, repeated_notes
+
+    records: dict[str, dict] = {}
+    parts, rules = [], []
+    checks: dict[str, dict | None] = {}
+    with notes_once() as said:  # a scan's plan NOTE shared by every model: once, counted below
+        for label, name, step in models:
+            counter = f"[{len(records) + 1}/{len(models)}]"
+            rec = records[label] = _model_record(config, out, (label, name, step), counter, progress, formats)
+            d = out / rec["dir"]
+            if rec["status"] != "failed":
+                summary = json.loads((d / "summary.json").read_text(encoding="utf-8"))
+                rec.update(_window_record(summary.get("tokens", {})))
+                scores = pd.read_csv(d / "head_scores.csv")
+                parts.append(atlas_lib.atlas_rows(scores, summary, label, rec["family"], step))
+                if remarks := atlas_lib.model_remarks(scores, summary):  # only where there is one
+                    rec["verdict_remarks"] = remarks
+                rules.append(atlas_lib.scan_rule(summary))
+                checks[label] = summary.get("self_check")
+    noun = "checkpoints" if all(step is not None for _, _, step in models) else "models"
+    for line in repeated_notes(said, noun) if progress else ():
+        print(line, file=sys.stderr, flush=True)
+    return records, parts, rules, checks
 
 
 def _all_failed(out: Path, before: set[Path] | None, records: dict[str, dict]) -> None:

@@ -195,10 +195,10 @@ class CircuitConfig(ModelSettings):
         if cfg is None:
             return  # checked after loading (run)
         L, H, n_ctx = cfg["n_layers"], cfg["n_heads"], cfg["n_ctx"]
-        if self.receivers:
-            parse_receivers(self.receivers, L, H)
+        named = [h for h, _ in parse_receivers(self.receivers, L, H) if h is not None] if self.receivers else []
         if self.qk_head is not None:
-            parse_qk_head(self.qk_head, L, H)
+            named.append(parse_qk_head(self.qk_head, L, H))
+        options.refuse_removed(named, self.model)  # a pruned checkpoint's removed heads, from its config.json
         if n_ctx and 2 * self.period + 1 > n_ctx:
             raise HeadprobeError(
                 f"--period {self.period} gives sequences longer than the model's context ({n_ctx} tokens)"

@@ -225,6 +225,7 @@ def run(model: LoadedModel, config: CircuitConfig, progress: bool = True) -> Cir
         )
     receivers = parse_receivers(config.receivers, spec.n_layers, spec.n_heads) if config.receivers else []
     qk_head = parse_qk_head(config.qk_head, spec.n_layers, spec.n_heads) if config.qk_head else None
+    options.refuse_removed([h for h, _ in receivers if h is not None] + ([qk_head] if qk_head else []), model)
     clean = repeated_random_tokens(model, config.n_seqs, config.period, config.seed)
     corrupted = repeated_random_tokens(model, config.n_seqs, config.period, config.seed + 1)
     budget = None if config.memory_gb is None else config.memory_gb * circuit_analysis.GIB

@@ -129,6 +129,7 @@ class ImportConfig(ScanConfig):
         )
         hf = read_head_file(self.heads_file, layout, self.k or DEFAULT_K, self.score)
         refuse_unused(self, hf)
+        options.refuse_removed(hf.heads, self.model)  # a pruned checkpoint's removed heads, from its config.json
         if self.measure_kv and hf.policy is not None:
             n_ctx = cfg["n_ctx"] if cfg else None
             seq_len = vocab.fitted_seq_len(n_ctx, self.seq_len) if n_ctx else self.seq_len or None

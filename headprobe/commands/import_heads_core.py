@@ -186,6 +186,7 @@ def _head_file(model: LoadedModel, config: ImportConfig) -> ex.HeadFile:
     hf = ex.read_head_file(config.heads_file, _layout(model), config.k or scan_core.DEFAULT_K, config.score)
     refuse_unused(config, hf)  # the command line's preflight did so already; a loaded model skips it
     check_head_layers(hf.heads, spec.layout.head_layers)
+    options.refuse_removed(hf.heads, model)  # a pruned checkpoint's removed head ablates to nothing
     if not hf.heads:
         raise HeadprobeError(f"{config.heads_file} names no heads ({hf.rule})")
     if len(hf.heads) >= spec.n_layers * spec.n_heads:

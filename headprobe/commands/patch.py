@@ -174,7 +174,7 @@ class PatchConfig(ModelSettings):
             raise HeadprobeError(encoder_refusal(canonical_name(self.model)))
         cfg = options.peek_config(self.model)
         if cfg and self.heads:
-            read_heads(self.heads, cfg["n_layers"], cfg["n_heads"])
+            options.refuse_removed(read_heads(self.heads, cfg["n_layers"], cfg["n_heads"]), self.model)
         for i, pair in enumerate(pairs or ()):
             for which in ("clean", "corrupted"):
                 n = options.peek_token_count(self.model, pair[which], self.prepend_bos)
@@ -430,6 +430,7 @@ def _pairs_and_units(model: LoadedModel, config: PatchConfig) -> tuple[list, lis
     if not spec.causal:
         raise HeadprobeError(encoder_refusal(spec.name))
     units = list(dict.fromkeys(read_heads(config.heads, spec.n_layers, spec.n_heads))) if config.heads else None
+    options.refuse_removed(units or [], model)  # a removed head patches to nothing: no finding
     if config.site == "resid" and config.positions is not None:
         units = [
             (layer, pos) for layer in range(spec.n_layers) for pos in config.position_list() or []

@@ -4,8 +4,10 @@ import none of this."""
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -257,10 +259,40 @@ def _set_losses(resume: dict | None, on_save: Callable[[dict], None] | None) -> 
     )
 
 
+_SAID: ContextVar[dict[str, int] | None] = ContextVar("headprobe_scan_notes_said", default=None)
+"""Within :func:`notes_once`: each plan NOTE line said, with how many scans said it."""
+
+
+@contextlib.contextmanager
+def notes_once() -> Iterator[dict[str, int]]:
+    """Scans run within say each plan ``NOTE:`` line once (:func:`_say`): ``headprobe atlas`` over 26
+    checkpoints printed the same NOTE 26 times. Yields ``{line: how many scans said it}``, for the
+    caller's closing count (:func:`repeated_notes`)."""
+    token = _SAID.set({})
+    try:
+        said = _SAID.get()
+        assert said is not None
+        yield said
+    finally:
+        _SAID.reset(token)
+
+
+def repeated_notes(said: dict[str, int], noun: str) -> list[str]:
+    """The NOTE lines of :func:`notes_once` said by more than one scan, each once with its count:
+    ``NOTE: <text> (for 26 checkpoints; shown once above)``; ``noun``: what the scans were of."""
+    return [f"{line} (for {n} {noun}; shown once above)" for line, n in said.items() if n > 1]
+
+
 def _say(line: str) -> None:
-    """One line of the verification's plan on stderr (rank 0 only under torchrun), clear of a progress bar."""
+    """One line of the verification's plan on stderr (rank 0 only under torchrun), clear of a progress
+    bar; within :func:`notes_once` a NOTE line said before is counted, not said again."""
     import sys
 
+    said = _SAID.get()
+    if said is not None and line.startswith("NOTE: "):
+        said[line] = said.get(line, 0) + 1
+        if said[line] > 1:
+            return
     if distributed.is_main():
         tqdm.write(line, file=sys.stderr)
 

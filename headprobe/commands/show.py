@@ -131,7 +131,7 @@ def run(
         model = options.load_for(cfg)
     model.self_check.require_patterns("attention patterns")
     spec = model.spec
-    layer, head = _selected_head(cfg, spec)
+    layer, head = _selected_head(cfg, model)
     tokens = model.to_tokens(prompt)
     assert not isinstance(tokens, tuple)  # one text: one tensor, no mask
     n = tokens.shape[1]
@@ -190,17 +190,19 @@ def _head_pattern(model: LoadedModel, tokens, layer: int, head: int) -> tuple:
     return pattern[:, cols], (rows, cols)
 
 
-def _selected_head(cfg: ShowConfig, spec) -> tuple[int, int]:
+def _selected_head(cfg: ShowConfig, model: LoadedModel) -> tuple[int, int]:
     """``(layer, head)`` of ``--head``.
 
     Raises:
-        HeadprobeError: not exactly one head, a head outside the model or in a hybrid's
-            linear-attention layer.
+        HeadprobeError: not exactly one head, a head outside the model, in a hybrid's
+            linear-attention layer or removed by pruning (:func:`headprobe.options.refuse_removed`).
     """
+    spec = model.spec
     heads = parse_heads(cfg.head, spec.n_layers, spec.n_heads)
     if len(heads) != 1:
         raise HeadprobeError(f"show draws one head, got {cfg.head!r}")
     check_head_layers(heads, spec.layout.head_layers)
+    options.refuse_removed(heads, model)  # a removed head draws a uniform pattern under its name
     ((layer, head),) = heads
     return layer, head
 
@@ -379,7 +381,7 @@ def main(args: argparse.Namespace, config: ShowConfig) -> int:
 
     layout = options.peek_layout(args.model)  # the range from config.json, before any weight loads (else after loading)
     if layout is not None:
-        parse_heads(args.head, *layout)
+        options.refuse_removed(parse_heads(args.head, *layout), args.model)  # a pruned checkpoint's config.json
     # a file's final newline is the editor's, not part of the text to show
     prompt = read_text_file(args.prompt_file).rstrip("\r\n") if args.prompt_file else args.prompt
     _preflight(args, prompt)

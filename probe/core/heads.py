@@ -94,6 +94,22 @@ def check_head_layers(heads: Sequence[Head], head_layers: Sequence[int] | None) 
         )
 
 
+def check_not_removed(heads: Sequence[Head], removed: Sequence[Head] | set[Head], where: str) -> None:
+    """Refuse heads a pruned checkpoint no longer has (``removed``: its ``removed_heads``, ``(layer,
+    head)``): loaded with zero weights, such a head draws a uniform pattern and patches or ablates to
+    nothing, which reads as a finding. ``where``: the file that lists them (``DIR/config.json``).
+
+    Raises:
+        HeadprobeError: one line naming the removed heads asked for and ``where``."""
+    gone = sorted(set(heads) & set(removed))
+    if gone:
+        one = len(gone) == 1
+        raise HeadprobeError(
+            f"head{'' if one else 's'} {', '.join(format_head(h) for h in gone)} "
+            f"{'was' if one else 'were'} removed by pruning (removed_heads in {where})"
+        )
+
+
 ANY = 10**9
 """Bounds for checking the ``layer.head`` form alone, before a model's layout is known."""
 
