@@ -1238,23 +1238,29 @@ def test_circuit_edges_pass_no_other_node_and_no_label(n_layers, n_heads, edges)
             assert not (box.x0 < tip[0] < box.x1 and box.y0 < tip[1] < box.y1), (arrow._posA_posB, box)
 
 
-def test_overview_titles_never_meet_and_the_colour_bar_label_breaks_between_phrases():
+@pytest.mark.parametrize("n_panels", [7, 9])
+@pytest.mark.parametrize("n_layers, n_heads", [(6, 12), (6, 9), (30, 12), (30, 9)])
+def test_overview_titles_never_meet_and_the_colour_bar_label_breaks_between_phrases(n_layers, n_heads, n_panels):
     """overview.png of an encoder scan (all-minilm-l6-v2: 6 layers x 12 heads, seven panels): the titles
     "previous-token" and "duplicate-token" ran together ("previous-tokenduplicate-token"), and the colour bar's
     label broke a line already broken ("attention on / each / type's target keys"). Measured at the PNG's
     resolution: no two titles' boxes come within 3 px (1/4 pt), and every line of the label holds
-    two words or more, its words those given."""
+    two words or more, its words those given; the same for a 30-layer model and for 9 heads a layer
+    (SmolLM2-135M's shape), whose panels are as wide (the page's width shared) but differently tall, and for
+    nine panels (the titles repeated), narrower than their titles: without :func:`_separate_titles` those ran
+    12 to 42 px into each other."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     titles = ["previous-token", "duplicate-token", "induction", "first-token (sink)", "positional", "next-token"]
     titles.append("last-token")
+    titles = [titles[i % len(titles)] for i in range(n_panels)]
     rng = np.random.default_rng(0)
     label = figs.overview_score_label([("positional", "share of queries at one offset")])
     suptitle = (
         "Head scores of all-minilm-l6-v2 (float32 weights)\non 2 sequences of 64 tokens of pydoc_data.topics "
         "(CPython documentation); 2 random blocks of 50 tokens, repeated once"
     )
-    fig = figs.scores_overview([(t, rng.random((6, 12))) for t in titles], None, suptitle, score_label=label)
+    fig = figs.scores_overview([(t, rng.random((n_layers, n_heads))) for t in titles], None, suptitle, score_label=label)
     fig.set_dpi(figs.SAVE_DPI)
     FigureCanvasAgg(fig).draw()
     renderer = fig.canvas.get_renderer()
