@@ -1522,3 +1522,56 @@ def test_the_ablation_figure_lists_the_types_in_the_overviews_order_with_short_n
     caption = figs.ablation_caption(rows, result.verification, rule=result.rule)
     assert "stopped: cannot reach alpha after BH" in caption
     assert [line.split(" (")[0] for line in caption.splitlines()[1::2]] == ticks
+
+
+def _committed_circuit(folder: str) -> tuple[list, int, int]:
+    """The edges a committed circuit run's circuit.png draws (its summary.json's top rows of edges.csv) and its
+    model's layers and heads."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from headprobe.analyses.circuit import parse_edge
+
+    d = Path(__file__).resolve().parents[1] / "figures" / folder
+    meta = json.loads((d / "summary.json").read_text())
+    rows = pd.read_csv(d / "edges.csv").head(meta["config"]["top"])
+    edges = [(e.sender, e.receiver, e.input, float(s)) for e, s in zip(map(parse_edge, rows["edge"]), rows["score"])]
+    return edges, meta["layout"]["n_layers"], meta["layout"]["n_heads"]
+
+
+@pytest.mark.parametrize("case", ["smollm2-135m-circuit", "train-default-circuit", "eap", "toy"])
+def test_no_circuit_edge_runs_under_a_node_label(case):
+    """circuit.png of smollm2-135m: the labels 23.2 and 27.1 (and 24.2, 29.2) sat on edges, their own
+    outgoing edges and others, cut off by the labels' white boxes, so a reader saw covered labels and
+    broken edges. Measured at the PNG's resolution on the drawn outlines (flattened, widened by half the
+    line and its black outline): no edge, its sender's own label included, enters any label's box, and
+    every label stays inside the axes and off every dot but its own."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.patches import FancyArrowPatch
+
+    if case == "eap":
+        edges, n_layers, n_heads = _EAP_SMOLLM2_EDGES, 30, 9
+    elif case == "toy":
+        edges, n_layers, n_heads = _toy_circuit_edges(), 2, 4
+    else:
+        edges, n_layers, n_heads = _committed_circuit(case)
+    fig = figs.circuit_graph(edges, n_layers, n_heads, "t", "EAP score", checked=[True] * len(edges))
+    fig.set_dpi(figs.SAVE_DPI)
+    FigureCanvasAgg(fig).draw()
+    renderer, ax, px = fig.canvas.get_renderer(), fig.axes[0], figs.SAVE_DPI / 72
+    frame = ax.get_window_extent(renderer)
+    boxes = {t.get_text(): t.get_window_extent(renderer) for t in ax.texts if t.get_text()}
+    assert len(boxes) == len({e[0] for e in edges} | {e[1] for e in edges})
+    for arrow in (p for p in ax.patches if isinstance(p, FancyArrowPatch)):
+        pts, half = _arrow_points(ax, arrow), (arrow.get_linewidth() + 1.0) / 2 * px
+        for name, b in boxes.items():
+            inside = (b.x0 - half < pts[:, 0]) & (pts[:, 0] < b.x1 + half)
+            inside &= (b.y0 - half < pts[:, 1]) & (pts[:, 1] < b.y1 + half)
+            assert not inside.any(), (name, arrow._posA_posB)
+    dots = [ax.transData.transform(xy) for c in ax.collections for xy in c.get_offsets()]
+    for name, b in boxes.items():
+        assert frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 and b.y1 <= frame.y1, name
+        near = [d for d in dots if b.x0 - 3 * px < d[0] < b.x1 + 3 * px and b.y0 - 3 * px < d[1] < b.y1 + 3 * px]
+        assert len(near) <= 1, name  # only its own dot beside it
