@@ -1260,7 +1260,9 @@ def test_overview_titles_never_meet_and_the_colour_bar_label_breaks_between_phra
         "Head scores of all-minilm-l6-v2 (float32 weights)\non 2 sequences of 64 tokens of pydoc_data.topics "
         "(CPython documentation); 2 random blocks of 50 tokens, repeated once"
     )
-    fig = figs.scores_overview([(t, rng.random((n_layers, n_heads))) for t in titles], None, suptitle, score_label=label)
+    fig = figs.scores_overview(
+        [(t, rng.random((n_layers, n_heads))) for t in titles], None, suptitle, score_label=label
+    )
     fig.set_dpi(figs.SAVE_DPI)
     FigureCanvasAgg(fig).draw()
     renderer = fig.canvas.get_renderer()
