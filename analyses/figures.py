@@ -300,9 +300,14 @@ def _head_step(n_heads: int, width_in: float) -> int:
     """Label every ``step``-th head so that the labels (``xtick.labelsize``, about 0.6 em a digit,
     4 pt apart) fit into an axes ``width_in`` inches wide: the smallest of 1, 2, 3, 4, 5, 6, 8,
     10, 12, 16, ... that does."""
-    per_label = len(str(n_heads - 1)) * 0.6 * _RC["xtick.labelsize"] + 4.0  # points
+    return _label_step(n_heads, len(str(n_heads - 1)), width_in)
+
+
+def _label_step(n: int, chars: int, width_in: float) -> int:
+    """:func:`_head_step` for ``n`` tick labels of up to ``chars`` characters (e.g. token positions, "−12")."""
+    per_label = chars * 0.6 * _RC["xtick.labelsize"] + 4.0  # points
     fit = max(int(width_in * 72 / per_label), 1)
-    need = -(-n_heads // fit)
+    need = -(-n // fit)
     nice = [1, 2, 3, 4, 5, 6, 8, 10, 12]
     while nice[-1] < need:
         nice += [2 * s for s in nice[-3:]]  # 16, 20, 24, 32, 40, 48, ...
@@ -428,7 +433,7 @@ def head_heatmap(
     mask_label: str = "masked",
     mask_hatch: str | None = None,
     removed: np.ndarray | None = None,
-    cbar_full_height: bool = False,
+    cbar_full_height: bool | tuple[float, float, float, float] = False,
     cbar_math: bool = False,
 ) -> Figure:
     """A layer x head heatmap of ``scores`` (``[layer, head]``); white lines separate GQA groups.
@@ -452,7 +457,7 @@ def head_heatmap(
             never "not measured" (:func:`_draw_removed`).
         cbar_full_height: the colour bar exactly as tall as the heatmap (an inset axes; its label must fit that
             height, or the layout collapses); False: matplotlib's, 0.9 of the axes' slot and at most 20 times
-            its width (shorter than a tall, narrow heatmap).
+            its width (shorter than a tall, narrow heatmap); a tuple: that inset's bounds in axes fractions.
         cbar_math: ``cbar_label`` is a fixed formula of this package (``$...$``, no data), typeset as
             mathtext (:func:`_mathtext`); False: drawn as written (:func:`literal_text`).
 
@@ -488,13 +493,14 @@ def head_heatmap(
     return fig
 
 
-def _heat_colorbar(ax, im, levels, extend: str, label: str, full_height: bool, math: bool) -> None:
+def _heat_colorbar(ax, im, levels, extend: str, label: str, full_height: bool | tuple, math: bool) -> None:
     """:func:`head_heatmap`'s colour bar of ``im`` beside ``ax``: a tick and label per category ``levels``
     (or a scale, None), ``extend`` as there, ``label`` (typeset with ``math``: :func:`_mathtext`); with
     ``full_height`` an inset axes spanning the heatmap, which the constrained layout keeps clear of its
     neighbours."""
     fig = ax.figure
-    where = {"cax": ax.inset_axes((1.04, 0.0, 0.06, 1.0))} if full_height else {"ax": ax, "shrink": 0.9, "pad": 0.02}
+    inset = full_height if isinstance(full_height, tuple) else (1.04, 0.0, 0.06, 1.0)
+    where = {"cax": ax.inset_axes(inset)} if full_height else {"ax": ax, "shrink": 0.9, "pad": 0.02}
     if levels is not None:
         cb = fig.colorbar(im, **where, ticks=levels)
         cb.set_ticklabels([_category_label(v, i == 0, i == len(levels) - 1, extend) for i, v in enumerate(levels)])
@@ -1232,6 +1238,49 @@ def signed_head_heatmap(
         removed=removed,
         cbar_math=cbar_math,
     )
+
+
+PATCHING_GRID_IN = (2.0, 5.4, 5.5, 0.45, 0.12)
+"""The room (inches) of :func:`patching_heatmap`'s grid: its width in a column (the column less the
+layer axis and the colour bar) and across the page, its height, the largest cell side, and the smallest
+cell side in a column (narrower cells take the page's width)."""
+
+
+@_styled
+def patching_heatmap(
+    values: np.ndarray,
+    title: str,
+    cbar_label: str,
+    group_size: int | None = None,
+    positions: Sequence[int] | None = None,
+) -> Figure:
+    """patching.png: :func:`signed_head_heatmap` of ``values`` (``[layer, head]``, or ``[layer, position]``
+    with ``positions``, the token positions of the columns) with square cells: the cell's side the largest
+    that fits :data:`PATCHING_GRID_IN`, the figure as tall as the grid needs (a fixed column and a height
+    from the layers alone stretched 2 x 4 heads to cells half as wide as tall, 3 positions to wide bars),
+    the colour bar as tall as the grid. Every ``step``-th row and column labelled, at the tick label size,
+    so that no two labels meet."""
+    values = np.asarray(values, dtype=float)
+    n_rows, n_cols = values.shape
+    column_w, page_w, grid_h, most, least = PATCHING_GRID_IN
+    wide = column_w / n_cols < least
+    cell = min((page_w if wide else column_w) / n_cols, grid_h / n_rows, most)
+    # title (up to two lines), x tick labels and axis label, the legend of unmeasured cells
+    fig = _figure(PAGE_WIDTH if wide else COLUMN_WIDTH, max(n_rows * cell + 1.4, 2.0))
+    ax = fig.add_subplot()
+    kept = values[np.isfinite(values)]
+    vmax = float(np.abs(kept).max()) if kept.size else 1.0
+    grouped = group_size if positions is None else None
+    grid_w = n_cols * cell
+    bar = (1 + 0.08 / grid_w, 0.0, 0.1 / grid_w, 1.0)  # 0.08 in right of the grid, 0.1 in wide, as tall
+    head_heatmap(values, title, cbar_label, DIVERGING_CMAP, -vmax, vmax, grouped, ax=ax, cbar_full_height=bar)
+    ax.set_aspect("equal")
+    labels = [str(h) for h in range(n_cols)] if positions is None else [str(p) for p in positions]
+    step = _label_step(n_cols, max(len(t) for t in labels), grid_w)
+    ax.set_xticks(range(0, n_cols, step), labels[::step])
+    row_step = next(k for k in (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32) if k * cell * 72 >= 9 or k >= n_rows)
+    ax.set_yticks(range(0, n_rows, row_step))
+    return fig
 
 
 @_styled

@@ -1577,3 +1577,35 @@ def test_no_circuit_edge_runs_under_a_node_label(case):
         assert frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 and b.y1 <= frame.y1, name
         near = [d for d in dots if b.x0 - 3 * px < d[0] < b.x1 + 3 * px and b.y0 - 3 * px < d[1] < b.y1 + 3 * px]
         assert len(near) <= 1, name  # only its own dot beside it
+
+
+@pytest.mark.parametrize(
+    "n_layers, n_cols, positions",
+    [(12, 12, None), (30, 9, None), (2, 4, None), (12, 3, [-1, -2, -3]), (12, 40, list(range(-40, 0)))],
+)
+def test_patching_cells_are_square_and_their_tick_labels_apart(n_layers, n_cols, positions):
+    """patching.png (``headprobe patch``) drew its cells as wide or tall rectangles: a heatmap stretched over the
+    column's fixed width and a height from the layers alone (2 x 4 heads: 0.5 wide for 1 tall; 30 x 9: 1.3 to 1;
+    ``--site resid`` over 3 positions much wider), and set every position's tick label at 5 pt. Measured at the
+    PNG's resolution: each cell's width over its height within 0.9 to 1.1, the heatmap inside the figure, and
+    no two x tick labels (heads, or positions) within 1 pt of each other, none under 6 pt."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    values = np.random.default_rng(0).normal(size=(n_layers, n_cols))
+    site = "z" if positions is None else "resid"
+    label = "normalised effect (1 = all of corrupted − clean)"
+    fig = figs.patching_heatmap(values, f"gpt2: patching {site}, IOI (8 prompts)", label, 3, positions)
+    fig.set_dpi(figs.SAVE_DPI)
+    FigureCanvasAgg(fig).draw()
+    renderer, ax = fig.canvas.get_renderer(), fig.axes[0]
+    box = ax.get_window_extent(renderer)
+    ratio = (box.width / n_cols) / (box.height / n_layers)
+    assert 0.9 < ratio < 1.1, ratio
+    assert 0 <= box.x0 and box.x1 <= fig.bbox.width and 0 <= box.y0 and box.y1 <= fig.bbox.height
+    ticks = [t for t in ax.get_xticklabels() if t.get_text()]
+    assert len(ticks) >= 2 and all(t.get_fontsize() >= 6 for t in ticks)
+    boxes = sorted((t.get_window_extent(renderer) for t in ticks), key=lambda b: b.x0)
+    assert all(a.x1 + figs.SAVE_DPI / 72 < b.x0 for a, b in zip(boxes, boxes[1:])), [t.get_text() for t in ticks]
+    if positions is not None:
+        shown = {int(t.get_text().replace("−", "-")) for t in ticks}
+        assert shown <= set(positions) and positions[0] in shown
