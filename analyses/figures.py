@@ -1258,7 +1258,7 @@ def patching_heatmap(
     with ``positions``, the token positions of the columns) with square cells: the cell's side the largest
     that fits :data:`PATCHING_GRID_IN`, the figure as tall as the grid needs (a fixed column and a height
     from the layers alone stretched 2 x 4 heads to cells half as wide as tall, 3 positions to wide bars),
-    the colour bar as tall as the grid. Every ``step``-th row and column labelled, at the tick label size,
+    the colour bar as tall as the grid (at least 1.1 in, for its label). Every ``step``-th row and column labelled, at the tick label size,
     so that no two labels meet."""
     values = np.asarray(values, dtype=float)
     n_rows, n_cols = values.shape
@@ -1272,7 +1272,8 @@ def patching_heatmap(
     vmax = float(np.abs(kept).max()) if kept.size else 1.0
     grouped = group_size if positions is None else None
     grid_w = n_cols * cell
-    bar = (1 + 0.08 / grid_w, 0.0, 0.1 / grid_w, 1.0)  # 0.08 in right of the grid, 0.1 in wide, as tall
+    tall = max(1.0, 1.1 / (n_rows * cell))  # as tall as the grid, or 1.1 in about its middle: room for the label
+    bar = (1 + 0.08 / grid_w, (1 - tall) / 2, 0.1 / grid_w, tall)  # 0.08 in right of the grid, 0.1 in wide
     head_heatmap(values, title, cbar_label, DIVERGING_CMAP, -vmax, vmax, grouped, ax=ax, cbar_full_height=bar)
     ax.set_aspect("equal")
     labels = [str(h) for h in range(n_cols)] if positions is None else [str(p) for p in positions]
