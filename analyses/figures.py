@@ -300,9 +300,14 @@ def _head_step(n_heads: int, width_in: float) -> int:
     """Label every ``step``-th head so that the labels (``xtick.labelsize``, about 0.6 em a digit,
     4 pt apart) fit into an axes ``width_in`` inches wide: the smallest of 1, 2, 3, 4, 5, 6, 8,
     10, 12, 16, ... that does."""
-    per_label = len(str(n_heads - 1)) * 0.6 * _RC["xtick.labelsize"] + 4.0  # points
+    return _label_step(n_heads, len(str(n_heads - 1)), width_in)
+
+
+def _label_step(n: int, chars: int, width_in: float) -> int:
+    """:func:`_head_step` for ``n`` tick labels of up to ``chars`` characters (e.g. token positions, "−12")."""
+    per_label = chars * 0.6 * _RC["xtick.labelsize"] + 4.0  # points
     fit = max(int(width_in * 72 / per_label), 1)
-    need = -(-n_heads // fit)
+    need = -(-n // fit)
     nice = [1, 2, 3, 4, 5, 6, 8, 10, 12]
     while nice[-1] < need:
         nice += [2 * s for s in nice[-3:]]  # 16, 20, 24, 32, 40, 48, ...
@@ -428,7 +433,7 @@ def head_heatmap(
     mask_label: str = "masked",
     mask_hatch: str | None = None,
     removed: np.ndarray | None = None,
-    cbar_full_height: bool = False,
+    cbar_full_height: bool | tuple[float, float, float, float] = False,
     cbar_math: bool = False,
 ) -> Figure:
     """A layer x head heatmap of ``scores`` (``[layer, head]``); white lines separate GQA groups.
@@ -452,7 +457,7 @@ def head_heatmap(
             never "not measured" (:func:`_draw_removed`).
         cbar_full_height: the colour bar exactly as tall as the heatmap (an inset axes; its label must fit that
             height, or the layout collapses); False: matplotlib's, 0.9 of the axes' slot and at most 20 times
-            its width (shorter than a tall, narrow heatmap).
+            its width (shorter than a tall, narrow heatmap); a tuple: that inset's bounds in axes fractions.
         cbar_math: ``cbar_label`` is a fixed formula of this package (``$...$``, no data), typeset as
             mathtext (:func:`_mathtext`); False: drawn as written (:func:`literal_text`).
 
@@ -488,13 +493,14 @@ def head_heatmap(
     return fig
 
 
-def _heat_colorbar(ax, im, levels, extend: str, label: str, full_height: bool, math: bool) -> None:
+def _heat_colorbar(ax, im, levels, extend: str, label: str, full_height: bool | tuple, math: bool) -> None:
     """:func:`head_heatmap`'s colour bar of ``im`` beside ``ax``: a tick and label per category ``levels``
     (or a scale, None), ``extend`` as there, ``label`` (typeset with ``math``: :func:`_mathtext`); with
     ``full_height`` an inset axes spanning the heatmap, which the constrained layout keeps clear of its
     neighbours."""
     fig = ax.figure
-    where = {"cax": ax.inset_axes((1.04, 0.0, 0.06, 1.0))} if full_height else {"ax": ax, "shrink": 0.9, "pad": 0.02}
+    inset = full_height if isinstance(full_height, tuple) else (1.04, 0.0, 0.06, 1.0)
+    where = {"cax": ax.inset_axes(inset)} if full_height else {"ax": ax, "shrink": 0.9, "pad": 0.02}
     if levels is not None:
         cb = fig.colorbar(im, **where, ticks=levels)
         cb.set_ticklabels([_category_label(v, i == 0, i == len(levels) - 1, extend) for i, v in enumerate(levels)])
@@ -1235,6 +1241,50 @@ def signed_head_heatmap(
     )
 
 
+PATCHING_GRID_IN = (2.0, 5.4, 5.5, 0.45, 0.12)
+"""The room (inches) of :func:`patching_heatmap`'s grid: its width in a column (the column less the
+layer axis and the colour bar) and across the page, its height, the largest cell side, and the smallest
+cell side in a column (narrower cells take the page's width)."""
+
+
+@_styled
+def patching_heatmap(
+    values: np.ndarray,
+    title: str,
+    cbar_label: str,
+    group_size: int | None = None,
+    positions: Sequence[int] | None = None,
+) -> Figure:
+    """patching.png: :func:`signed_head_heatmap` of ``values`` (``[layer, head]``, or ``[layer, position]``
+    with ``positions``, the token positions of the columns) with square cells: the cell's side the largest
+    that fits :data:`PATCHING_GRID_IN`, the figure as tall as the grid needs (a fixed column and a height
+    from the layers alone stretched 2 x 4 heads to cells half as wide as tall, 3 positions to wide bars),
+    the colour bar as tall as the grid (at least 1.1 in, for its label). Every ``step``-th row and column labelled, at the tick label size,
+    so that no two labels meet."""
+    values = np.asarray(values, dtype=float)
+    n_rows, n_cols = values.shape
+    column_w, page_w, grid_h, most, least = PATCHING_GRID_IN
+    wide = column_w / n_cols < least
+    cell = min((page_w if wide else column_w) / n_cols, grid_h / n_rows, most)
+    # title (up to two lines), x tick labels and axis label, the legend of unmeasured cells
+    fig = _figure(PAGE_WIDTH if wide else COLUMN_WIDTH, max(n_rows * cell + 1.4, 2.0))
+    ax = fig.add_subplot()
+    kept = values[np.isfinite(values)]
+    vmax = float(np.abs(kept).max()) if kept.size else 1.0
+    grouped = group_size if positions is None else None
+    grid_w = n_cols * cell
+    tall = max(1.0, 1.1 / (n_rows * cell))  # as tall as the grid, or 1.1 in about its middle: room for the label
+    bar = (1 + 0.08 / grid_w, (1 - tall) / 2, 0.1 / grid_w, tall)  # 0.08 in right of the grid, 0.1 in wide
+    head_heatmap(values, title, cbar_label, DIVERGING_CMAP, -vmax, vmax, grouped, ax=ax, cbar_full_height=bar)
+    ax.set_aspect("equal")
+    labels = [str(h) for h in range(n_cols)] if positions is None else [str(p) for p in positions]
+    step = _label_step(n_cols, max(len(t) for t in labels), grid_w)
+    ax.set_xticks(range(0, n_cols, step), labels[::step])
+    row_step = next(k for k in (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32) if k * cell * 72 >= 9 or k >= n_rows)
+    ax.set_yticks(range(0, n_rows, row_step))
+    return fig
+
+
 @_styled
 def composition_plot(
     k_scores: np.ndarray,
@@ -1814,7 +1864,8 @@ def circuit_graph(
     (:data:`CIRCUIT_NEGATIVE_TINT`), both named in the legend. ``checked`` (one bool per edge): the
     edges whose effect exact path patching measured, drawn with a black outline (dashed on a dashed
     edge, so its gaps stay open) and counted in the legend ("outlined: ..."). Node labels sit in
-    opaque white boxes above the edges; every node lies inside the axes with room for its label.
+    opaque white boxes above the edges, each beside its dot where no edge crosses it
+    (:func:`_place_circuit_labels`); every node lies inside the axes with room for its label.
 
     Raises:
         ValueError: no edges.
@@ -1833,8 +1884,8 @@ def circuit_graph(
     where = lambda node: ((n_heads - 1) / 2, logits_y) if node is None else (node[1], node[0])
     labels = _circuit_nodes(ax, {e[0] for e in edges} | {e[1] for e in edges}, where)
     checked = [False] * len(edges) if checked is None else list(checked)
-    _circuit_edges(ax, edges, checked, where, top, labels)
-    ax.set_xlim(-0.8, n_heads - 1 + 1.1)  # the last column's labels, right of their nodes, inside
+    arrows = _circuit_edges(ax, edges, checked, where, top, labels)
+    ax.set_xlim(-1.1, n_heads - 1 + 1.1)  # the outer columns' labels, beside their nodes, inside
     ax.set_ylim(max(-0.8, lowest - pad), logits_y + max(0.4, 0.128 * span))  # the layers the edges span; "logits" above
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
@@ -1860,6 +1911,7 @@ def circuit_graph(
         frameon=False,
         ncols=2,
     )
+    _place_circuit_labels(fig, ax, labels, arrows)
     return fig
 
 
@@ -1925,6 +1977,7 @@ class _RoutedArc:
 
     def __init__(self, ax, rads: Sequence[float], dots: Sequence[tuple[float, float, float]], labels: Sequence) -> None:
         self.ax, self.rads, self.dots, self.labels = ax, list(rads), list(dots), list(labels)
+        self.chosen = self.rads[0]  # the bend of the last path drawn (:func:`_place_circuit_labels` keeps it)
 
     def clearance(self, path, skip_pt: float) -> float:
         """The least room (points) between ``path`` (display space) and the dots, labels and
@@ -1965,9 +2018,10 @@ class _RoutedArc:
             path = ConnectionStyle.Arc3(rad=rad).connect(posA, posB)
             room = self.clearance(path, skip_pt=_node_radius(None) + 1.0)
             if room >= 0:
+                self.chosen = rad
                 return path
             if room > best_room:
-                best, best_room = path, room
+                best, best_room, self.chosen = path, room, rad
         return best
 
     def __call__(self, posA, posB, shrinkA=2.0, shrinkB=2.0, patchA=None, patchB=None):
@@ -1987,14 +2041,15 @@ def _circuit_rads(bend: float, step: float = 0.12, furthest: float = 1.5) -> lis
     return out
 
 
-def _circuit_edges(ax, edges: Sequence, checked: list[bool], where, top: float, labels: dict) -> None:
+def _circuit_edges(ax, edges: Sequence, checked: list[bool], where, top: float, labels: dict) -> list:
     """:func:`circuit_graph`'s arrows, the weakest first: coloured by the receiver's input (paler and
     dashed where negative), as wide as ``|score|`` against ``top``, outlined in black where ``checked``;
     each routed around the other nodes and every label (:class:`_RoutedArc`), its tip at its receiver's
-    dot's rim (``labels``: ``{node: label}`` of :func:`_circuit_nodes`)."""
+    dot's rim (``labels``: ``{node: label}`` of :func:`_circuit_nodes`). Returns the arrows (FancyArrowPatch)."""
     import matplotlib.patheffects as pe
     from matplotlib.patches import FancyArrowPatch
 
+    arrows = []
     for (sender, receiver, inp, score), ok in sorted(zip(edges, checked), key=lambda e: abs(e[0][3])):
         width = 0.4 + 2.6 * abs(score) / top
         negative = score < 0
@@ -2017,7 +2072,102 @@ def _circuit_edges(ax, edges: Sequence, checked: list[bool], where, top: float, 
             zorder=2.5 if ok else 2,
             path_effects=[pe.Stroke(linewidth=width + 1.0, foreground="black", **outline), pe.Normal()] if ok else None,
         )
-        ax.add_patch(arrow)
+        arrows.append(ax.add_patch(arrow))
+    return arrows
+
+
+_CIRCUIT_LABEL_SPOTS = (
+    ((4, 3), "left", "bottom"),
+    ((-4, 3), "right", "bottom"),
+    ((4, -3), "left", "top"),
+    ((-4, -3), "right", "top"),
+    ((0, 5), "center", "bottom"),
+    ((0, -5), "center", "top"),
+    ((6, 0), "left", "center"),
+    ((-6, 0), "right", "center"),
+    ((3, 6), "left", "bottom"),
+    ((-3, 6), "right", "bottom"),
+    ((3, -6), "left", "top"),
+    ((-3, -6), "right", "top"),
+    ((0, 8), "center", "bottom"),
+    ((0, -8), "center", "top"),
+    ((10, 0), "left", "center"),
+    ((-10, 0), "right", "center"),
+)
+"""Where :func:`_place_circuit_labels` may put a head's label: ``(offset from the dot's centre in points,
+ha, va)``, the first preferred (upper right); the logits' label tries "above" first."""
+
+
+def _place_circuit_labels(fig: Figure, ax, labels: dict, arrows: Sequence, passes: int = 4) -> None:
+    """Move each of :func:`circuit_graph`'s node ``labels`` (``{node: Text}``) to the first spot of
+    :data:`_CIRCUIT_LABEL_SPOTS` whose box (widened by each edge's half width, its outline and 1 pt) no
+    edge of ``arrows`` enters, off the other labels and dots and inside the axes; where none is free,
+    the one crossed least. Labels over edges, even in opaque boxes, cut the edges and read as covered
+    (23.2 and 27.1 of smollm2-135m sat on their own outgoing edges). Measured at :data:`SAVE_DPI` on the
+    drawn (routed) edges; again after a move, since the edges are routed around the labels. After
+    ``passes`` such passes each edge keeps the bend it has (a plain ``arc3``) and the labels are placed
+    once more against those fixed edges, so a label never ends where a last re-routing put an edge."""
+    from matplotlib.patches import ConnectionStyle
+
+    canvas, dpi = _agg_canvas(fig), fig.get_dpi()
+    fig.set_dpi(SAVE_DPI)
+    try:
+        for fixed in (False, True):
+            for a in arrows if fixed else ():
+                a.set_connectionstyle(ConnectionStyle.Arc3(rad=a.get_connectionstyle().chosen))
+            for _ in range(passes):
+                fig.draw_without_rendering()
+                renderer = canvas.get_renderer()
+                strokes = [(_stroke_points(ax, a), (a.get_linewidth() + 1.0) / 2 + 0.5) for a in arrows]
+                if not any([_relabel(ax, node, text, labels, strokes, renderer) for node, text in labels.items()]):
+                    break
+    finally:
+        fig.set_dpi(dpi)
+
+
+def _stroke_points(ax, arrow, step_px: float = 1.0) -> np.ndarray:
+    """A drawn FancyArrowPatch's outline (shaft and head, curves flattened) in display pixels, sampled
+    every ``step_px``."""
+    out = [np.zeros((0, 2))]
+    for poly in arrow.get_path().to_polygons(ax.transData, closed_only=False):
+        for a, b in zip(poly[:-1], poly[1:]):
+            n = max(2, int(np.hypot(*(b - a)) / step_px) + 1)
+            out.append(a + np.linspace(0, 1, n)[:, None] * (b - a))
+    return np.concatenate(out)
+
+
+def _relabel(ax, node, text, labels: dict, strokes: Sequence, renderer) -> bool:
+    """Put ``text`` (``node``'s label; None: the logits) at its least crossed spot (:func:`_place_circuit_labels`):
+    cost 1 per edge sample under its box (``strokes``: ``(points, half width in points)``), 1,000 per other
+    label it overlaps (5 one within 3 pt) or other dot within 4 pt, 10,000 outside the axes. True when it moved."""
+    px = ax.figure.dpi / 72.0
+    frame = ax.get_window_extent(renderer)
+    others = [t.get_window_extent(renderer) for n, t in labels.items() if n is not node]
+    dots = ax.transData.transform([t.xy for n, t in labels.items() if n is not node]).reshape(-1, 2)
+    spots = _CIRCUIT_LABEL_SPOTS if node is not None else (_CIRCUIT_LABEL_SPOTS[4], *_CIRCUIT_LABEL_SPOTS)
+    now = (tuple(text.xyann), text.get_ha(), text.get_va())
+    best, best_cost = now, np.inf
+    for offset, ha, va in spots:
+        text.xyann = offset
+        text.set(ha=ha, va=va)
+        b = text.get_window_extent(renderer)
+        cost = sum(_points_in(b, p, w * px) for p, w in strokes) + 1_000 * _points_in(b, dots, 4 * px)
+        cost += sum(1_000 if b.overlaps(o) else 5 * b.padded(3 * px).overlaps(o) for o in others)
+        cost += 10_000 * (b.x0 < frame.x0 or b.x1 > frame.x1 or b.y0 < frame.y0 or b.y1 > frame.y1)
+        if cost < best_cost:
+            best, best_cost = (offset, ha, va), cost
+        if cost == 0:
+            break
+    text.xyann = best[0]
+    text.set(ha=best[1], va=best[2])
+    return (tuple(best[0]), best[1], best[2]) != now
+
+
+def _points_in(box, points: np.ndarray, margin: float) -> int:
+    """How many of ``points`` (``[n, 2]``, display pixels) lie inside ``box`` widened by ``margin`` pixels."""
+    x, y = points[:, 0], points[:, 1]
+    inside = (box.x0 - margin < x) & (x < box.x1 + margin) & (box.y0 - margin < y) & (y < box.y1 + margin)
+    return int(inside.sum())
 
 
 def _circuit_handles(edges: Sequence, checked: list[bool], score_label: str, top: float) -> list:

@@ -1238,23 +1238,31 @@ def test_circuit_edges_pass_no_other_node_and_no_label(n_layers, n_heads, edges)
             assert not (box.x0 < tip[0] < box.x1 and box.y0 < tip[1] < box.y1), (arrow._posA_posB, box)
 
 
-def test_overview_titles_never_meet_and_the_colour_bar_label_breaks_between_phrases():
+@pytest.mark.parametrize("n_panels", [7, 9])
+@pytest.mark.parametrize("n_layers, n_heads", [(6, 12), (6, 9), (30, 12), (30, 9)])
+def test_overview_titles_never_meet_and_the_colour_bar_label_breaks_between_phrases(n_layers, n_heads, n_panels):
     """overview.png of an encoder scan (all-minilm-l6-v2: 6 layers x 12 heads, seven panels): the titles
     "previous-token" and "duplicate-token" ran together ("previous-tokenduplicate-token"), and the colour bar's
     label broke a line already broken ("attention on / each / type's target keys"). Measured at the PNG's
     resolution: no two titles' boxes come within 3 px (1/4 pt), and every line of the label holds
-    two words or more, its words those given."""
+    two words or more, its words those given; the same for a 30-layer model and for 9 heads a layer
+    (SmolLM2-135M's shape), whose panels are as wide (the page's width shared) but differently tall, and for
+    nine panels (the titles repeated), narrower than their titles: without :func:`_separate_titles` those ran
+    12 to 42 px into each other."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     titles = ["previous-token", "duplicate-token", "induction", "first-token (sink)", "positional", "next-token"]
     titles.append("last-token")
+    titles = [titles[i % len(titles)] for i in range(n_panels)]
     rng = np.random.default_rng(0)
     label = figs.overview_score_label([("positional", "share of queries at one offset")])
     suptitle = (
         "Head scores of all-minilm-l6-v2 (float32 weights)\non 2 sequences of 64 tokens of pydoc_data.topics "
         "(CPython documentation); 2 random blocks of 50 tokens, repeated once"
     )
-    fig = figs.scores_overview([(t, rng.random((6, 12))) for t in titles], None, suptitle, score_label=label)
+    fig = figs.scores_overview(
+        [(t, rng.random((n_layers, n_heads))) for t in titles], None, suptitle, score_label=label
+    )
     fig.set_dpi(figs.SAVE_DPI)
     FigureCanvasAgg(fig).draw()
     renderer = fig.canvas.get_renderer()
@@ -1516,3 +1524,88 @@ def test_the_ablation_figure_lists_the_types_in_the_overviews_order_with_short_n
     caption = figs.ablation_caption(rows, result.verification, rule=result.rule)
     assert "stopped: cannot reach alpha after BH" in caption
     assert [line.split(" (")[0] for line in caption.splitlines()[1::2]] == ticks
+
+
+def _committed_circuit(folder: str) -> tuple[list, int, int]:
+    """The edges a committed circuit run's circuit.png draws (its summary.json's top rows of edges.csv) and its
+    model's layers and heads."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from headprobe.analyses.circuit import parse_edge
+
+    d = Path(__file__).resolve().parents[1] / "figures" / folder
+    meta = json.loads((d / "summary.json").read_text())
+    rows = pd.read_csv(d / "edges.csv").head(meta["config"]["top"])
+    edges = [(e.sender, e.receiver, e.input, float(s)) for e, s in zip(map(parse_edge, rows["edge"]), rows["score"])]
+    return edges, meta["layout"]["n_layers"], meta["layout"]["n_heads"]
+
+
+@pytest.mark.parametrize("case", ["smollm2-135m-circuit", "train-default-circuit", "eap", "toy"])
+def test_no_circuit_edge_runs_under_a_node_label(case):
+    """circuit.png of smollm2-135m: the labels 23.2 and 27.1 (and 24.2, 29.2) sat on edges, their own
+    outgoing edges and others, cut off by the labels' white boxes, so a reader saw covered labels and
+    broken edges. Measured at the PNG's resolution on the drawn outlines (flattened, widened by half the
+    line and its black outline): no edge, its sender's own label included, enters any label's box, and
+    every label stays inside the axes and off every dot but its own."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.patches import FancyArrowPatch
+
+    if case == "eap":
+        edges, n_layers, n_heads = _EAP_SMOLLM2_EDGES, 30, 9
+    elif case == "toy":
+        edges, n_layers, n_heads = _toy_circuit_edges(), 2, 4
+    else:
+        edges, n_layers, n_heads = _committed_circuit(case)
+    fig = figs.circuit_graph(edges, n_layers, n_heads, "t", "EAP score", checked=[True] * len(edges))
+    fig.set_dpi(figs.SAVE_DPI)
+    FigureCanvasAgg(fig).draw()
+    renderer, ax, px = fig.canvas.get_renderer(), fig.axes[0], figs.SAVE_DPI / 72
+    frame = ax.get_window_extent(renderer)
+    boxes = {t.get_text(): t.get_window_extent(renderer) for t in ax.texts if t.get_text()}
+    assert len(boxes) == len({e[0] for e in edges} | {e[1] for e in edges})
+    for arrow in (p for p in ax.patches if isinstance(p, FancyArrowPatch)):
+        pts, half = _arrow_points(ax, arrow), (arrow.get_linewidth() + 1.0) / 2 * px
+        for name, b in boxes.items():
+            inside = (b.x0 - half < pts[:, 0]) & (pts[:, 0] < b.x1 + half)
+            inside &= (b.y0 - half < pts[:, 1]) & (pts[:, 1] < b.y1 + half)
+            assert not inside.any(), (name, arrow._posA_posB)
+    dots = [ax.transData.transform(xy) for c in ax.collections for xy in c.get_offsets()]
+    for name, b in boxes.items():
+        assert frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 and b.y1 <= frame.y1, name
+        near = [d for d in dots if b.x0 - 3 * px < d[0] < b.x1 + 3 * px and b.y0 - 3 * px < d[1] < b.y1 + 3 * px]
+        assert len(near) <= 1, name  # only its own dot beside it
+
+
+@pytest.mark.parametrize(
+    "n_layers, n_cols, positions",
+    [(12, 12, None), (30, 9, None), (2, 4, None), (12, 3, [-1, -2, -3]), (12, 40, list(range(-40, 0)))],
+)
+def test_patching_cells_are_square_and_their_tick_labels_apart(n_layers, n_cols, positions):
+    """patching.png (``headprobe patch``) drew its cells as wide or tall rectangles: a heatmap stretched over the
+    column's fixed width and a height from the layers alone (2 x 4 heads: 0.5 wide for 1 tall; 30 x 9: 1.3 to 1;
+    ``--site resid`` over 3 positions much wider), and set every position's tick label at 5 pt. Measured at the
+    PNG's resolution: each cell's width over its height within 0.9 to 1.1, the heatmap inside the figure, and
+    no two x tick labels (heads, or positions) within 1 pt of each other, none under 6 pt."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    values = np.random.default_rng(0).normal(size=(n_layers, n_cols))
+    site = "z" if positions is None else "resid"
+    label = "normalised effect (1 = all of corrupted − clean)"
+    fig = figs.patching_heatmap(values, f"gpt2: patching {site}, IOI (8 prompts)", label, 3, positions)
+    fig.set_dpi(figs.SAVE_DPI)
+    FigureCanvasAgg(fig).draw()
+    renderer, ax = fig.canvas.get_renderer(), fig.axes[0]
+    box = ax.get_window_extent(renderer)
+    ratio = (box.width / n_cols) / (box.height / n_layers)
+    assert 0.9 < ratio < 1.1, ratio
+    assert 0 <= box.x0 and box.x1 <= fig.bbox.width and 0 <= box.y0 and box.y1 <= fig.bbox.height
+    ticks = [t for t in ax.get_xticklabels() if t.get_text()]
+    assert len(ticks) >= 2 and all(t.get_fontsize() >= 6 for t in ticks)
+    boxes = sorted((t.get_window_extent(renderer) for t in ticks), key=lambda b: b.x0)
+    assert all(a.x1 + figs.SAVE_DPI / 72 < b.x0 for a, b in zip(boxes, boxes[1:])), [t.get_text() for t in ticks]
+    if positions is not None:
+        shown = {int(t.get_text().replace("−", "-")) for t in ticks}
+        assert shown <= set(positions) and positions[0] in shown

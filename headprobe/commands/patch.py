@@ -342,16 +342,15 @@ class PatchResult(CompactRepr, WritesOutputs):
         spec, p, site = self.spec, self.patching, self.config.site
         grid = p.as_grid(self.table["normalized"].to_numpy())
         task = "custom prompts" if self.config.prompts else self.config.task.upper()
-        heat = figures.signed_head_heatmap(
+        heat = figures.patching_heatmap(  # square cells, every label apart
             grid,
             f"{spec.name}: patching {site}, {task} ({len(p.clean_ld)} prompts)",
             "normalised effect (1 = all of corrupted − clean)",
-            group_size=None if site == "resid" else spec.group_size,
+            group_size=spec.group_size,
+            positions=p.positions if site == "resid" else None,
         )
         if site == "resid":
-            ax = heat.axes[0]
-            ax.set_xticks(range(len(p.positions)), [str(x) for x in p.positions], fontsize=5)
-            ax.set_xlabel("position (token index: 0 = first, −1 = last)")
+            heat.axes[0].set_xlabel("position (token index: 0 = first, −1 = last)")
         top = self._top(12)
         ci = (
             top[["effect_ci95_lo", "effect_ci95_hi"]].to_numpy().T
