@@ -469,6 +469,26 @@ def _unknown_setting(function, name: str, keywords: dict) -> str:
     return said.group(1)
 
 
+def _keywords_taken(command: str) -> tuple:
+    """``(function, its signature's parameters, the names it takes)`` for a command: every name of its
+    signature or its Config is passed beside an unknown one; it takes the name where the refusal
+    (:func:`_unknown_setting`) is of the unknown one."""
+    function, config = COMMANDS.get(command).function(), COMMANDS.get(command).config_class()
+    required = _REQUIRED.get(command, {})
+    params = inspect.signature(function).parameters
+    defaults = {f.name: f.default for f in dataclasses.fields(config) if f.default is not dataclasses.MISSING}
+    defaults |= {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
+    names = {n for n in params if not n.startswith("_")} | {f.name for f in dataclasses.fields(config)}
+    names -= {n for n, p in params.items() if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    takes = {
+        n
+        for n in names
+        if _unknown_setting(function, n, {**required, n: required.get(n, defaults.get(n, "x")), "not_a_setting": 1})
+        == "not_a_setting"
+    }
+    return function, params, takes
+
+
 def test_an_unknown_keyword_lists_exactly_the_keywords_each_command_function_takes(tmp_path, monkeypatch):
     """``show(..., bogus=1)``'s TypeError listed show's settings without ``overwrite``, which show()
     takes (and scan's without ``progress``, atlas's without ``out``, diff's with ``model``, which it
@@ -478,21 +498,9 @@ def test_an_unknown_keyword_lists_exactly_the_keywords_each_command_function_tak
 
     monkeypatch.chdir(tmp_path)
     for command in COMMANDS:
-        function, config = COMMANDS.get(command).function(), COMMANDS.get(command).config_class()
-        required = _REQUIRED.get(command, {})
-        params = inspect.signature(function).parameters
-        defaults = {f.name: f.default for f in dataclasses.fields(config) if f.default is not dataclasses.MISSING}
-        defaults |= {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
-        names = {n for n in params if not n.startswith("_")} | {f.name for f in dataclasses.fields(config)}
-        names -= {n for n, p in params.items() if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
-        takes = {
-            n
-            for n in names
-            if _unknown_setting(function, n, {**required, n: required.get(n, defaults.get(n, "x")), "not_a_setting": 1})
-            == "not_a_setting"
-        }
+        function, params, takes = _keywords_taken(command)
         with pytest.raises(TypeError, match=r"'not_a_setting'") as e:
-            function(**required, not_a_setting=1)
+            function(**_REQUIRED.get(command, {}), not_a_setting=1)
         listed = str(e.value).rsplit("(settings: ", 1)[1].removesuffix(")").split(", ")
         assert set(listed) == takes and len(listed) == len(takes), (command, set(listed) ^ takes)
         order = [n for n in params if n in takes]
@@ -749,19 +757,7 @@ def test_every_function_takes_exactly_its_commands_flags(tmp_path, monkeypatch):
     ``overwrite``, ``formats`` themselves: README)."""
     monkeypatch.chdir(tmp_path)
     for command in COMMANDS:
-        function, config = COMMANDS.get(command).function(), COMMANDS.get(command).config_class()
-        required = _REQUIRED.get(command, {})
-        params = inspect.signature(function).parameters
-        defaults = {f.name: f.default for f in dataclasses.fields(config) if f.default is not dataclasses.MISSING}
-        defaults |= {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
-        names = {n for n in params if not n.startswith("_")} | {f.name for f in dataclasses.fields(config)}
-        names -= {n for n, p in params.items() if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
-        takes = {
-            n
-            for n in names
-            if _unknown_setting(function, n, {**required, n: required.get(n, defaults.get(n, "x")), "not_a_setting": 1})
-            == "not_a_setting"
-        }
+        function, params, takes = _keywords_taken(command)
         takes -= {"progress", "out", "overwrite", "formats"} | ({"a"} if command == "diff" else set())
         flags = _parser_settings(command) - ({"model"} if command == "diff" else set())
         assert takes == flags, (command, "python only:", takes - flags, "flag only:", flags - takes)
