@@ -120,10 +120,22 @@ def _styled(draw):
     def styled(*args, **kwargs):
         import matplotlib
 
+        global _STYLED_DEPTH
         with matplotlib.rc_context(_RC):
-            return _wrap_titles(literal_text(draw(*args, **kwargs)))
+            _STYLED_DEPTH += 1
+            try:
+                fig = literal_text(draw(*args, **kwargs))
+            finally:
+                _STYLED_DEPTH -= 1
+            # one figure function drawing into another's axes (patching_heatmap's head_heatmap): the outer
+            # one lays out the finished figure; a layout of the unfinished one could collapse its axes
+            return fig if _STYLED_DEPTH else _wrap_titles(fig)
 
     return styled
+
+
+_STYLED_DEPTH = 0
+"""How many :func:`_styled` figure functions are drawing now (nested when one draws into another's axes)."""
 
 
 def _agg_canvas(fig: Figure):
