@@ -10,10 +10,11 @@ change is signed, Michel et al.'s importance ``E|dL/dxi_h|`` is not), never from
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -157,16 +158,13 @@ def _wrap_titles(fig: Figure) -> Figure:
     (each layout pass moves things by a fraction of a pixel). Measured at :data:`SAVE_DPI`, the PNG's
     resolution: hinted glyph widths do not scale with the resolution, and a title that fitted the figure
     at its own 100 dpi ran past the PNG's edge."""
-    canvas = _agg_canvas(fig)
     texts = [t for ax in fig.axes for t in (ax.title, ax._left_title, ax._right_title) if t.get_text()]  # type: ignore[attr-defined]  # private, not in matplotlib's stubs
     texts += [fig._suptitle] if fig._suptitle is not None and fig._suptitle.get_text() else []  # type: ignore[attr-defined]  # private, as above
     every = list(fig.axes) + [inset for ax in fig.axes for inset in ax.child_axes]  # a full-height bar is an inset
     bars = [ax for ax in every if getattr(ax, "_colorbar", None) is not None and ax.get_ylabel()]
     if not texts and not bars:
         return fig
-    dpi = fig.get_dpi()
-    fig.set_dpi(SAVE_DPI)  # measured as the PNG draws it: a title 6 px inside at 100 dpi ran 8 px past at 300
-    try:
+    with _at_save_dpi(fig) as canvas:  # a title 6 px inside at 100 dpi ran 8 px past at 300
         for _ in range(3):  # again after wrapping: the new layout can move a title that fitted
             fig.draw_without_rendering()  # the constrained layout places axes and titles; nothing is rasterised
             renderer = canvas.get_renderer()
@@ -174,9 +172,20 @@ def _wrap_titles(fig: Figure) -> Figure:
             wrapped = _separate_titles(fig, renderer) or wrapped
             if not (_fit_colorbar_labels(fig, bars, renderer) or wrapped):
                 break  # every title and label fits this layout: no further pass (most figures need only the one)
+    return fig
+
+
+@contextlib.contextmanager
+def _at_save_dpi(fig: Figure) -> Iterator[Any]:
+    """``fig`` at :data:`SAVE_DPI`, the PNG's resolution, while a layout is measured (hinted glyph widths
+    do not scale with the resolution); yields its Agg canvas (``get_renderer()`` after a draw) and
+    restores the figure's own dpi after."""
+    canvas, dpi = _agg_canvas(fig), fig.get_dpi()
+    fig.set_dpi(SAVE_DPI)
+    try:
+        yield canvas
     finally:
         fig.set_dpi(dpi)
-    return fig
 
 
 def _fit_colorbar_labels(fig: Figure, bars, renderer) -> bool:
@@ -2121,9 +2130,7 @@ def _place_circuit_labels(fig: Figure, ax, labels: dict, arrows: Sequence, passe
     once more against those fixed edges, so a label never ends where a last re-routing put an edge."""
     from matplotlib.patches import ConnectionStyle
 
-    canvas, dpi = _agg_canvas(fig), fig.get_dpi()
-    fig.set_dpi(SAVE_DPI)
-    try:
+    with _at_save_dpi(fig) as canvas:
         for fixed in (False, True):
             for a in arrows if fixed else ():
                 a.set_connectionstyle(ConnectionStyle.Arc3(rad=a.get_connectionstyle().chosen))
@@ -2133,8 +2140,6 @@ def _place_circuit_labels(fig: Figure, ax, labels: dict, arrows: Sequence, passe
                 strokes = [(_stroke_points(ax, a), (a.get_linewidth() + 1.0) / 2 + 0.5) for a in arrows]
                 if not any([_relabel(ax, node, text, labels, strokes, renderer) for node, text in labels.items()]):
                     break
-    finally:
-        fig.set_dpi(dpi)
 
 
 def _stroke_points(ax, arrow, step_px: float = 1.0) -> np.ndarray:
