@@ -345,10 +345,11 @@ def verdict_remarks(
 
     ``top``: type -> its top-k heads (``"L.H"``, the ablated set); ``scores``: type -> head -> score."""
     out: dict[str, list[str]] = {}
+    sets = {t: set(heads) for t, heads in top.items()}
     for t, heads in top.items():
         said, k, name = [], len(heads), t.replace("_", "-")
-        for u, other in top.items():
-            shared = [h for h in heads if h in set(other)]
+        for u, other in sets.items():
+            shared = [h for h in heads if h in other]
             if u != t and 2 * len(shared) > k:
                 said.append(
                     f"{name}: {len(shared)} of its {k} top heads ({', '.join(shared)}) are also "
