@@ -157,7 +157,7 @@ def layer_matched_sets(
 
     Where a layer has fewer available heads than ``top`` has there, all of them are taken and the
     rest come from the nearest layers (by distance, then the later layer first) that still have
-    heads; the note says so.
+    heads; the note says so (:func:`layer_parts`).
 
     Returns:
         ``(sets, note)``: sets sorted ``(layer, head)`` lists; note None when every layer matched.
@@ -171,11 +171,43 @@ def layer_matched_sets(
             f"a random control of {len(top)} heads needs {len(top)} heads outside those under test; "
             f"{len(avail)} are left"
         )
+    parts, moved = layer_parts(top, avail, n_layers)
+
+    def draw() -> list[Head]:
+        s: list[Head] = []
+        for pool, n in parts:
+            s += [pool[i] for i in torch.randperm(len(pool), generator=gen)[:n].tolist()]
+        return sorted(s)
+
+    def every() -> Iterable[list[Head]]:
+        for combo in itertools.product(*(itertools.combinations(pool, n) for pool, n in parts)):
+            yield sorted(h for part in combo for h in part)
+
+    sets = distinct_sets(draw, every, n_control_sets(parts), n_draws, gen)
+    note = (
+        f"layer matching: too few heads outside those under test in some layers; drew {', '.join(moved)}"
+        if moved
+        else None
+    )
+    return sets, note
+
+
+Parts = list[tuple[list[Head], int]]
+"""A control design: ``(pool, n)`` pairs, a set takes ``n`` distinct heads of each disjoint ``pool``."""
+
+
+def layer_parts(top: Sequence[Head], avail: Sequence[Head], n_layers: int) -> tuple[Parts, list[str]]:
+    """The layer-matched design of :func:`layer_matched_sets` for ``top`` over the sorted heads
+    ``avail`` (at least ``len(top)`` of them): each layer gives as many heads as ``top`` has there,
+    a layer's shortfall moved to its nearest layers (by distance, then the later layer first).
+
+    Returns:
+        ``(parts, moved)``: the pools (a layer's available heads) and their head counts, and one
+        phrase per move (``"1 of layer 0's from layer 1"``)."""
     by_layer: dict[int, list[Head]] = {layer: [] for layer in range(n_layers)}
     for h in avail:
         by_layer[h[0]].append(h)
     want = {layer: sum(1 for h in top if h[0] == layer) for layer in range(n_layers)}
-    # the plan: how many heads each layer gives, moving a layer's shortfall to its nearest layers
     give = {layer: min(want[layer], len(by_layer[layer])) for layer in range(n_layers)}
     moved = []
     for layer in range(n_layers):
@@ -189,26 +221,14 @@ def layer_matched_sets(
                 give[other] += take
                 short -= take
                 moved.append(f"{take} of layer {layer}'s from layer {other}")
-    parts = [(by_layer[layer], n) for layer, n in give.items() if n]
+    return [(by_layer[layer], n) for layer, n in give.items() if n], moved
 
-    def draw() -> list[Head]:
-        s: list[Head] = []
-        for pool, n in parts:
-            s += [pool[i] for i in torch.randperm(len(pool), generator=gen)[:n].tolist()]
-        return sorted(s)
 
-    def every() -> Iterable[list[Head]]:
-        for combo in itertools.product(*(itertools.combinations(pool, n) for pool, n in parts)):
-            yield sorted(h for part in combo for h in part)
-
-    n_sets = math.prod(math.comb(len(pool), n) for pool, n in parts)
-    sets = distinct_sets(draw, every, n_sets, n_draws, gen)
-    note = (
-        f"layer matching: too few heads outside those under test in some layers; drew {', '.join(moved)}"
-        if moved
-        else None
-    )
-    return sets, note
+def n_control_sets(parts: Parts) -> int:
+    """The distinct control sets of a design: ``prod C(len(pool), n)`` over its parts (a uniform
+    design is one part, ``C(available, k)``); the one count :func:`layer_matched_sets`,
+    :func:`uniform_sets` and the smaller ``-k`` advice (:func:`rerun_set_counts`) use."""
+    return math.prod(math.comb(len(pool), n) for pool, n in parts)
 
 
 ENUMERATE_BELOW = 4
@@ -264,7 +284,7 @@ def uniform_sets(k: int, available: Iterable[Head], n_draws: int, gen: torch.Gen
     return distinct_sets(
         lambda: sorted(pool[i] for i in torch.randperm(len(pool), generator=gen)[:k].tolist()),
         lambda: (list(c) for c in itertools.combinations(pool, k)),
-        math.comb(len(pool), k),
+        n_control_sets([(pool, k)]),
         n_draws,
         gen,
     )
@@ -297,6 +317,8 @@ class _Test:
     capped: bool = False  # its stream cut: more sets could decide nothing (_cap_undecidable)
     not_run: bool = False  # its stream emptied: no control set of it is ablated (_cap_undecidable)
     n_sets: int = 0  # control sets its stream held before any cut
+    # (control, k) -> (distinct sets, confirmable) of a rerun of it so (_rerun_reach; tests that cannot be CONFIRMED)
+    rerun: dict[tuple[str, int], tuple[int, str]] = field(default_factory=dict)
 
     def judged_sets(self, streams: list[list[list[Head]]]) -> int:
         """The control sets its reach and p-value floor are stated for: those of its stream, or
@@ -311,6 +333,42 @@ def stream_seed(seed: int, name: str) -> int:
     return int(np.random.SeedSequence([seed, zlib.crc32(name.encode())]).generate_state(1)[0])
 
 
+@dataclass(frozen=True)
+class ControlPool:
+    """Where one type's control sets come from (:func:`control_pools`).
+
+    Attributes:
+        task: the task the type is judged on.
+        excluded: the heads no control set of it holds, sorted.
+        avail: the heads its control sets are drawn from, sorted ``(layer, head)``.
+        shared: whether ``excluded`` is every top-k set of the task (else only its own: a tiny model).
+    """
+
+    task: str
+    excluded: list[Head]
+    avail: list[Head]
+    shared: bool
+
+
+def control_pools(
+    top: Mapping[str, Sequence[Head]], task_of: Mapping[str, str], all_heads: list[Head], removed: set, k: int
+) -> dict[str, ControlPool]:
+    """Each type's control pool in a verification of ``k`` heads a type: the heads outside every
+    top-k set of its task, or, where those leave fewer than ``2 k`` heads (a tiny model), outside its
+    own; never a ``removed`` head. In the order of the tests (:func:`_draw_controls`): by task, in
+    the order the tasks first appear in ``top``, then ``top``'s order."""
+    out = {}
+    for task in dict.fromkeys(task_of[t] for t in top):
+        judged = [t for t in top if task_of[t] == task]
+        union = {h for t in judged for h in top[t]}
+        shared = len(all_heads) - len(union | removed) >= 2 * k  # else (a tiny model) only its own
+        for t in judged:
+            excluded = union if shared else set(top[t])
+            avail = [h for h in all_heads if h not in excluded and h not in removed]
+            out[t] = ControlPool(task, sorted(excluded), avail, shared)
+    return out
+
+
 def _draw_controls(
     top: dict[str, list[Head]],
     task_of: dict[str, str],
@@ -321,42 +379,57 @@ def _draw_controls(
     """The tests, their control streams (``n_random`` distinct sets each, or every distinct set
     where fewer exist, seeded by :func:`stream_seed`; types of one task share one under
     ``uniform``), each type's excluded heads, and notes on layers that could not be matched.
-    A type's pool (the heads outside the task's top-k sets) still depends on the other types
-    judged on the same task."""
+    A type's pool (:func:`control_pools`: the heads outside the task's top-k sets) still depends on
+    the other types judged on the same task."""
     tests: list[_Test] = []
     streams: list[list[list[Head]]] = []
-    excluded: dict[str, list[Head]] = {}
     notes: list[str] = []
-    for task in dict.fromkeys(task_of[t] for t in top):
-        judged = [t for t in top if task_of[t] == task]
-        union = {h for t in judged for h in top[t]}
-        shared = len(all_heads) - len(union | removed) >= 2 * settings.k  # else (a tiny model) only its own
-        uniform_stream = None
-        for t in judged:
-            excluded[t] = sorted(union if shared else set(top[t]))
-            avail = [h for h in all_heads if h not in excluded[t] and h not in removed]
-            if settings.control != "uniform":
-                gen = torch.Generator().manual_seed(stream_seed(settings.seed, t))
-                sets, note = layer_matched_sets(top[t], avail, max(h[0] for h in all_heads) + 1, settings.n_random, gen)
-                streams.append(sets)
-                if note:
-                    notes.append(f"{t.replace('_', '-')}: {note}")
-            elif uniform_stream is None or not shared:  # else the task's one uniform stream
-                gen = torch.Generator().manual_seed(stream_seed(settings.seed, f"task:{task}" if shared else t))
-                streams.append(uniform_sets(settings.k, avail, settings.n_random, gen))
-                uniform_stream = len(streams) - 1
-            tests.append(
-                _Test(
-                    t,
-                    task,
-                    list(top[t]),
-                    uniform_stream
-                    if settings.control == "uniform" and uniform_stream is not None
-                    else len(streams) - 1,
-                    effects={k: [] for k in settings.kinds},
-                )
-            )
-    return tests, streams, excluded, notes
+    pools = control_pools(top, task_of, all_heads, removed, settings.k)
+    uniform_stream: dict[str, int] = {}  # task -> the stream its types share under uniform
+    for t, pool in pools.items():
+        if settings.control != "uniform":
+            gen = torch.Generator().manual_seed(stream_seed(settings.seed, t))
+            sets, note = layer_matched_sets(top[t], pool.avail, _n_layers(all_heads), settings.n_random, gen)
+            streams.append(sets)
+            if note:
+                notes.append(f"{t.replace('_', '-')}: {note}")
+        elif not pool.shared or pool.task not in uniform_stream:  # else the task's one uniform stream
+            gen = torch.Generator().manual_seed(stream_seed(settings.seed, f"task:{pool.task}" if pool.shared else t))
+            streams.append(uniform_sets(settings.k, pool.avail, settings.n_random, gen))
+            if pool.shared:
+                uniform_stream[pool.task] = len(streams) - 1
+        stream = uniform_stream[pool.task] if settings.control == "uniform" and pool.shared else len(streams) - 1
+        tests.append(_Test(t, pool.task, list(top[t]), stream, effects={k: [] for k in settings.kinds}))
+    return tests, streams, {t: pool.excluded for t, pool in pools.items()}, notes
+
+
+def _n_layers(all_heads: list[Head]) -> int:
+    return max(h[0] for h in all_heads) + 1
+
+
+def rerun_set_counts(
+    top: Mapping[str, Sequence[Head]],
+    task_of: Mapping[str, str],
+    all_heads: list[Head],
+    removed: set,
+    k: int,
+    control: str,
+) -> dict[str, int]:
+    """Each type's distinct control sets in a verification of ``k`` heads a type under ``control``
+    whose top-k sets are ``top[t][:k]`` (:func:`~headprobe.analyses.ablation.top_heads` of a smaller
+    k is a prefix of its list): the pools of :func:`control_pools`, the designs of
+    :func:`layer_parts` (or one uniform part of k heads) counted by :func:`n_control_sets`; 0 where
+    a pool has too few heads for one set (that run raises)."""
+    tops = {t: list(heads[:k]) for t, heads in top.items()}
+    out = {}
+    for t, pool in control_pools(tops, task_of, all_heads, removed, k).items():
+        size = k if control == "uniform" else len(tops[t])
+        if len(pool.avail) < size:
+            out[t] = 0
+            continue
+        parts = [(pool.avail, k)] if control == "uniform" else layer_parts(tops[t], pool.avail, _n_layers(all_heads))[0]
+        out[t] = n_control_sets(parts)
+    return out
 
 
 def plan_draws(m: int, settings: VerificationSettings) -> int:
@@ -445,23 +518,100 @@ def _distinct_sets(n: int) -> str:
     return f"{n} distinct control set{' exists' if n == 1 else 's exist'}"
 
 
-def _unreachable_reason(x: _Test, n: int, plan: dict, control: str = "layer-matched") -> str:
+def _unreachable_reason(x: _Test, n: int, plan: dict, settings: VerificationSettings) -> str:
     """Why a test's ``n`` control sets cannot give a verdict (its ``no_verdict``), that none was
     ablated where so, and, where too few distinct sets exist, how to get more (the fewest a
-    verdict needs: :func:`~headprobe.analyses.vocabulary.together_draws_needed`)."""
+    verdict needs, :func:`~headprobe.analyses.vocabulary.together_draws_needed`; :func:`_more_sets`)."""
     few = f"only {_distinct_sets(n)}" if n < plan["n_random"] else f"{n} control sets"
     need = together_draws_needed(plan["family_size"], plan["alpha"], plan["correction"])
-    more = (
-        f"; for a verdict a test needs at least {need} distinct control sets: use a smaller -k or a model with "
-        "more heads" + (" (or --control uniform, which draws from more sets)" if control == "layer-matched" else "")
-    )
     return (
         f"{few}: its smallest p-value 1/{n + 1} = {1 / (n + 1):.3f} cannot reach alpha = {plan['alpha']:g} after "
         f"{plan['correction']} over {_tests(plan['family_size'])}"
         + (f"; {draws_advice(plan['alpha'], plan['family_size'], plan['correction'])}" if n >= plan["n_random"] else "")
         + ("; not run: none of them was ablated, as they could decide nothing" if x.not_run else "")
-        + (more if n < plan["n_random"] and n < need else "")
+        + (_more_sets(x, need, settings.control, settings.k) if n < plan["n_random"] and n < need else "")
     )
+
+
+def _more_sets(x: _Test, need: int, control: str, k: int) -> str:
+    """How a test with fewer than ``need`` distinct control sets could get a verdict, from what a
+    rerun would have (:attr:`_Test.rerun`, :func:`_rerun_reach`): the smaller ``-k`` with which it
+    could be CONFIRMED, largest first, with their sets; else that no smaller one can (the most
+    sets one gives) and a model with more heads; ``--control uniform`` where that rerun could."""
+
+    def can(c: str) -> list[tuple[int, int]]:  # (k, sets) of the reruns under c that can confirm it
+        return sorted(((kk, n) for (cc, kk), (n, r) in x.rerun.items() if cc == c and r != "never"), reverse=True)
+
+    smaller = [(kk, n) for kk, n in can(control) if kk < k]
+    uni = can("uniform")[0] if control != "uniform" and can("uniform") else None  # the largest such k
+    uniform = "" if uni is None else f"--control uniform{'' if uni[0] == k else f' with -k {uni[0]}'}"
+    uniform_sets = "" if uni is None else f" ({_sets(uni[1])})"
+    out = f"; for a verdict a test needs at least {need} distinct control sets: "
+    if smaller:
+        named = [f"-k {kk} ({_sets(n)})" for kk, n in smaller[:3]]
+        rest = sorted(kk for kk, _ in smaller[3:])
+        return (
+            out
+            + "use "
+            + (f"{', '.join(named[:-1])} or {named[-1]}" if len(named) > 1 else named[0])
+            + (f"; -k {_ranges(rest)} also do{'es' if len(rest) == 1 else ''}" if rest else "")
+            + (f"; {uniform} also does{uniform_sets}" if uniform else "")
+        )
+    tried = [(n, kk) for (cc, kk), (n, _) in x.rerun.items() if cc == control and kk < k]
+    if tried:
+        n, kk = max(tried)
+        out += (
+            f"no smaller -k gives that many (at most {_sets(n)}, at -k {kk}): "
+            if n < need
+            else f"no smaller -k allows one (-k {kk} gives {_sets(n)}, but the family's other tests have too few): "
+        )
+    return out + "use a model with more heads" + (f" or {uniform}{uniform_sets}" if uniform else "")
+
+
+def _sets(n: int) -> str:
+    """``"84 sets"``, ``"1 set"``, ``"10^21 or more sets"`` (a count past a billion by its order)."""
+    return f"{n:,} set{'' if n == 1 else 's'}" if n < 10**9 else f"10^{len(str(n)) - 1} or more sets"
+
+
+def _ranges(ks: Sequence[int]) -> str:
+    """Sorted whole numbers in runs: ``[1, 2, 3, 5]`` -> ``"1-3, 5"``."""
+    runs: list[list[int]] = []
+    for k in ks:
+        if runs and k == runs[-1][-1] + 1:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs)
+
+
+def _rerun_reach(
+    tests: list[_Test],
+    top: Mapping[str, Sequence[Head]],
+    task_of: Mapping[str, str],
+    all_heads: list[Head],
+    removed: set,
+    settings: VerificationSettings,
+    ranked: bool,
+) -> None:
+    """Fill :attr:`_Test.rerun` of each test that cannot be CONFIRMED: for each smaller ``-k`` (where
+    ``ranked``: ``top``'s lists are the types' heads best first, as ``-k`` picks them) and for
+    ``--control uniform`` at every ``-k`` up to this one, its distinct control sets in that rerun
+    (:func:`rerun_set_counts`) and what they allow with the family's other tests at theirs
+    (:func:`~headprobe.analyses.statistics.confirmable`: each at its smallest p-value, ``1 / (n + 1)``
+    for its n sets, as the rerun's plan judges them; the family, the trusted types, does not depend on k)."""
+    family = [x for x in tests if x.no_verdict is None]
+    if not any(x.reach == "never" for x in family):
+        return
+    reruns = [(settings.control, k) for k in range(1, settings.k) if ranked]
+    if settings.control != "uniform":
+        reruns += [("uniform", k) for k in range(1 if ranked else settings.k, settings.k + 1)]
+    for control, k in reruns:
+        counts = rerun_set_counts(top, task_of, all_heads, removed, k, control)
+        sizes = [counts[x.head_type] for x in family]
+        reach = st.confirmable([1 / (n + 1) for n in sizes], settings.correction, settings.alpha)
+        for x, n, r in zip(family, sizes, reach):
+            if x.reach == "never":
+                x.rerun[control, k] = (n, r)
 
 
 def verify_heads(
@@ -480,6 +630,7 @@ def verify_heads(
     say: Callable[[str], None] | None = None,
     cache: SetLosses | None = None,
     sources: Mapping[str, torch.Tensor] | None = None,
+    ranked: bool = True,
 ) -> tuple[list[Verification], dict]:
     """Ablate each type's top-k heads and its control sets; the verdicts, corrected for their number.
 
@@ -501,6 +652,9 @@ def verify_heads(
         cache: the set losses of an interrupted run and where to save them as they grow
             (:class:`SetLosses`, a scan's checkpoint); None: a fresh one that saves nowhere.
         sources: task -> source tokens ``[batch, pos]`` of a kind that needs one (``resample``).
+        ranked: ``top``'s lists are each type's heads best first, as ``-k`` picks them (a smaller
+            ``-k`` takes a prefix): a test with too few control sets names the smaller ``-k`` that
+            gives enough (:func:`_more_sets`); False (a file's heads): it names none.
 
     Returns:
         ``(verifications, design)``: one :class:`Verification` per type and kind (the tested kind
@@ -517,6 +671,7 @@ def verify_heads(
     requested = settings.n_random
     settings, tests, streams, excluded, notes = _drawn_tests(top, task_of, spec, untrusted, removed, settings)
     plan, n_secondary = _capped_plan(tests, streams, settings, requested)
+    _rerun_reach(tests, top, task_of, _all_heads(spec), removed, settings, ranked)
     notes += _pool_notes(tests, streams, settings)
     run = _Ablator(
         model,
@@ -552,7 +707,7 @@ def _drawn_tests(
     """:func:`verify_heads`' tests and control streams (:func:`_draw_controls`) over every head of
     ``spec``: ``settings`` with the draws the trusted tests' family needs (:func:`plan_draws`), the
     tests (each marked with its task's ``untrusted`` reason), their streams, excluded heads and notes."""
-    all_heads = [(layer, head) for layer in range(spec.n_layers) for head in range(spec.n_heads)]
+    all_heads = _all_heads(spec)
     m = len([t for t in top if not untrusted.get(task_of[t])])
     settings = replace(settings, n_random=plan_draws(m, settings))
     tests, streams, excluded, notes = _draw_controls(top, task_of, all_heads, removed, settings)
@@ -560,6 +715,11 @@ def _drawn_tests(
         x.no_verdict = untrusted.get(x.task)
         x.n_sets = len(streams[x.stream])
     return settings, tests, streams, excluded, notes
+
+
+def _all_heads(spec: ModelSpec) -> list[Head]:
+    """Every ``(layer, head)`` of ``spec``, sorted."""
+    return [(layer, head) for layer in range(spec.n_layers) for head in range(spec.n_heads)]
 
 
 def _capped_plan(
@@ -982,7 +1142,7 @@ def _verification(
         p = (1 + g) / (1 + n)
     confirmed, no_verdict = None, x.no_verdict
     if tested and x.reach == "never":
-        no_verdict = _unreachable_reason(x, x.n_sets if x.not_run else len(stream), plan, settings.control)
+        no_verdict = _unreachable_reason(x, x.n_sets if x.not_run else len(stream), plan, settings)
     elif tested:
         assert p_adj is not None  # a tested row has an adjusted p
         confirmed = settings.rule(metric).confirms(p_adj, x.top_effect[kind], effects)

@@ -822,6 +822,25 @@ def test_import_says_when_a_set_that_fills_a_layer_has_no_layer_matched_control(
     assert any("8 of layer 0's from layer 1" in n for n in result.notes)
 
 
+def test_import_advice_for_more_control_sets_names_no_k(tmp_path, tiny_dir, text_file, monkeypatch):
+    """A file's heads are not a top-k that -k shortens, so a test with too few control sets (layer 0's
+    8 heads: one layer-matched set, and one uniform, C(8, 8)) is told of a model with more heads only
+    (it was told to use a smaller -k). The random tiny model's tasks are trusted here (its loss is
+    above ln(vocabulary)), so the test carries a verdict."""
+    import headprobe.analyses.ablation as ablation
+    from headprobe.commands.import_heads import import_heads
+
+    monkeypatch.setattr(ablation, "untrusted_task_reason", lambda *a, **k: None)  # import_heads imports it late
+    path = tmp_path / "heads.txt"
+    path.write_text(",".join(f"0.{h}" for h in range(8)) + "\n")
+    small = dict(text=str(text_file), device="cpu", n_random=4, seq_len=16, n_natural=2, period=6, n_repeated=2)
+    (v,) = [v for v in import_heads(str(tiny_dir), heads_file=str(path), **small).verifications if v.tested]
+    assert v.confirmed is None and v.no_verdict.startswith("only 1 distinct control set exists"), v.no_verdict
+    assert v.no_verdict.endswith(
+        "; for a verdict a test needs at least 19 distinct control sets: use a model with more heads"
+    ), v.no_verdict
+
+
 EXPORT_FLAGS_THAT_CANNOT_APPLY = [
     ("kv", ["--format", "headkv", "--score", "induction"], "--score"),
     ("kv", ["--format", "duo", "--sink", "64", "--recent", "512"], "--sink"),

@@ -663,8 +663,12 @@ def test_tests_that_cannot_be_confirmed_get_no_raised_draws(tiny_llama_gqa, text
         assert v.draws == 0 and v.exceedances == 0 and v.p_value is None and v.confirmed is None, v
         assert "cannot reach alpha" in v.no_verdict and "not run: none of them was ablated" in v.no_verdict
         assert v.stop_reason == "not run: cannot reach alpha" and v.p_adjusted is None
-        # how to get a verdict: BH over 2 tests at alpha 1e-4 needs 1 / 1e-4 - 1 = 9999 sets at the least
-        assert "for a verdict a test needs at least 9999 distinct control sets: use a smaller -k" in v.no_verdict
+        # how to get a verdict: BH over 2 tests at alpha 1e-4 needs 1 / 1e-4 - 1 = 9999 sets at the least; each
+        # type's task is its own, so -k 2 draws 2 of the 14 heads outside its own 2: C(14, 2) = 91, -k 1 C(15, 1)
+        assert v.no_verdict.endswith(
+            "for a verdict a test needs at least 9999 distinct control sets: no smaller -k gives that many "
+            "(at most 91 sets, at -k 2): use a model with more heads"
+        ), v.no_verdict
     assert all(v.draws == 0 and v.random_heads == [] and v.p_value is None for v in result.verifications)
     rows = {(r["head_type"], r["kind"]): r for r in result.summary()["ablations"]}  # summary.json's rows
     assert rows["induction", "mean"]["p_value"] is None and rows["induction", "mean"]["p_adjusted"] is None
@@ -764,6 +768,145 @@ def test_a_test_that_cannot_be_confirmed_ablates_no_control_set(tiny_llama_gqa, 
     ):
         assert getattr(dup, field) == getattr(ref, field), field
     assert rows["duplicate_token", "zero"].random_effects == ref_rows["duplicate_token", "zero"].random_effects
+
+
+# Hand-made layouts for the rerun counts: (layers, heads a layer, removed heads, each type's ranked heads and task),
+# and per (type, k', control): the heads its pool leaves out (its task's union of top-k' sets, or its own where that
+# union leaves fewer than 2 k' heads), its heads per layer ({} for uniform: any k' heads), and the count by hand.
+_RERUN_CASES = [
+    (  # one layer of 12 heads: C(11, 1) = 11, C(9, 3) = 84, C(7, 5) = 21; 5 heads cannot make a set of 7 (0)
+        (1, 12, set(), {"induction": ([(0, h) for h in range(7)], "repeated")}),
+        [
+            ("induction", k, "layer-matched", "own", {0: k}, n)
+            for k, n in [(1, 11), (2, 45), (3, 84), (4, 70), (5, 21), (6, 1), (7, 0)]
+        ]
+        + [("induction", 3, "uniform", "own", {}, 84)],
+    ),
+    (  # 3 x 4 heads, (2, 3) removed, two types on one task and one on the other
+        (
+            3,
+            4,
+            {(2, 3)},
+            {
+                "induction": ([(0, 0), (0, 1), (0, 2), (1, 0)], "repeated"),
+                "duplicate_token": ([(0, 3), (2, 0), (1, 1), (2, 1)], "repeated"),
+                "previous_token": ([(1, 2), (1, 3)], "natural"),
+            },
+        ),
+        [
+            # k' 2: 12 - 5 >= 4 heads outside the task's union: it is left out; layer 0 keeps 1 of 2, 1 more from layer 1
+            ("induction", 2, "layer-matched", "task", {0: 1, 1: 1}, 4),
+            ("duplicate_token", 2, "layer-matched", "task", {0: 1, 2: 1}, 1 * 2),
+            ("induction", 2, "uniform", "task", {}, 21),
+            # k' 3: 12 - 7 < 6: its own; layer 0 has one head left, its two others from layer 1
+            ("induction", 3, "layer-matched", "own", {0: 1, 1: 2}, 6),
+            ("duplicate_token", 3, "layer-matched", "own", {0: 1, 1: 1, 2: 1}, 3 * 3 * 2),
+            ("induction", 4, "layer-matched", "own", {0: 1, 1: 3}, 1),
+            # two heads in all; layer-matched sets of 2, uniform ones of k' = 3 (as the run draws them)
+            ("previous_token", 3, "layer-matched", "task", {1: 2}, 1),
+            ("previous_token", 3, "uniform", "task", {}, 84),
+        ],
+    ),
+    (  # 3 x 3 heads, (0, 2) removed: layer 1's shortfall comes from layer 2 (the later of two as near), not layer 0
+        (3, 3, {(0, 2)}, {"induction": ([(1, 0), (1, 1), (1, 2)], "repeated")}),
+        [
+            ("induction", 1, "layer-matched", "own", {1: 1}, 2),
+            ("induction", 2, "layer-matched", "own", {1: 1, 2: 1}, 3),
+            ("induction", 3, "layer-matched", "own", {2: 3}, 1),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("layout, cases", _RERUN_CASES)
+def test_rerun_set_counts_match_every_set_enumerated_by_brute_force(layout, cases):
+    """The distinct control sets a rerun with -k k' has, against brute force: every k'-subset of the
+    heads outside the pool's excluded heads (written out by hand per case) with the case's heads per
+    layer, from itertools over the head tuples; and the sets a run of layer_matched_sets enumerates
+    (where there are fewer than 4 x its draws) are exactly those. Counts that fall as k' rises (84
+    at k' 3, 21 at 5) are why the advice counts every smaller -k."""
+    import itertools
+    from collections import Counter
+
+    from headprobe.analyses.verification import rerun_set_counts
+
+    n_layers, n_heads, removed, types = layout
+    all_heads = [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
+    top = {t: heads for t, (heads, _) in types.items()}
+    task_of = {t: task for t, (_, task) in types.items()}
+    for t, k, control, pool, per_layer, by_hand in cases:
+        mine = list(top[t][:k])
+        union = {h for u in top if task_of[u] == task_of[t] for h in top[u][:k]}
+        excluded = union if pool == "task" else set(mine)
+        avail = [h for h in all_heads if h not in excluded and h not in removed]
+        size = k if control == "uniform" else len(mine)
+        every = {
+            c
+            for c in itertools.combinations(avail, size)
+            if not per_layer or Counter(layer for layer, _ in c) == Counter(per_layer)
+        }
+        assert len(every) == by_hand, (t, k, control)
+        assert rerun_set_counts(top, task_of, all_heads, removed, k, control)[t] == by_hand, (t, k, control)
+        if control == "layer-matched" and by_hand:
+            sets, _ = layer_matched_sets(mine, avail, n_layers, 10**4, torch.Generator().manual_seed(0))
+            assert {tuple(s) for s in sets} == every and len(sets) == by_hand
+        elif control == "uniform":
+            assert {tuple(s) for s in uniform_sets(k, avail, 10**4, torch.Generator())} == every
+
+
+def _advice(model, monkeypatch, top: dict, k: int) -> dict:
+    """verify_heads on the tiny model (2 layers x 8 heads) with ``top`` judged on the repeated task, layer-matched,
+    and a scripted engine (a top-k set +8 nats, others 0-0.7): each type's tested row."""
+    import headprobe.analyses.verification as verif
+    from headprobe.analyses.data import repeated_random_tokens
+
+    tops = [tuple(t) for t in top.values()]
+
+    def scripted(backend, tokens, sets, kind, *a, **kw):
+        return torch.stack(
+            [torch.full((tokens.shape[0],), 8.0 if tuple(map(tuple, s)) in tops else _noise(s, 0.7)) for s in sets]
+        )
+
+    monkeypatch.setattr(verif, "set_ablation_losses", scripted)
+    out, _ = verif.verify_heads(
+        model,
+        top,
+        dict.fromkeys(top, "repeated"),
+        {"repeated": repeated_random_tokens(model, 3, 8, 0)},
+        {"repeated": torch.zeros(3)},
+        torch.zeros(1),
+        VerificationSettings(k=k, n_random=20),
+    )
+    return {v.head_type: v for v in out if v.kind == "mean"}
+
+
+def test_the_advice_names_the_smaller_k_a_rerun_could_confirm_with(tiny_llama_gqa, monkeypatch):
+    """k = 4, both types' heads 3 + 1 over the two layers: the 8 heads outside both top-k sets give
+    C(4, 3) x C(4, 1) = 16 < 19 sets each, no verdict. -k 3 gives each C(5, 2) x 5 = 50 >= 39: a rerun
+    could confirm either alone. -k 2 gives induction 7 x 5 = 35 >= 19 sets, but duplicate-token (both
+    heads in layer 1) C(5, 2) = 10: 1/36 is no BH rejection beside 1/11, so -k 2 is not named; nor -k 1
+    (7 sets). Uniform controls at -k 4: C(8, 4) = 70."""
+    top = {"induction": [(0, 0), (1, 0), (0, 1), (0, 2)], "duplicate_token": [(1, 1), (1, 2), (0, 3), (1, 3)]}
+    rows = _advice(tiny_llama_gqa, monkeypatch, top, 4)
+    for t in top:
+        assert rows[t].confirmed is None and rows[t].no_verdict.startswith("only 16 distinct control sets exist")
+        assert rows[t].no_verdict.endswith(
+            "; for a verdict a test needs at least 19 distinct control sets: use -k 3 (50 sets); "
+            "--control uniform also does (70 sets)"
+        ), rows[t].no_verdict
+
+
+def test_the_advice_says_when_no_smaller_k_helps(tiny_llama_gqa, monkeypatch):
+    """induction's 3 heads in layer 0, duplicate-token's 1 + 2: induction has C(4, 3) = 4 sets; a smaller -k
+    does not help (-k 2: C(5, 2) = 10; -k 1: 6), so the advice must not suggest one; uniform controls at -k 3
+    give C(10, 3) = 120. (It said "use a smaller -k or a model with more heads".)"""
+    top = {"induction": [(0, 0), (0, 1), (0, 2)], "duplicate_token": [(0, 3), (1, 0), (1, 1)]}
+    reason = _advice(tiny_llama_gqa, monkeypatch, top, 3)["induction"].no_verdict
+    assert reason.endswith(
+        "; for a verdict a test needs at least 19 distinct control sets: no smaller -k gives that many "
+        "(at most 10 sets, at -k 2): use a model with more heads or --control uniform (120 sets)"
+    ), reason
+    assert "use a smaller -k" not in reason and "use -k" not in reason
 
 
 def test_a_type_without_verdict_says_so_on_its_tested_row_only(tiny_llama_gqa, text_file):

@@ -173,6 +173,7 @@ def run(model: LoadedModel, config: ImportConfig, progress: bool = True) -> Impo
         removed=scan_core.removed_heads(model),
         progress=progress,
         say=scan_core._say,
+        ranked=False,  # a file's heads: -k picks them only from a score file, with its ties cut
     )
     kv, kv_notes = measure_policy(model, cfg, hf) if config.measure_kv else (None, [])
     notes = [*_notes(hf), *left_out_notes(natural), *kv_notes]
