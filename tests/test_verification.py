@@ -818,6 +818,19 @@ _RERUN_CASES = [
 ]
 
 
+def test_a_smaller_k_takes_a_prefix_of_the_top_k():
+    """The advice counts -k k' on each type's top-k list cut to k' heads: top_heads of k' is that prefix, with
+    ties (stable), NaN scores (ranked last, left out while finite ones remain) and all-NaN scores."""
+    from headprobe.analyses.ablation import top_heads
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        scores = torch.as_tensor(rng.integers(0, 4, size=(3, 4)).astype(float))  # many ties
+        scores[torch.as_tensor(rng.random((3, 4)) < rng.choice([0.0, 0.5, 0.9, 1.0]))] = float("nan")
+        for k in range(1, 12):
+            assert all(top_heads(scores, j) == top_heads(scores, k)[:j] for j in range(1, k + 1)), (scores, k)
+
+
 @pytest.mark.parametrize("layout, cases", _RERUN_CASES)
 def test_rerun_set_counts_match_every_set_enumerated_by_brute_force(layout, cases):
     """The distinct control sets a rerun with -k k' has, against brute force: every k'-subset of the
@@ -854,9 +867,10 @@ def test_rerun_set_counts_match_every_set_enumerated_by_brute_force(layout, case
             assert {tuple(s) for s in uniform_sets(k, avail, 10**4, torch.Generator())} == every
 
 
-def _advice(model, monkeypatch, top: dict, k: int) -> dict:
+def _advice(model, monkeypatch, top: dict, k: int, n_random: int = 20) -> tuple[dict, dict]:
     """verify_heads on the tiny model (2 layers x 8 heads) with ``top`` judged on the repeated task, layer-matched,
-    and a scripted engine (a top-k set +8 nats, others 0-0.7): each type's tested row."""
+    and a scripted engine (a top-k set +8 nats, others 0-0.7): each type's tested row, and each type's test in
+    the plan."""
     import headprobe.analyses.verification as verif
     from headprobe.analyses.data import repeated_random_tokens
 
@@ -868,16 +882,16 @@ def _advice(model, monkeypatch, top: dict, k: int) -> dict:
         )
 
     monkeypatch.setattr(verif, "set_ablation_losses", scripted)
-    out, _ = verif.verify_heads(
+    out, design = verif.verify_heads(
         model,
         top,
         dict.fromkeys(top, "repeated"),
         {"repeated": repeated_random_tokens(model, 3, 8, 0)},
         {"repeated": torch.zeros(3)},
         torch.zeros(1),
-        VerificationSettings(k=k, n_random=20),
+        VerificationSettings(k=k, n_random=n_random),
     )
-    return {v.head_type: v for v in out if v.kind == "mean"}
+    return {v.head_type: v for v in out if v.kind == "mean"}, {t["head_type"]: t for t in design["plan"]["tests"]}
 
 
 def test_the_advice_names_the_smaller_k_a_rerun_could_confirm_with(tiny_llama_gqa, monkeypatch):
@@ -887,13 +901,21 @@ def test_the_advice_names_the_smaller_k_a_rerun_could_confirm_with(tiny_llama_gq
     heads in layer 1) C(5, 2) = 10: 1/36 is no BH rejection beside 1/11, so -k 2 is not named; nor -k 1
     (7 sets). Uniform controls at -k 4: C(8, 4) = 70."""
     top = {"induction": [(0, 0), (1, 0), (0, 1), (0, 2)], "duplicate_token": [(1, 1), (1, 2), (0, 3), (1, 3)]}
-    rows = _advice(tiny_llama_gqa, monkeypatch, top, 4)
+    rows, _ = _advice(tiny_llama_gqa, monkeypatch, top, 4)
     for t in top:
         assert rows[t].confirmed is None and rows[t].no_verdict.startswith("only 16 distinct control sets exist")
         assert rows[t].no_verdict.endswith(
             "; for a verdict a test needs at least 19 distinct control sets: use -k 3 (50 sets); "
             "--control uniform also does (70 sets)"
         ), rows[t].no_verdict
+    # the reruns themselves (-k k' ablates each type's best k' heads; 100 draws: every set that exists), where -k 3
+    # confirms both and -k 2 cannot confirm induction
+    rows, plan = _advice(tiny_llama_gqa, monkeypatch, {t: h[:3] for t, h in top.items()}, 3, 100)
+    assert [(plan[t]["control_sets"], plan[t]["confirmable"], rows[t].confirmed) for t in top] == [
+        (50, "alone", True)
+    ] * 2
+    _, plan = _advice(tiny_llama_gqa, monkeypatch, {t: h[:2] for t, h in top.items()}, 2, 100)
+    assert [(plan[t]["control_sets"], plan[t]["confirmable"]) for t in top] == [(35, "never"), (10, "never")]
 
 
 def test_the_advice_says_when_no_smaller_k_helps(tiny_llama_gqa, monkeypatch):
@@ -901,7 +923,7 @@ def test_the_advice_says_when_no_smaller_k_helps(tiny_llama_gqa, monkeypatch):
     does not help (-k 2: C(5, 2) = 10; -k 1: 6), so the advice must not suggest one; uniform controls at -k 3
     give C(10, 3) = 120. (It said "use a smaller -k or a model with more heads".)"""
     top = {"induction": [(0, 0), (0, 1), (0, 2)], "duplicate_token": [(0, 3), (1, 0), (1, 1)]}
-    reason = _advice(tiny_llama_gqa, monkeypatch, top, 3)["induction"].no_verdict
+    reason = _advice(tiny_llama_gqa, monkeypatch, top, 3)[0]["induction"].no_verdict
     assert reason.endswith(
         "; for a verdict a test needs at least 19 distinct control sets: no smaller -k gives that many "
         "(at most 10 sets, at -k 2): use a model with more heads or --control uniform (120 sets)"
