@@ -2000,9 +2000,10 @@ class _RoutedArc:
         self.ax, self.rads, self.dots, self.labels = ax, list(rads), list(dots), list(labels)
         self.chosen = self.rads[0]  # the bend of the last path drawn (:func:`_place_circuit_labels` keeps it)
 
-    def clearance(self, path, skip_pt: float) -> float:
+    def clearance(self, path, skip_pt: float, boxes: Sequence) -> float:
         """The least room (points) between ``path`` (display space) and the dots, labels and
-        frame less the clearance wanted (< 0: too close), ignoring its first and last ``skip_pt``."""
+        frame less the clearance wanted (< 0: too close), ignoring its first and last ``skip_pt``;
+        ``boxes``: the labels' display boxes (``labels``' ``get_window_extent``), measured by the caller."""
         from matplotlib.bezier import BezierSegment
 
         px = self.ax.figure.dpi / 72.0
@@ -2017,8 +2018,7 @@ class _RoutedArc:
             radii = np.array([r for _, _, r in self.dots]) * px
             gaps = np.hypot(curve[:, None, 0] - centres[None, :, 0], curve[:, None, 1] - centres[None, :, 1]) - radii
             room.append(float(gaps.min()))
-        for text in self.labels:
-            box = text.get_window_extent()
+        for box in boxes:
             dx = np.maximum(np.maximum(box.x0 - curve[:, 0], curve[:, 0] - box.x1), 0.0)
             dy = np.maximum(np.maximum(box.y0 - curve[:, 1], curve[:, 1] - box.y1), 0.0)
             inside = (dx == 0) & (dy == 0)
@@ -2035,9 +2035,12 @@ class _RoutedArc:
         from matplotlib.patches import ConnectionStyle
 
         best, best_room = None, -np.inf
+        # the labels stand still while one edge tries its bends: measured once (an annotation's box is
+        # most of the time of a circuit figure with many edges), not once per bend
+        boxes = [t.get_window_extent() for t in self.labels]
         for rad in self.rads:
             path = ConnectionStyle.Arc3(rad=rad).connect(posA, posB)
-            room = self.clearance(path, skip_pt=_node_radius(None) + 1.0)
+            room = self.clearance(path, skip_pt=_node_radius(None) + 1.0, boxes=boxes)
             if room >= 0:
                 self.chosen = rad
                 return path
@@ -2138,7 +2141,10 @@ def _place_circuit_labels(fig: Figure, ax, labels: dict, arrows: Sequence, passe
                 fig.draw_without_rendering()
                 renderer = canvas.get_renderer()
                 strokes = [(_stroke_points(ax, a), (a.get_linewidth() + 1.0) / 2 + 0.5) for a in arrows]
-                if not any([_relabel(ax, node, text, labels, strokes, renderer) for node, text in labels.items()]):
+                boxes = {node: text.get_window_extent(renderer) for node, text in labels.items()}
+                if not any(
+                    [_relabel(ax, node, text, labels, strokes, renderer, boxes) for node, text in labels.items()]
+                ):
                     break
 
 
@@ -2153,13 +2159,15 @@ def _stroke_points(ax, arrow, step_px: float = 1.0) -> np.ndarray:
     return np.concatenate(out)
 
 
-def _relabel(ax, node, text, labels: dict, strokes: Sequence, renderer) -> bool:
+def _relabel(ax, node, text, labels: dict, strokes: Sequence, renderer, boxes: dict) -> bool:
     """Put ``text`` (``node``'s label; None: the logits) at its least crossed spot (:func:`_place_circuit_labels`):
     cost 1 per edge sample under its box (``strokes``: ``(points, half width in points)``), 1,000 per other
-    label it overlaps (5 one within 3 pt) or other dot within 4 pt, 10,000 outside the axes. True when it moved."""
+    label it overlaps (5 one within 3 pt) or other dot within 4 pt, 10,000 outside the axes. True when it moved.
+    ``boxes``: every label's display box as it stands (``{node: Bbox}``), this one's updated to where it ends
+    (each label's measured once a pass, not again for every other label placed)."""
     px = ax.figure.dpi / 72.0
     frame = ax.get_window_extent(renderer)
-    others = [t.get_window_extent(renderer) for n, t in labels.items() if n is not node]
+    others = [boxes[n] for n in labels if n is not node]
     dots = ax.transData.transform([t.xy for n, t in labels.items() if n is not node]).reshape(-1, 2)
     spots = _CIRCUIT_LABEL_SPOTS if node is not None else (_CIRCUIT_LABEL_SPOTS[4], *_CIRCUIT_LABEL_SPOTS)
     now = (tuple(text.xyann), text.get_ha(), text.get_va())
@@ -2177,6 +2185,7 @@ def _relabel(ax, node, text, labels: dict, strokes: Sequence, renderer) -> bool:
             break
     text.xyann = best[0]
     text.set(ha=best[1], va=best[2])
+    boxes[node] = text.get_window_extent(renderer)
     return (tuple(best[0]), best[1], best[2]) != now
 
 

@@ -54,6 +54,10 @@ HEAVIEST_FILES = (
     "test_text_input.py",
     "test_output_dirs.py",
     "test_loading.py",
+    # ~30 s each (2026-12-07, alone, 2 shared cores), near the end of the alphabet: among the last files handed
+    # out, where a 30 s file can leave the other worker idle; the files after them take ~5 s
+    "test_where_to_add.py",
+    "test_viewer.py",
 )
 """The test files that take longest, longest first (2026-12-05, -n 0 on 2 shared cores: 25-160 s each
 without cached bytecode; with it test_models_matrix 74 s, test_distributed 75 s, test_gpu_check 52 s; the

@@ -381,7 +381,7 @@ def test_scan_of_all_minilm_l6_v2_gives_72_rows_with_verdicts():
     model = wrap(ckpt, backend="native")
     torch.testing.assert_close(model.final_residual(ids), ref, atol=1e-4, rtol=0)
     assert model.self_check.ok
-    cfg = ScanConfig(model="all-minilm-l6-v2", n_natural=2, seq_len=48, n_repeated=2, period=16, k=5, n_random=5)
+    cfg = ScanConfig(model="all-minilm-l6-v2", n_natural=2, seq_len=24, n_repeated=2, period=8, k=5, n_random=5)
     result = run(model, cfg, progress=False)
     assert len(result.table) == 72 and {"next_token", "last_token"} <= set(result.table.columns)
     assert (

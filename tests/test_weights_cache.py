@@ -110,7 +110,12 @@ def cache(tmp_path, monkeypatch):
 
 
 def assert_same(ckpt, model, tokenizer):
-    """Bit-identical state dict (names, dtypes, values) and identical token ids and special ids."""
+    """Bit-identical state dict (names, dtypes, values), the same config (read once, handed to the
+    model's load) and identical token ids and special ids."""
+    where = ("_name_or_path", "quantization_config")  # a cache entry's folder, its config without the GGUF's
+    assert {k: v for k, v in ckpt.hf_model.config.to_dict().items() if k not in where} == {
+        k: v for k, v in model.config.to_dict().items() if k not in where
+    }
     got, want = ckpt.hf_model.state_dict(), model.state_dict()
     assert got.keys() == want.keys()
     for name in want:

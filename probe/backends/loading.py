@@ -175,8 +175,10 @@ def _load_hf(source: str, local_only: bool, gguf_file: str | None = None, split:
             if is_encoder(config.model_type) and not getattr(config, "is_decoder", False)
             else AutoModelForCausalLM
         )
+        # the config just read, not read again: a GGUF file is parsed once per read (vocabulary and
+        # all, seconds for SmolLM2's 49,152 tokens)
         model = auto.from_pretrained(
-            source, dtype=torch.float32, attn_implementation="eager", **kwargs, **(split or {})
+            source, config=config, dtype=torch.float32, attn_implementation="eager", **kwargs, **(split or {})
         )
     return model.eval(), tokenizer
 
