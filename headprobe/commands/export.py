@@ -38,8 +38,12 @@ __all__ = ["HELP", "COMMAND", "ExportConfig", "main", *_CORE]
 
 __getattr__ = lazy_names(__name__, "headprobe.commands.export_core", _CORE)
 
-HELP = "write a scan, kv or circuit folder as DuoAttention, HeadKV, MIB/EAP-IG or Parquet files for other tools"
-CHOICES = (*FORMATS, "all")
+HELP = (
+    "write a scan, kv or circuit folder as DuoAttention, HeadKV, MIB/EAP-IG or Parquet files for other tools, "
+    "or a scan, prune or ablate folder's tables as booktabs LaTeX"
+)
+CHOICES = (*FORMATS, "latex", "all")
+"""``--format``: the exchange formats, LaTeX tables, or every one the source has."""
 DUO_SINK, DUO_RECENT = 128, 256
 """``sink_size`` and ``recent_size`` written for a scan source when ``--sink`` / ``--recent`` are not given."""
 
@@ -82,7 +86,9 @@ class ExportConfig:
         kw_only=True,
     )
     format: str = setting(
-        "all", f"{', '.join(FORMATS)} or all (every format the source has; default %(default)s)", choices=CHOICES
+        "all",
+        f"{', '.join(CHOICES[:-1])} or all (every format the source has; default %(default)s)",
+        choices=CHOICES,
     )
     score: str | None = setting(
         None,
