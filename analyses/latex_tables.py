@@ -1,4 +1,4 @@
-"""``headprobe export --format latex``: a finished scan, prune or ablate folder's tables as booktabs
+"""``headprobe export --format latex``: a finished scan, prune, ablate, kv or circuit folder's tables as booktabs
 LaTeX, one ``latex/<table>.tex`` per table, each a ``table`` float with a caption (what the numbers
 are, their units, the run's model, tokens and settings) and a label, ready to ``\\input`` (the
 preamble needs ``\\usepackage{booktabs}``). Numbers are the run's own, rounded as its terminal
@@ -22,7 +22,7 @@ from headprobe.analyses.verdicts import CORRECTION_NAMES, NOT_TESTED, effect_dig
 from headprobe.analyses.verdicts import label as verdict_label
 from headprobe.probe.core.errors import HeadprobeError
 
-LATEX_KINDS = ("scan", "prune", "ablate")
+LATEX_KINDS = ("scan", "prune", "ablate", "kv", "circuit")
 """The source kinds ``--format latex`` writes tables of."""
 TOP_SHOWN = 4
 """Top heads (with scores) a verdict-table row names, as scan's terminal table (all k in summary.json)."""
@@ -38,6 +38,7 @@ _SPECIAL = {
     "}": r"\}",
     "~": r"\textasciitilde{}",
     "^": r"\textasciicircum{}",
+    "->": r"$\rightarrow$",
     "<=": r"$\leq$",
     ">=": r"$\geq$",
     "<": r"\textless{}",
@@ -306,7 +307,105 @@ def _ablate_cell(entry: Mapping, exact: bool) -> str:
     return f"{entry['loss_delta']:+.3f} {format_ci(entry.get('ci95'), '+.3f')}"
 
 
-BUILDERS = {"scan": scan_tables, "prune": prune_tables, "ablate": ablate_tables}
+def kv_tables(path: Path, summary: dict) -> dict[str, str]:
+    """``policies``: kv's report table: the full cache (the reference), the chosen policy, one window
+    on every group and each random policy at the same memory: KV groups full, cache fraction, natural-loss
+    Δ [95% CI], copy accuracy, its drop [95% CI] (kv's :data:`~headprobe.analyses.vocabulary.KV_TABLE_DIGITS`)
+    and long-range loss (3 decimals).
+
+    Raises:
+        HeadprobeError: summary.json without the policies' rows."""
+    from headprobe.analyses.vocabulary import KV_TABLE_DIGITS
+
+    if not all(isinstance(summary.get(k), dict) for k in ("full", "chosen", "uniform")):
+        raise HeadprobeError(f"--format latex: {path}/summary.json has no full, chosen and uniform rows to tabulate")
+    d, a = KV_TABLE_DIGITS["natural_loss_increase"], KV_TABLE_DIGITS["copy_accuracy"]
+    named = [("full", {**summary["full"], "natural_loss_increase": 0.0}), ("chosen", summary["chosen"])]
+    named += [("uniform", summary["uniform"])]
+    named += [(f"random {r.get('seed')}", r) for r in (summary.get("random") or {}).get("rows", [])]
+    cells = [_kv_row(name, r, d, a) for name, r in named]
+    columns = ["policy", "full groups", "KV cache", "natural-loss Δ [95% CI]", "copy accuracy", "drop [95% CI]"]
+    table = pd.DataFrame(cells, columns=[*columns, "long-range loss"])
+    cfg = summary.get("config") or {}
+    caption = (
+        f"KV-cache policies of {summary.get('model')} ({summary.get('dtype', cfg.get('dtype'))}, seed {cfg.get('seed')}) at "
+        f"{summary.get('seq_len')} tokens: {str(summary.get('unit')).replace('_', ' ')}s chosen by {summary.get('method')} ranking "
+        f"(target {', '.join(f'{k} {v}' for k, v in (summary.get('target') or {}).items())}) keep a full cache, the "
+        f"rest stream (sink {summary.get('sink')} + window {summary.get('window')}); against the full cache, one "
+        f"window on every group (uniform) and random groups at the same memory. KV cache: fraction of the full "
+        f"cache's bytes. Natural-loss Δ: increase over the full cache in nats/token; copy accuracy: top-1 on a "
+        f"random block planted {', '.join(map(str, cfg.get('distances') or []))} tokens before its repeat, its "
+        f"drop against the full cache; long-range loss: nats/token on that block; 95% paired intervals. "
+        f"Text: {(summary.get('sources') or {}).get('natural')}."
+    )
+    return {"policies": table_tex(table, caption, tex_label(path, "policies"), "lrrllll")}
+
+
+def _kv_row(name: str, r: Mapping, d: int, a: int) -> list[str]:
+    """One kv-table row: ``r`` (summary.json's policy row) at ``d`` (loss) and ``a`` (accuracy)
+    decimals; the full cache, the reference, without intervals or drop."""
+    ref = name == "full"
+
+    def ci(key: str, spec: str) -> str:
+        nan = float("nan")  # no interval: [n/a]
+        return "" if ref else " " + format_ci([r.get(f"{key}_ci95_lo", nan), r.get(f"{key}_ci95_hi", nan)], spec)
+
+    return [
+        name,
+        "all" if ref else str(r.get("n_full_groups")),
+        f"{1.0 if ref else r.get('kv_fraction'):.3f}",
+        f"{r['natural_loss_increase']:.{d}f}" + ci("natural_loss_increase", f"+.{d}f"),
+        f"{r['copy_accuracy']:.{a}f}",
+        "-" if ref else f"{r.get('copy_accuracy_drop'):+.{a}f}" + ci("copy_accuracy_drop", f"+.{a}f"),
+        f"{r['long_range_loss']:.3f}",
+    ]
+
+
+CIRCUIT_TOP = 10
+"""Edges in circuit's table, as its terminal report lists (summary.json's ``top_edges``)."""
+
+
+def circuit_tables(path: Path, summary: dict) -> dict[str, str]:
+    """``edges``: circuit's largest edges (its report's list): edge, attribution score and, where
+    path patching checked it, the exact effect (4 decimals each, as the report).
+
+    Raises:
+        HeadprobeError: summary.json without ``top_edges``."""
+    top = (summary.get("top_edges") or [])[:CIRCUIT_TOP]
+    if not top:
+        raise HeadprobeError(f"--format latex: {path}/summary.json has no top_edges to tabulate")
+    table = pd.DataFrame(
+        [
+            [str(i + 1), str(t["edge"]), f"{t['score']:+.4f}", "-" if t.get("exact") is None else f"{t['exact']:+.4f}"]
+            for i, t in enumerate(top)
+        ],
+        columns=["rank", "edge", "score", "exact"],
+    )
+    ag = summary.get("agreement") or {}
+    said = {k: "n/a" if ag.get(k) is None else format(ag[k], ".3f") for k in ("spearman", "pearson", "top_k_recall")}
+    agree = (
+        f" Scores against exact path patching on {ag.get('n_edges')} edges: Spearman {said['spearman']}, "
+        f"Pearson {said['pearson']}, top-{ag.get('top_k')} recall {said['top_k_recall']}."
+        if ag
+        else ""
+    )
+    caption = (
+        f"The largest of the {summary.get('n_edges')} head-to-head and head-to-logits edges of {summary.get('model')} "
+        f"({summary.get('dtype')}) scored by {summary.get('method')} ({summary.get('steps')} steps; receiver:q/k/v "
+        f"names the input the edge writes to). Task: {summary.get('task')}; metric: {summary.get('metric')}; clean "
+        f"loss {summary.get('clean_loss'):.3f} nats/token. Exact: the edge's direct-path patching effect "
+        f"(nats/token), where checked.{agree}"
+    )
+    return {"edges": table_tex(table, caption, tex_label(path, "edges"), "rlrr")}
+
+
+BUILDERS = {
+    "scan": scan_tables,
+    "prune": prune_tables,
+    "ablate": ablate_tables,
+    "kv": kv_tables,
+    "circuit": circuit_tables,
+}
 """Each kind's tables (:data:`LATEX_KINDS`)."""
 
 
@@ -317,6 +416,8 @@ def has_tables(kind: str, summary: Mapping) -> bool:
         "scan": ("ablations",),
         "prune": ("curves", "per_layer"),
         "ablate": ("top_heads_by_loss_delta", "top_heads_by_estimate"),
+        "kv": ("chosen",),
+        "circuit": ("top_edges",),
     }
     return any(summary.get(k) for k in keys.get(kind, ()))
 

@@ -23,6 +23,8 @@ SCAN = FIGURES / "smollm2-135m"
 PRUNE = FIGURES / "smollm2-135m-prune"
 PER_LAYER = FIGURES / "smollm2-135m" / "prune-per-layer"
 ABLATE = FIGURES / "smollm2-135m-ablate"
+KV = FIGURES / "smollm2-135m-kv"
+CIRCUIT = FIGURES / "smollm2-135m-circuit"
 
 
 def _export(source: Path, out: Path, *flags: str) -> int:
@@ -34,7 +36,8 @@ def tex(tmp_path_factory) -> dict[str, str]:
     """``{"scan/verdicts": text, ...}``: every table of the four committed runs, written by the CLI."""
     base = tmp_path_factory.mktemp("latex")
     out = {}
-    for name, src in (("scan", SCAN), ("prune", PRUNE), ("per_layer_run", PER_LAYER), ("ablate", ABLATE)):
+    runs = (("scan", SCAN), ("prune", PRUNE), ("per_layer_run", PER_LAYER), ("ablate", ABLATE))
+    for name, src in (*runs, ("kv", KV), ("circuit", CIRCUIT)):
         assert _export(src, base / name, "--format", "latex") == 0
         listed = json.loads((base / name / "summary.json").read_text())["files"]
         assert sorted(listed) == sorted(str(p.relative_to(base / name)) for p in (base / name / "latex").iterdir())
@@ -66,6 +69,8 @@ def test_every_table_is_a_booktabs_float_with_caption_and_label(tex):
         "per_layer_run/pruning_curve",
         "per_layer_run/per_layer",
         "ablate/top_heads",
+        "kv/policies",
+        "circuit/edges",
     }
     for name, text in tex.items():
         assert text.startswith("\\begin{table}[htbp]\n\\centering\n\\caption{"), name
@@ -193,6 +198,39 @@ def test_ablate_table_is_head_ablation_csv_top_heads(tex):
                 assert abs(cell - ref[f"{task}_loss_delta{col}"]) <= 5e-4 + 2e-5, (task, r, col)
 
 
+def test_kv_table_is_curve_csv_at_the_policy_budget(tex):
+    """The chosen, uniform and random rows of curve.csv at the run's budget, the full cache's row as the reference."""
+    csv = pd.read_csv(KV / "curve.csv")
+    budget = json.loads((KV / "summary.json").read_text())["target"]["kv_budget"]
+    got = rows(tex["kv/policies"])
+    full = csv[csv.policy == "full"].iloc[0]
+    assert got[0][:2] == ["full", "all"] and float(got[0][3]) == 0 and got[0][5] == "-"
+    assert abs(float(got[0][4]) - full.copy_accuracy) <= 5e-4 + 1e-6
+    assert abs(float(got[0][6]) - full.long_range_loss) <= 5e-4 + 1e-6
+    at = csv[(csv.budget == budget) & (csv.policy != "full")]
+    assert [r[0] for r in got[1:]] == [p if p != "random" else f"random {int(s)}" for p, s in zip(at.policy, at.seed)]
+    for r, (_, ref) in zip(got[1:], at.iterrows()):
+        assert int(r[1]) == ref.n_full_groups and abs(float(r[2]) - ref.kv_fraction) <= 5e-4 + 1e-6
+        loss, lo, hi = interval(r[3])
+        want = (ref.natural_loss_increase, ref.natural_loss_increase_ci95_lo, ref.natural_loss_increase_ci95_hi)
+        assert all(abs(x - y) <= 5e-5 + 1e-6 for x, y in zip((loss, lo, hi), want)), (r, want)
+        drop, lo, hi = interval(r[5])
+        want = (ref.copy_accuracy_drop, ref.copy_accuracy_drop_ci95_lo, ref.copy_accuracy_drop_ci95_hi)
+        assert all(abs(x - y) <= 5e-4 + 1e-6 for x, y in zip((drop, lo, hi), want)), (r, want)
+        assert abs(float(r[4]) - ref.copy_accuracy) <= 5e-4 + 1e-6
+        assert abs(float(r[6]) - ref.long_range_loss) <= 5e-4 + 1e-6
+
+
+def test_circuit_table_is_edges_csv_largest_edges(tex):
+    """The 10 edges of largest |score| in edges.csv, their scores and exact effects."""
+    csv = pd.read_csv(CIRCUIT / "edges.csv")
+    top = csv.reindex(csv.score.abs().sort_values(ascending=False).index).head(10)
+    got = rows(tex["circuit/edges"])
+    assert [r[1].replace(" $\\rightarrow$ ", " -> ") for r in got] == top.edge.tolist()
+    for r, (_, ref) in zip(got, top.iterrows()):
+        assert abs(float(r[2]) - ref.score) <= 5e-5 + 1e-5 and abs(float(r[3]) - ref.exact) <= 5e-5 + 1e-5
+
+
 def _one_line_refusal(argv, cwd) -> tuple[int, list[str]]:
     r = subprocess.run([sys.executable, "-m", "headprobe", *argv], capture_output=True, text=True, cwd=cwd, timeout=300)
     return r.returncode, r.stderr.splitlines()
@@ -201,7 +239,7 @@ def _one_line_refusal(argv, cwd) -> tuple[int, list[str]]:
 @pytest.mark.parametrize(
     ("source", "flags", "said"),
     [
-        (FIGURES / "smollm2-135m-kv", ["--format", "latex"], "--format latex needs a scan or prune or ablate folder"),
+        (FIGURES / "smollm2-135m-diff-int8", ["--format", "latex"], "holds no finished headprobe"),
         (FIGURES / "smollm2-135m-robustness", ["--format", "latex"], "holds no finished headprobe"),
         (PRUNE, ["--format", "latex", "--score", "induction"], "--score"),
         (PRUNE, ["--sink", "4"], "--sink"),

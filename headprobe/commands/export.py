@@ -40,7 +40,7 @@ __getattr__ = lazy_names(__name__, "headprobe.commands.export_core", _CORE)
 
 HELP = (
     "write a scan, kv or circuit folder as DuoAttention, HeadKV, MIB/EAP-IG or Parquet files for other tools, "
-    "or a scan, prune or ablate folder's tables as booktabs LaTeX"
+    "or a scan, prune, ablate, kv or circuit folder's tables as booktabs LaTeX"
 )
 CHOICES = (*FORMATS, "latex", "all")
 """``--format``: the exchange formats, LaTeX tables, or every one the source has."""
@@ -53,10 +53,12 @@ class ExportConfig:
     """Settings of ``headprobe export`` (every field's help is its flag's).
 
     Attributes:
-        source: a folder written by ``headprobe scan``, ``kv`` or ``circuit`` (flag ``--from``).
+        source: a folder written by ``headprobe scan``, ``kv`` or ``circuit`` (``prune`` and ``ablate`` too
+            for ``latex``) (flag ``--from``).
         out: the folder the files go to (empty or absent unless ``overwrite``; None: nothing is
             written, :func:`~headprobe.commands.export_core.export` returns the files).
-        format: ``duo``, ``headkv``, ``mib``, ``parquet`` or ``all`` (every one the source has).
+        format: ``duo``, ``headkv``, ``mib``, ``parquet``, ``latex`` (booktabs tables of a scan, prune,
+            ablate, kv or circuit folder) or ``all`` (every one the source has).
         score: a scan's column written as DuoAttention values and HeadKV scores (None:
             ``retrieval`` where the scan computed it, else ``induction``); refused for a kv or
             circuit folder and for formats without a score (Parquet writes every column).
@@ -72,7 +74,7 @@ class ExportConfig:
 
     source: str = setting(
         MISSING,
-        "output folder of headprobe scan, kv or circuit",
+        "output folder of headprobe scan, kv or circuit (prune and ablate too for --format latex)",
         flag="--from",
         metavar="DIR",
         required=True,

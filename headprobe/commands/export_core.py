@@ -31,8 +31,8 @@ from headprobe.probe.core.reprs import CompactRepr
 
 SUPPORTED = {
     "scan": ("duo", "headkv", "parquet", "latex"),
-    "kv": ("duo", "headkv", "parquet"),
-    "circuit": ("mib", "parquet"),
+    "kv": ("duo", "headkv", "parquet", "latex"),
+    "circuit": ("mib", "parquet", "latex"),
     "prune": ("latex",),
     "ablate": ("latex",),
 }
