@@ -192,6 +192,26 @@ class VerdictRule:
         )
 
 
+def ordered_rows(rows: Sequence[Mapping], types: Sequence[str] | None) -> list[dict]:
+    """Verification rows (summary.json's ``ablations``) as scan's figure, caption, report and LaTeX
+    table list them: by head type in the order of ``types`` (``config.types``, the overview's panel
+    order; summary.json keeps the order they were verified in), each type's kinds as verified."""
+    order = {name: i for i, name in enumerate(types or ())}
+    return sorted((dict(r) for r in rows), key=lambda r: order.get(r["head_type"], len(order)))  # stable
+
+
+def effect_digits(metric: str) -> int:
+    """Decimals of an ablation effect in scan's table (terminal and LaTeX): 2 for loss (nats/token),
+    3 for ``1 - cos`` (small numbers)."""
+    return 2 if metric == "loss" else 3
+
+
+def p_cell(p: float | None, is_bound: bool | None) -> str:
+    """scan's table's p column, unpadded: ``0.0200``, ``≤0.0877`` for a curtailed test's bound, ``-``
+    where no control set was ablated (no p-value)."""
+    return "-" if p is None else f"{'≤' if is_bound else ''}{p:.4f}"
+
+
 def p_text(row: Mapping, digits: int = 3) -> str:
     """``p = 0.0196``, or ``p in [0.059, 0.75]`` where the p-value is a curtailed test's bound
     (``p ≤ 0.75`` where the smallest reachable p is not recorded)."""

@@ -278,3 +278,8 @@ CIRCUIT_NEEDS_DECODER = (
 )
 """Why ``headprobe circuit`` refuses an encoder, before the load where its config says so
 (:meth:`headprobe.commands.circuit.CircuitConfig.preflight`) and after (:mod:`headprobe.analyses.circuit`)."""
+
+
+KV_TABLE_DIGITS = {"natural_loss_increase": 4, "copy_accuracy": 3}
+"""The decimals ``headprobe kv``'s report table (and its LaTeX export) prints: the one comparison of
+the chosen policy with the others (the report's words and summary.json's ``beats_*``) is made at them."""

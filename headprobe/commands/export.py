@@ -38,8 +38,12 @@ __all__ = ["HELP", "COMMAND", "ExportConfig", "main", *_CORE]
 
 __getattr__ = lazy_names(__name__, "headprobe.commands.export_core", _CORE)
 
-HELP = "write a scan, kv or circuit folder as DuoAttention, HeadKV, MIB/EAP-IG or Parquet files for other tools"
-CHOICES = (*FORMATS, "all")
+HELP = (
+    "write a scan, kv or circuit folder as DuoAttention, HeadKV, MIB/EAP-IG or Parquet files for other tools, "
+    "or a scan, prune, ablate, kv or circuit folder's tables as booktabs LaTeX"
+)
+CHOICES = (*FORMATS, "latex", "all")
+"""``--format``: the exchange formats, LaTeX tables, or every one the source has."""
 DUO_SINK, DUO_RECENT = 128, 256
 """``sink_size`` and ``recent_size`` written for a scan source when ``--sink`` / ``--recent`` are not given."""
 
@@ -49,10 +53,12 @@ class ExportConfig:
     """Settings of ``headprobe export`` (every field's help is its flag's).
 
     Attributes:
-        source: a folder written by ``headprobe scan``, ``kv`` or ``circuit`` (flag ``--from``).
+        source: a folder written by ``headprobe scan``, ``kv`` or ``circuit`` (``prune`` and ``ablate`` too
+            for ``latex``) (flag ``--from``).
         out: the folder the files go to (empty or absent unless ``overwrite``; None: nothing is
             written, :func:`~headprobe.commands.export_core.export` returns the files).
-        format: ``duo``, ``headkv``, ``mib``, ``parquet`` or ``all`` (every one the source has).
+        format: ``duo``, ``headkv``, ``mib``, ``parquet``, ``latex`` (booktabs tables of a scan, prune,
+            ablate, kv or circuit folder) or ``all`` (every one the source has).
         score: a scan's column written as DuoAttention values and HeadKV scores (None:
             ``retrieval`` where the scan computed it, else ``induction``); refused for a kv or
             circuit folder and for formats without a score (Parquet writes every column).
@@ -68,7 +74,7 @@ class ExportConfig:
 
     source: str = setting(
         MISSING,
-        "output folder of headprobe scan, kv or circuit",
+        "output folder of headprobe scan, kv or circuit (prune and ablate too for --format latex)",
         flag="--from",
         metavar="DIR",
         required=True,
@@ -82,7 +88,9 @@ class ExportConfig:
         kw_only=True,
     )
     format: str = setting(
-        "all", f"{', '.join(FORMATS)} or all (every format the source has; default %(default)s)", choices=CHOICES
+        "all",
+        f"{', '.join(CHOICES[:-1])} or all (every format the source has; default %(default)s)",
+        choices=CHOICES,
     )
     score: str | None = setting(
         None,

@@ -29,24 +29,44 @@ from headprobe.probe.core.io import ReadsInputs, keeps_inputs
 from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.core.reprs import CompactRepr
 
-SUPPORTED = {"scan": ("duo", "headkv", "parquet"), "kv": ("duo", "headkv", "parquet"), "circuit": ("mib", "parquet")}
-"""The formats each source kind can be written in."""
+SUPPORTED = {
+    "scan": ("duo", "headkv", "parquet", "latex"),
+    "kv": ("duo", "headkv", "parquet", "latex"),
+    "circuit": ("mib", "parquet", "latex"),
+    "prune": ("latex",),
+    "ablate": ("latex",),
+}
+"""The formats each source kind can be written in (``all``: every one of its kind's)."""
 
 
 @dataclass
 class Source:
     """A headprobe output folder: its ``kind`` (scan, kv, circuit), ``summary``, main ``table``
-    (head_scores.csv, group_costs.csv, edges.csv), the model's layout and where it came from."""
+    (head_scores.csv, group_costs.csv, edges.csv; a prune or ablate folder's is not read: None), the
+    model's layout (None for prune and ablate, whose tables need none) and where it came from."""
 
     kind: str
     path: Path
     summary: dict
-    table: pd.DataFrame
-    layout: ex.Layout
+    table: pd.DataFrame | None
+    layout: ex.Layout | None
     provenance: dict
 
+    @property
+    def lay(self) -> ex.Layout:
+        """The layout of a scan, kv or circuit source (the exchange formats need it)."""
+        assert self.layout is not None, f"a {self.kind} folder has no layout"
+        return self.layout
+
+    @property
+    def rows(self) -> pd.DataFrame:
+        """The main table of a scan, kv or circuit source."""
+        assert self.table is not None, f"a {self.kind} folder's table is not read"
+        return self.table
+
     def identity(self) -> dict:
-        return {**self.layout.identity(), **self.provenance}
+        model = {"model": self.summary.get("model")} if self.layout is None else self.layout.identity()
+        return {**model, **self.provenance}
 
 
 @dataclass(repr=False)
@@ -73,10 +93,9 @@ class ExportResult(CompactRepr, ReadsInputs):
         }
 
     def report(self) -> str:
-        lines = [
-            f"{self.source.kind} folder {self.source.path} ({self.source.layout.name}: "
-            f"{self.source.layout.n_layers} layers x {self.source.layout.n_heads} heads)"
-        ]
+        lay = self.source.layout
+        shape = f": {lay.n_layers} layers x {lay.n_heads} heads" if lay is not None else ""
+        lines = [f"{self.source.kind} folder {self.source.path} ({self.source.identity()['model']}{shape})"]
         lines += [f"  {name}: {how}" for name, how in self.notes.items()]
         return "\n".join(lines)
 
@@ -120,12 +139,15 @@ def read_source(path: Path) -> Source:
         ),
         None,
     )
+    kind = kind or next((k for k, fs in TABLE_ONLY.items() if any((path / f).is_file() for f in fs)), None)
     if kind is None or not (path / "summary.json").is_file():
         raise HeadprobeError(
-            f"{path} holds no finished headprobe scan, kv or circuit run (summary.json with "
-            "head_scores.csv, policy.json or edges.csv)"
+            f"{path} holds no finished headprobe scan, kv, circuit, prune or ablate run (summary.json with "
+            "head_scores.csv, policy.json, edges.csv, pruning_curve.csv, per_layer.csv or head_ablation.csv)"
         )
     raw, summary = read_summary(path, kind)
+    if kind in TABLE_ONLY:  # LaTeX tables only: summary.json has their rows, no layout is needed
+        return Source(kind, path, summary, None, None, _provenance(raw, summary))
     table = read_table(path / TABLES[kind], kind)
     model = str(summary.get("model", ""))
     summary = recorded_layout(kind, path, summary, model)
@@ -137,12 +159,17 @@ def read_source(path: Path) -> Source:
         summary,
         table,
         layout,
-        {
-            "hf_name": summary.get("hf_name"),
-            "source_summary_sha256": hashlib.sha256(raw).hexdigest(),
-            "headprobe_version": (summary.get("versions") or {}).get("headprobe"),
-        },
+        _provenance(raw, summary),
     )
+
+
+def _provenance(raw: bytes, summary: dict) -> dict:
+    """The source's identity beside its model: its HF name, summary.json's SHA-256 and headprobe version."""
+    return {
+        "hf_name": summary.get("hf_name"),
+        "source_summary_sha256": hashlib.sha256(raw).hexdigest(),
+        "headprobe_version": (summary.get("versions") or {}).get("headprobe"),
+    }
 
 
 TABLES = {"kv": "group_costs.csv", "circuit": "edges.csv", "scan": "head_scores.csv"}
@@ -155,7 +182,9 @@ COLUMNS = {
 """The columns export reads of each table."""
 HEAD_NUMBERS = {"scan": ("layer", "head", "kv_head"), "kv": ("layer", "kv_group"), "circuit": ()}
 """The columns of each table that number heads, layers or KV groups (whole numbers >= 0)."""
-SUMMARY_KEYS = {"scan": ("layout",), "kv": ("n_layers", "n_kv_groups"), "circuit": ()}
+TABLE_ONLY = {"ablate": ("head_ablation.csv",), "prune": ("pruning_curve.csv", "per_layer.csv")}
+"""Source kinds written as LaTeX tables only, and the files that mark their folders."""
+SUMMARY_KEYS = {"scan": ("layout",), "kv": ("n_layers", "n_kv_groups"), "circuit": (), "prune": (), "ablate": ()}
 """The summary.json keys export reads of each source kind."""
 
 
@@ -275,7 +304,7 @@ def _score_column(src: Source, asked: str | None) -> str:
 
     Raises:
         HeadprobeError: the scan has no such column (or neither default)."""
-    table = src.table
+    table = src.rows
     column = asked or next((c for c in ("retrieval", "induction") if c in table and table[c].notna().any()), None)
     if column is None or column not in table or column in ("layer", "head", "kv_head"):
         columns = [str(c) for c in table.columns if c not in ("layer", "head", "kv_head")]
@@ -294,7 +323,7 @@ def check_scored(src: Source, column: str) -> None:
         HeadprobeError: text or booleans, an infinite value, or no head scored (every value NaN)."""
     import numpy as np
 
-    values = src.table[column]
+    values = src.rows[column]
     if pd.api.types.is_bool_dtype(values) or not pd.api.types.is_numeric_dtype(values):
         raise HeadprobeError(f"--score {column}: {src.path}'s column {column} is not numeric ({values.dtype})")
     if values.isna().all():
@@ -316,7 +345,7 @@ def duo_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
         how = "the kv policy: 1 = full cache, 0 = streaming (sink_size + recent_size)"
     else:
         column = _score_column(src, cfg.score)
-        grid = src.table.groupby(["layer", "kv_head"])[column].max().unstack().sort_index()
+        grid = src.rows.groupby(["layer", "kv_head"])[column].max().unstack().sort_index()
         values = grid.fillna(0.0).clip(0.0, 1.0).to_numpy().tolist()
         sink = DUO_SINK if cfg.sink is None else cfg.sink
         recent = DUO_RECENT if cfg.recent is None else cfg.recent
@@ -329,18 +358,18 @@ def duo_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
 
 def headkv_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
     """head_score/<model>.json (scores only: its readers take every key as a head) and its provenance."""
-    lay = src.layout
+    lay = src.lay
     if src.kind == "kv":
         size = lay.n_heads // (lay.n_kv_groups or lay.n_heads)
         scores = {
             (int(r.layer), int(r.kv_group) * size + i): [float(r.score)]
-            for r in src.table.itertuples()
+            for r in src.rows.itertuples()
             for i in range(size)
         }
         how = "kv group score (group_costs.csv) given to each query head of the group, one sample"
     else:
         column = _score_column(src, cfg.score)
-        scores, filled, fill = headkv_scores(src.table, column)
+        scores, filled, fill = headkv_scores(src.rows, column)
         how = f"scan column {column}, one value per head (the scan's mean over its sequences)" + (
             f"; {len(filled)} heads without a score (NaN: a linear-attention layer, a head not scored) written as "
             f"{fill:g}, the column's lowest value or 0 if lower (provenance: filled)"
@@ -376,7 +405,7 @@ def mib_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
     Raises:
         HeadprobeError: the model's d_model, or whether its attention and MLP run in parallel, is
             unknown (EAP-IG's ``from_json`` builds the graph from both)."""
-    lay = src.layout
+    lay = src.lay
     if lay.d_model is None or lay.parallel_attn_mlp is None:
         what = " and ".join(
             k for k, v in (("d_model", lay.d_model), ("parallel_attn_mlp", lay.parallel_attn_mlp)) if v is None
@@ -387,7 +416,7 @@ def mib_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
             "not at hand; rerun headprobe circuit, which records it"
         )
     top = int(src.summary.get("config", {}).get("top", 20))
-    edges = src.table.to_dict("records")
+    edges = src.rows.to_dict("records")
     in_graph = {e["edge"] for e in edges[:top]}  # edges.csv is sorted by |score|
     graph = ex.mib_graph(edges, lay, in_graph, lay.d_model)
     patched = graph["headprobe"]["path_patched"]
@@ -406,7 +435,7 @@ def mib_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
 
 def parquet_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
     """heads.parquet (groups.parquet, edges.parquet) with the identity in its schema metadata, and README.md."""
-    table = _with_verdicts(src) if src.kind == "scan" else src.table
+    table = _with_verdicts(src) if src.kind == "scan" else src.rows
     name = {"scan": "heads", "kv": "groups", "circuit": "edges"}[src.kind]
     buf = io.BytesIO()
     try:
@@ -428,7 +457,7 @@ def parquet_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
 def _with_verdicts(src: Source) -> pd.DataFrame:
     """head_scores.csv with, per verified head type, ``top_<type>`` (in its ablated top-k set) and
     ``confirmed_<type>`` (its tested verdict, for those heads; empty elsewhere)."""
-    table = src.table.copy()
+    table = src.rows.copy()
     names = [f"{layer}.{head}" for layer, head in zip(table["layer"], table["head"])]
     primary = (src.summary.get("verification") or {}).get("primary_kind", "mean")
     for a in src.summary.get("ablations") or []:
@@ -456,9 +485,9 @@ def dataset_card(src: Source, data_file: str, table: pd.DataFrame) -> str:
     }
     front = "".join(f"{k}: {json.dumps(v)}\n" for k, v in meta.items())
     return (
-        f"---\n{front}---\n\n# headprobe {src.kind}: {src.layout.name}\n\n"
+        f"---\n{front}---\n\n# headprobe {src.kind}: {src.lay.name}\n\n"
         f"One row per {'head' if src.kind == 'scan' else 'KV group' if src.kind == 'kv' else 'edge'} of "
-        f"{src.layout.name} ({src.layout.n_layers} layers x {src.layout.n_heads} heads, {src.layout.n_kv_heads} KV "
+        f"{src.lay.name} ({src.lay.n_layers} layers x {src.lay.n_heads} heads, {src.lay.n_kv_heads} KV "
         f"heads), written by `headprobe export` from a `headprobe {src.kind}` run. Columns: "
         f"{', '.join(f'`{c}`' for c in table.columns)}. Definitions: headprobe's docs/{src.kind}.md.\n\n"
         f'```python\nimport pandas as pd\npd.read_parquet("{data_file}")\n# or: datasets.load_dataset("parquet", '
@@ -466,7 +495,14 @@ def dataset_card(src: Source, data_file: str, table: pd.DataFrame) -> str:
     )
 
 
-BUILDERS = {"duo": duo_files, "headkv": headkv_files, "mib": mib_files, "parquet": parquet_files}
+def latex_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
+    """latex/<table>.tex: the run's tables as booktabs LaTeX (:mod:`headprobe.analyses.latex_tables`)."""
+    from headprobe.analyses.latex_tables import latex_files as tables
+
+    return tables(src.kind, src.path, src.summary)
+
+
+BUILDERS = {"duo": duo_files, "headkv": headkv_files, "mib": mib_files, "parquet": parquet_files, "latex": latex_files}
 
 
 def run(config: ExportConfig) -> ExportResult:
@@ -475,11 +511,11 @@ def run(config: ExportConfig) -> ExportResult:
     Raises:
         HeadprobeError: a bad source folder, a format the source cannot give, or no such score column."""
     src = read_source(Path(config.source))
-    formats = SUPPORTED[src.kind] if config.format == "all" else (config.format,)
+    formats = all_formats(src) if config.format == "all" else (config.format,)
     if formats[0] not in SUPPORTED[src.kind]:
         raise HeadprobeError(
             f"--format {config.format} needs a {' or '.join(k for k, v in SUPPORTED.items() if config.format in v)} "
-            f"folder; {src.path} is a {src.kind} run"
+            f"folder; {src.path} is a {src.kind} run, written as {', '.join(SUPPORTED[src.kind])}"
         )
     check_flags_apply(config, src, formats)
     files: dict = {}
@@ -489,6 +525,14 @@ def run(config: ExportConfig) -> ExportResult:
         files.update(made)
         notes[fmt] = how
     return ExportResult(config, src, files, notes)
+
+
+def all_formats(src: Source) -> tuple[str, ...]:
+    """What ``--format all`` writes of ``src``: every format of its kind, LaTeX where the run has a
+    table (not a scan run with --no-verify, which has no verdicts)."""
+    from headprobe.analyses.latex_tables import has_tables
+
+    return tuple(f for f in SUPPORTED[src.kind] if f != "latex" or has_tables(src.kind, src.summary))
 
 
 def check_flags_apply(config: ExportConfig, src: Source, formats: tuple[str, ...]) -> None:
@@ -512,7 +556,8 @@ def check_flags_apply(config: ExportConfig, src: Source, formats: tuple[str, ...
         )
     if config.score is not None and (src.kind != "scan" or not {"duo", "headkv"} & set(formats)):
         why = (
-            f"{src.path} is a {src.kind} run, which has one score"
+            f"{src.path} is a {src.kind} run, which has "
+            + ("one score" if src.kind in ("kv", "circuit") else "no DuoAttention or HeadKV files")
             if src.kind != "scan"
             else f"--format {config.format} writes every score column"
         )

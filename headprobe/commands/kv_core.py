@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from headprobe import options
 from headprobe.analyses.outputs import WritesOutputs
+from headprobe.analyses.vocabulary import KV_TABLE_DIGITS
 from headprobe.commands.kv import HELP, KVConfig, check_context  # noqa: F401 - the light module's names, re-exported
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import summary_envelope, write_json
@@ -381,9 +382,10 @@ def _mean(values) -> float:
     return sum(v) / len(v)
 
 
-TABLE_DIGITS = {"natural_loss_increase": 4, "copy_accuracy": 3}
-"""The decimals the report's table prints: the one comparison of the chosen policy with the others
-(the report's words and summary.json's ``beats_*``) is made at them."""
+TABLE_DIGITS = KV_TABLE_DIGITS
+"""The decimals the report's table prints (:data:`~headprobe.analyses.vocabulary.KV_TABLE_DIGITS`,
+shared with the LaTeX export): the one comparison of the chosen policy with the others (the
+report's words and summary.json's ``beats_*``) is made at them."""
 
 
 def _tolerance_line(target: dict) -> str:

@@ -45,7 +45,15 @@ from headprobe.analyses.data import (
 )
 from headprobe.analyses.scoring import example_patterns, score_plan, score_token_set, score_tokens  # noqa: F401 - score_token_set re-exported
 from headprobe.analyses.statistics import interval_rule, mean_ci
-from headprobe.analyses.verdicts import NoVerdictWarning, VerdictRule, evidence_text, verdict_counts
+from headprobe.analyses.verdicts import (
+    NoVerdictWarning,
+    VerdictRule,
+    effect_digits,
+    evidence_text,
+    ordered_rows,
+    p_cell,
+    verdict_counts,
+)
 from headprobe.analyses.verdicts import label as verdict_label
 from headprobe.commands.scan import DEFAULT_K, DEFAULT_PERIOD, DEFAULT_SEQ_LEN, EPILOG, HELP, ScanConfig  # noqa: F401
 from headprobe.probe.backends.base import LoadedModel
@@ -834,9 +842,7 @@ def ablation_rows(result: ScanResult) -> list[dict]:
     """The verification rows as the ablation figure and its caption list them: by head type in the
     order of ``config.types``, the one order the overview's panels follow too (summary.json keeps the
     order the types were verified in), each type's kinds as verified."""
-    order = {name: i for i, name in enumerate(result.config.types or ())}
-    rows = [v.to_dict() for v in result.verifications]
-    return sorted(rows, key=lambda r: order.get(r["head_type"], len(order)))  # stable: kinds keep their order
+    return ordered_rows([v.to_dict() for v in result.verifications], result.config.types)
 
 
 def figure_makers(result: ScanResult) -> dict[str, Callable[[], Figure]]:
@@ -1021,7 +1027,7 @@ def format_report(result: ScanResult) -> str:
         f"{'control Δ mean/max':>18} {'sets':>4} {'p':>7} {'p adj':>7}  verdict"
     )
     metric = scan_metric(spec)
-    d = 2 if metric is LOSS_METRIC else 3  # 1 - cos effects are small numbers
+    d = effect_digits(metric.name)  # 1 - cos effects are small numbers
     for v in result.verifications:
         p_adj = f"{v.p_adjusted:7.4f}" if v.p_adjusted is not None else f"{'-':>7}"
         # a type without a verdict says so on its tested kind's row; the other kind is reported as ever
@@ -1063,9 +1069,8 @@ def format_report(result: ScanResult) -> str:
 def _p_cell(v: Verification) -> str:
     """The report's p column, 7 wide: ``≤0.0877`` for a curtailed test's bound, ``-`` where no control
     set was ablated (no p-value)."""
-    if v.p_value is None:
-        return f"{'-':>7}"
-    return f"{'≤' if v.p_value_is_bound else ' '}{v.p_value:6.4f}"
+    cell = p_cell(v.p_value, v.p_value_is_bound)
+    return f"{cell:>7}" if cell.startswith(("-", "≤")) else f" {cell:>6}"
 
 
 def _no_verdict_text(v: Verification, plan: dict, short: list[str], warnings: Sequence[NoVerdictWarning]) -> str:

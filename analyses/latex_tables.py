@@ -1,0 +1,434 @@
+"""``headprobe export --format latex``: a finished scan, prune, ablate, kv or circuit folder's tables as booktabs
+LaTeX, one ``latex/<table>.tex`` per table, each a ``table`` float with a caption (what the numbers
+are, their units, the run's model, tokens and settings) and a label, ready to ``\\input`` (the
+preamble needs ``\\usepackage{booktabs}``). Numbers are the run's own, rounded as its terminal
+table rounds them (scan: :func:`~headprobe.analyses.verdicts.effect_digits`, p to 4 decimals; prune
+and ablate: 3 decimals); scan's rows and design sentence are ablation.caption.txt's
+(:func:`~headprobe.analyses.verdicts.ordered_rows`). pandas' ``Styler.to_latex`` (jinja2) lays the
+table out; every cell, header and caption goes through :func:`latex_text` (LaTeX's special
+characters escaped, the few non-ASCII signs headprobe writes spelled as LaTeX). No model, no torch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+import pandas as pd
+
+from headprobe.analyses.figures import format_ci
+from headprobe.analyses.verdicts import CORRECTION_NAMES, NOT_TESTED, effect_digits, ordered_rows, p_cell
+from headprobe.analyses.verdicts import label as verdict_label
+from headprobe.probe.core.errors import HeadprobeError
+
+LATEX_KINDS = ("scan", "prune", "ablate", "kv", "circuit")
+"""The source kinds ``--format latex`` writes tables of."""
+TOP_SHOWN = 4
+"""Top heads (with scores) a verdict-table row names, as scan's terminal table (all k in summary.json)."""
+
+_SPECIAL = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "->": r"$\rightarrow$",
+    "<=": r"$\leq$",
+    ">=": r"$\geq$",
+    "<": r"\textless{}",
+    ">": r"\textgreater{}",
+    "Δ": r"$\Delta$",
+    "≤": r"$\leq$",
+    "≥": r"$\geq$",
+    "±": r"$\pm$",
+    "×": r"$\times$",
+    "†": r"\dag{}",
+    "−": "-",
+    "–": "--",
+    "—": "---",
+    "→": r"$\rightarrow$",
+}
+_SPECIAL_RE = re.compile("|".join(re.escape(c) for c in sorted(_SPECIAL, key=len, reverse=True)))
+
+
+def latex_text(text: object) -> str:
+    """``text`` as LaTeX text mode reads it: ``\\ & % $ # _ { } ~ ^ < >`` escaped (``<=``, ``>=`` as
+    ≤, ≥) and headprobe's non-ASCII signs (Δ, ≤, ≥, ±, ×, †, dashes, →) as LaTeX commands, in one
+    pass (nothing escaped twice)."""
+    return _SPECIAL_RE.sub(lambda m: _SPECIAL[m.group(0)], str(text))
+
+
+def table_tex(table: pd.DataFrame, caption: str, label: str, align: str | None = None) -> str:
+    """A booktabs ``table`` float of ``table`` (its cells text already, index hidden) with ``caption``
+    and ``label``: every cell, header and the caption escaped (:func:`latex_text`)."""
+    styler = table.style.hide(axis="index")
+    styler = styler.format(latex_text).format_index(latex_text, axis=1)
+    align = align or "l" * len(table.columns)
+    return styler.to_latex(
+        column_format=align,
+        position="htbp",
+        position_float="centering",
+        hrules=True,
+        label=label,
+        caption=latex_text(caption),
+        multicol_align="c",
+        environment="table",
+    )
+
+
+def tex_label(path: Path, table: str) -> str:
+    """``tab:<folder>-<table>``: letters, digits, ``-`` and ``:`` only (safe in ``\\label`` and ``\\ref``)."""
+    stem = re.sub(r"[^A-Za-z0-9:-]+", "-", path.resolve().name).strip("-") or "run"
+    return f"tab:{stem}-{table}"
+
+
+def tokens_text(tokens: Mapping) -> str:
+    """scan's summary.json ``tokens`` in words: ``natural text 8 x 128 tokens, repeated random 8 x 101 (period 50)``."""
+    parts = []
+    nat, rep = tokens.get("natural_text") or {}, tokens.get("repeated_random") or {}
+    if nat:
+        parts.append(f"natural text {nat.get('sequences')} × {nat.get('seq_len')} tokens")
+    if rep:
+        parts.append(
+            f"repeated random tokens {rep.get('sequences')} × {rep.get('seq_len')} (period {rep.get('period')})"
+        )
+    return ", ".join(parts)
+
+
+def scan_tables(path: Path, summary: dict) -> dict[str, str]:
+    """``verdicts``: scan's ablation check, a row per verification row as ablation.caption.txt lists
+    them (type, kind, task, its first :data:`TOP_SHOWN` ablated heads with scores, top-k Δ [95% CI],
+    control Δ mean, sets, p, p adj, verdict); the caption is the caption file's design sentence
+    (rebuilt with its function where the file is gone) with the model and tokens.
+
+    Raises:
+        HeadprobeError: a scan run without an ablation check (--no-verify): no verdict table."""
+    from headprobe.analyses.figures import ablation_caption
+
+    rows = ordered_rows(summary.get("ablations") or [], (summary.get("config") or {}).get("types"))
+    if not rows:
+        raise HeadprobeError(
+            f"--format latex: {path} is a scan run without an ablation check (--no-verify): it has no "
+            "verdict table; rerun headprobe scan with verification"
+        )
+    design = summary.get("verification") or {}
+    file = path / "ablation.caption.txt"
+    text = file.read_text(encoding="utf-8") if file.is_file() else ablation_caption(rows, design)
+    metric = (summary.get("metric") or {}).get("name", "loss")
+    unit = (summary.get("metric") or {}).get("unit", "nats/token")
+    d = effect_digits(metric)
+    scores = {t: {h["head"]: h.get("score") for h in hs} for t, hs in (summary.get("top_heads") or {}).items()}
+    k = rows[0]["k"]
+    primary = design.get("primary_kind", "mean")
+    table = pd.DataFrame([_verdict_row(r, scores.get(r["head_type"], {}), d, primary) for r in rows])
+    table.columns = [
+        "head type",
+        "ablation",
+        "task",
+        f"top heads (score; first {min(k, TOP_SHOWN)} of {k})",
+        f"top-{k} Δ [95% CI]",
+        "control Δ mean",
+        "sets",
+        "p",
+        "p adj",
+        "verdict",
+    ]
+    caption = (
+        f"{summary.get('model')}: {text.splitlines()[0]} "
+        f"Δ ({unit}): the top-{k} set's effect and the control sets' mean effect; "
+        f"CI: 95% t interval over sequences; p: sequential Monte Carlo (≤: a curtailed test's bound); p adj: "
+        f"{CORRECTION_NAMES.get(design.get('correction') or '', design.get('correction'))} over the "
+        f"{design.get('family_size')} tested verdicts, alpha = {design.get('alpha')}. "
+        f"Tokens: {tokens_text(summary.get('tokens') or {})}; seed {summary.get('seed')}."
+    )
+    return {"verdicts": table_tex(table, caption, tex_label(path, "verdicts"), "lllp{4.2cm}lrrrrl")}
+
+
+def _verdict_row(r: Mapping, scores: Mapping, d: int, primary: str) -> list[str]:
+    """One verdict-table row of a verification row ``r`` (summary.json's ``ablations``), ``d`` decimals;
+    as scan's terminal table, a kind not tested reads ``not tested`` unless it is the ``primary``
+    (tested) kind of a type without a verdict."""
+    heads = ", ".join(
+        f"{h} ({scores[h]:.2f})" if isinstance(scores.get(h), float | int) else str(h)
+        for h in (r.get("top_heads") or [])[:TOP_SHOWN]
+    )
+    decided = r.get("tested") or (r.get("no_verdict") and r["kind"] == primary)
+    verdict = verdict_label(r.get("confirmed")) if decided else NOT_TESTED
+    return [
+        str(r["head_type"]),
+        str(r["kind"]),
+        str(r["task"]),
+        heads,
+        f"{r['top_effect']:+.{d}f} {format_ci(r.get('top_effect_ci95'), f'+.{d}f')}",
+        f"{r['random_mean']:+.{d}f}" if r.get("draws") else "-",
+        str(r.get("draws", 0)),
+        p_cell(r.get("p_value"), r.get("p_value_is_bound")),
+        "-" if r.get("p_adjusted") is None else f"{r['p_adjusted']:.4f}",
+        verdict,
+    ]
+
+
+def prune_tables(path: Path, summary: dict) -> dict[str, str]:
+    """``pruning_curve``: each method's loss (natural, repeated; nats/token) at each step, random orders
+    as the mean over seeds with their range ``[min, max]`` (the figure's band), as prune's terminal
+    table rounds them (fraction 2 decimals, loss 3); ``per_layer`` where the run has it.
+
+    Raises:
+        HeadprobeError: summary.json without curves or per-layer rows."""
+    out = {}
+    curves = summary.get("curves") or {}
+    if curves:
+        out["pruning_curve"] = _curve_table(path, summary, curves)
+    if summary.get("per_layer"):
+        out["per_layer"] = _per_layer_table(path, summary)
+    if not out:
+        raise HeadprobeError(f"--format latex: {path}/summary.json has no pruning curves or per-layer rows to tabulate")
+    return out
+
+
+def _run_text(summary: dict) -> str:
+    """``smollm2-135m (float32, seed 0)``: the model and the run's dtype and seed."""
+    cfg = summary.get("config") or {}
+    return f"{summary.get('model')} ({summary.get('dtype')}, seed {cfg.get('seed')})"
+
+
+def _curve_table(path: Path, summary: dict, curves: Mapping) -> str:
+    """prune_tables' ``pruning_curve`` table."""
+    methods: dict[str, list] = {}
+    for name, rows in curves.items():
+        methods.setdefault(name.split(":")[0], []).append(rows)
+    cells = []
+    for method, runs in methods.items():
+        for i, row in enumerate(runs[0]):
+            cell = [method if i == 0 else "", str(row["n_pruned"]), f"{row['fraction_pruned']:.2f}"]
+            for col in ("natural_loss", "repeated_loss"):
+                vals = [r[i][col] for r in runs]
+                mean = sum(vals) / len(vals)
+                band = f" [{min(vals):.3f}, {max(vals):.3f}]" if len(vals) > 1 else ""
+                cell.append(f"{mean:.3f}{band}")
+            cells.append(cell)
+    table = pd.DataFrame(cells, columns=["method", "heads removed", "fraction", "natural loss", "repeated loss"])
+    tok = summary.get("tokens") or {}
+    seeds = {m: len(r) for m, r in methods.items() if len(r) > 1}
+    band = "; ".join(f"{m}: mean over {n} seeds [min, max]" for m, n in seeds.items())
+    caption = (
+        f"Loss (nats/token; lower is better) of {_run_text(summary)} as attention heads are removed, per method "
+        f"({', '.join(methods)}){'; ' + band if band else ''}; of its {summary.get('n_heads_present')} heads. "
+        f"Evaluation ({summary.get('evaluation', '')}): held-out natural text {' × '.join(map(str, tok.get('held_out_natural', [])))} "
+        f"tokens, repeated random tokens {' × '.join(map(str, tok.get('repeated', [])))} (period {tok.get('period')})."
+    )
+    return table_tex(table, caption, tex_label(path, "pruning-curve"), "lrrll")
+
+
+def _per_layer_table(path: Path, summary: dict) -> str:
+    """prune_tables' ``per_layer`` table: per layer the loss with one head kept (the best, the worst),
+    with the layer ablated, and the best head's cost over the clean loss."""
+    rows = summary["per_layer"]
+    table = pd.DataFrame(
+        [
+            [
+                str(r["layer"]),
+                str(r["best_head"]),
+                f"{r['loss_best_only']:.3f}",
+                f"{r['loss_worst_only']:.3f}",
+                f"{r['loss_layer_ablated']:.3f}",
+                f"{r['delta_best_only']:+.3f}",
+                "yes" if r.get("best_head_halves_agree") else "no",
+            ]
+            for r in rows
+        ],
+        columns=["layer", "best head", "best only", "worst only", "layer ablated", "Δ best only", "halves agree"],
+    )
+    tok = summary.get("tokens") or {}
+    clean = rows[0].get("clean_loss")
+    caption = (
+        f"Per layer, natural-text loss (nats/token) of {_run_text(summary)} with one head of the layer kept "
+        f"(the best, the worst) and the others removed, and with the whole layer removed; Δ best only: over "
+        f"the clean loss{f' ({clean:.3f})' if clean is not None else ''}; halves agree: the two halves of the "
+        f"text pick the same best head. Tokens: {' × '.join(map(str, tok.get('held_out_natural', [])))}."
+    )
+    return table_tex(table, caption, tex_label(path, "per-layer"), "rrrrrrl")
+
+
+ABLATE_TOP = 10
+"""Heads per task in ablate's table (summary.json lists its top 10)."""
+
+
+def ablate_tables(path: Path, summary: dict) -> dict[str, str]:
+    """``top_heads``: per task the top :data:`ABLATE_TOP` heads by loss increase when ablated alone,
+    with 95% CIs (``top_heads_by_loss_delta``, 3 decimals as ablate's terminal line), or an
+    estimate's ``top_heads_by_estimate``; the tasks side by side.
+
+    Raises:
+        HeadprobeError: summary.json has neither list."""
+    exact = summary.get("top_heads_by_loss_delta")
+    tops = exact or summary.get("top_heads_by_estimate")
+    if not tops:
+        raise HeadprobeError(
+            f"--format latex: {path}/summary.json has no top heads (top_heads_by_loss_delta) to tabulate"
+        )
+    n = max(min(len(v), ABLATE_TOP) for v in tops.values())
+    what = "Δ loss [95% CI]" if exact else "estimated Δ loss"
+    columns, data = [], {}
+    for task, heads in tops.items():
+        heads = heads[:ABLATE_TOP] + [None] * (n - min(len(heads), ABLATE_TOP))
+        columns += [(task, "head"), (task, what)]
+        data[(task, "head")] = ["" if e is None else str(e["head"]) for e in heads]
+        data[(task, what)] = ["" if e is None else _ablate_cell(e, exact is not None) for e in heads]
+    table = pd.DataFrame(data, columns=pd.MultiIndex.from_tuples(columns))
+    table.insert(0, ("", "rank"), [str(i + 1) for i in range(n)])
+    tok, clean = summary.get("tokens") or {}, summary.get("clean_loss") or {}
+    how = (
+        "mean over sequences with its 95% Student-t interval"
+        if exact
+        else f"an ESTIMATE, not an exact ablation ({(summary.get('estimate') or {}).get('description', '')})"
+    )
+    caption = (
+        f"The heads of {_run_text(summary)} whose {summary.get('ablation')} ablation, one head at a time, most "
+        f"raises the loss (nats/token), per task: the top {n}, {how}. Tokens: natural text "
+        f"{' × '.join(map(str, tok.get('natural', [])))}, repeated random {' × '.join(map(str, tok.get('repeated', [])))} "
+        f"(period {tok.get('period')}). Clean loss: "
+        + ", ".join(f"{t} {v:.3f}" for t, v in clean.items())
+        + " nats/token."
+    )
+    return {"top_heads": table_tex(table, caption, tex_label(path, "top-heads"), "r" + "ll" * len(tops))}
+
+
+def _ablate_cell(entry: Mapping, exact: bool) -> str:
+    """``+0.371 [+0.162, +0.580]`` (an exact sweep's Δ loss and CI) or ``+0.371`` (an estimate)."""
+    if not exact:
+        return f"{entry['estimate']:+.3f}"
+    return f"{entry['loss_delta']:+.3f} {format_ci(entry.get('ci95'), '+.3f')}"
+
+
+def kv_tables(path: Path, summary: dict) -> dict[str, str]:
+    """``policies``: kv's report table: the full cache (the reference), the chosen policy, one window
+    on every group and each random policy at the same memory: KV groups full, cache fraction, natural-loss
+    Δ [95% CI], copy accuracy, its drop [95% CI] (kv's :data:`~headprobe.analyses.vocabulary.KV_TABLE_DIGITS`)
+    and long-range loss (3 decimals).
+
+    Raises:
+        HeadprobeError: summary.json without the policies' rows."""
+    from headprobe.analyses.vocabulary import KV_TABLE_DIGITS
+
+    if not all(isinstance(summary.get(k), dict) for k in ("full", "chosen", "uniform")):
+        raise HeadprobeError(f"--format latex: {path}/summary.json has no full, chosen and uniform rows to tabulate")
+    d, a = KV_TABLE_DIGITS["natural_loss_increase"], KV_TABLE_DIGITS["copy_accuracy"]
+    named = [("full", {**summary["full"], "natural_loss_increase": 0.0}), ("chosen", summary["chosen"])]
+    named += [("uniform", summary["uniform"])]
+    named += [(f"random {r.get('seed')}", r) for r in (summary.get("random") or {}).get("rows", [])]
+    cells = [_kv_row(name, r, d, a) for name, r in named]
+    columns = ["policy", "full groups", "KV cache", "natural-loss Δ [95% CI]", "copy accuracy", "drop [95% CI]"]
+    table = pd.DataFrame(cells, columns=[*columns, "long-range loss"])
+    cfg = summary.get("config") or {}
+    caption = (
+        f"KV-cache policies of {summary.get('model')} ({summary.get('dtype', cfg.get('dtype'))}, seed {cfg.get('seed')}) at "
+        f"{summary.get('seq_len')} tokens: {str(summary.get('unit')).replace('_', ' ')}s chosen by {summary.get('method')} ranking "
+        f"(target {', '.join(f'{k} {v}' for k, v in (summary.get('target') or {}).items())}) keep a full cache, the "
+        f"rest stream (sink {summary.get('sink')} + window {summary.get('window')}); against the full cache, one "
+        f"window on every group (uniform) and random groups at the same memory. KV cache: fraction of the full "
+        f"cache's bytes. Natural-loss Δ: increase over the full cache in nats/token; copy accuracy: top-1 on a "
+        f"random block planted {', '.join(map(str, cfg.get('distances') or []))} tokens before its repeat, its "
+        f"drop against the full cache; long-range loss: nats/token on that block; 95% paired intervals. "
+        f"Text: {(summary.get('sources') or {}).get('natural')}."
+    )
+    return {"policies": table_tex(table, caption, tex_label(path, "policies"), "lrrllll")}
+
+
+def _kv_row(name: str, r: Mapping, d: int, a: int) -> list[str]:
+    """One kv-table row: ``r`` (summary.json's policy row) at ``d`` (loss) and ``a`` (accuracy)
+    decimals; the full cache, the reference, without intervals or drop."""
+    ref = name == "full"
+
+    def ci(key: str, spec: str) -> str:
+        nan = float("nan")  # no interval: [n/a]
+        return "" if ref else " " + format_ci([r.get(f"{key}_ci95_lo", nan), r.get(f"{key}_ci95_hi", nan)], spec)
+
+    return [
+        name,
+        "all" if ref else str(r.get("n_full_groups")),
+        f"{1.0 if ref else r.get('kv_fraction'):.3f}",
+        f"{r['natural_loss_increase']:.{d}f}" + ci("natural_loss_increase", f"+.{d}f"),
+        f"{r['copy_accuracy']:.{a}f}",
+        "-" if ref else f"{r.get('copy_accuracy_drop'):+.{a}f}" + ci("copy_accuracy_drop", f"+.{a}f"),
+        f"{r['long_range_loss']:.3f}",
+    ]
+
+
+CIRCUIT_TOP = 10
+"""Edges in circuit's table, as its terminal report lists (summary.json's ``top_edges``)."""
+
+
+def circuit_tables(path: Path, summary: dict) -> dict[str, str]:
+    """``edges``: circuit's largest edges (its report's list): edge, attribution score and, where
+    path patching checked it, the exact effect (4 decimals each, as the report).
+
+    Raises:
+        HeadprobeError: summary.json without ``top_edges``."""
+    top = (summary.get("top_edges") or [])[:CIRCUIT_TOP]
+    if not top:
+        raise HeadprobeError(f"--format latex: {path}/summary.json has no top_edges to tabulate")
+    table = pd.DataFrame(
+        [
+            [str(i + 1), str(t["edge"]), f"{t['score']:+.4f}", "-" if t.get("exact") is None else f"{t['exact']:+.4f}"]
+            for i, t in enumerate(top)
+        ],
+        columns=["rank", "edge", "score", "exact"],
+    )
+    ag = summary.get("agreement") or {}
+    said = {k: "n/a" if ag.get(k) is None else format(ag[k], ".3f") for k in ("spearman", "pearson", "top_k_recall")}
+    agree = (
+        f" Scores against exact path patching on {ag.get('n_edges')} edges: Spearman {said['spearman']}, "
+        f"Pearson {said['pearson']}, top-{ag.get('top_k')} recall {said['top_k_recall']}."
+        if ag
+        else ""
+    )
+    caption = (
+        f"The largest of the {summary.get('n_edges')} head-to-head and head-to-logits edges of {summary.get('model')} "
+        f"({summary.get('dtype')}) scored by {summary.get('method')} ({summary.get('steps')} steps; receiver:q/k/v "
+        f"names the input the edge writes to). Task: {summary.get('task')}; metric: {summary.get('metric')}; clean "
+        f"loss {summary.get('clean_loss'):.3f} nats/token. Exact: the edge's direct-path patching effect "
+        f"(nats/token), where checked.{agree}"
+    )
+    return {"edges": table_tex(table, caption, tex_label(path, "edges"), "rlrr")}
+
+
+BUILDERS = {
+    "scan": scan_tables,
+    "prune": prune_tables,
+    "ablate": ablate_tables,
+    "kv": kv_tables,
+    "circuit": circuit_tables,
+}
+"""Each kind's tables (:data:`LATEX_KINDS`)."""
+
+
+def has_tables(kind: str, summary: Mapping) -> bool:
+    """Whether a ``kind`` run with ``summary`` has a table :func:`latex_files` writes (``all`` leaves
+    LaTeX out where not: a scan with --no-verify)."""
+    keys = {
+        "scan": ("ablations",),
+        "prune": ("curves", "per_layer"),
+        "ablate": ("top_heads_by_loss_delta", "top_heads_by_estimate"),
+        "kv": ("chosen",),
+        "circuit": ("top_edges",),
+    }
+    return any(summary.get(k) for k in keys.get(kind, ()))
+
+
+def latex_files(kind: str, path: Path, summary: dict) -> tuple[dict[str, str], str]:
+    """``({"latex/<table>.tex": text}, how)`` for a ``kind`` folder at ``path`` with ``summary``.
+
+    Raises:
+        HeadprobeError: a kind without tables, or a run without the rows its tables need."""
+    if kind not in BUILDERS:
+        raise HeadprobeError(f"--format latex needs a {', '.join(LATEX_KINDS)} folder; {path} is a {kind} run")
+    tables = BUILDERS[kind](path, summary)
+    files = {f"latex/{name}.tex": text for name, text in tables.items()}
+    return files, f"booktabs tables ({', '.join(tables)}), one .tex each, for \\input (needs \\usepackage{{booktabs}})"

@@ -1,0 +1,279 @@
+"""``headprobe export --format latex``: the committed scan, prune and ablate runs (figures/, read
+only) written as booktabs tables into a temporary folder, read back as text and their cells
+compared with the run's own CSV tables, ablation.caption.txt and summary.json (the reference:
+parsed here, never through the writer's code); LaTeX's special characters escaped; a folder with no
+table refused in one line, with nothing written. No LaTeX compiler is needed (none is assumed)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from headprobe.cli import main
+
+FIGURES = Path(__file__).resolve().parents[1] / "figures"
+SCAN = FIGURES / "smollm2-135m"
+PRUNE = FIGURES / "smollm2-135m-prune"
+PER_LAYER = FIGURES / "smollm2-135m" / "prune-per-layer"
+ABLATE = FIGURES / "smollm2-135m-ablate"
+KV = FIGURES / "smollm2-135m-kv"
+CIRCUIT = FIGURES / "smollm2-135m-circuit"
+
+
+def _export(source: Path, out: Path, *flags: str) -> int:
+    return main(["export", "--from", str(source), "--out", str(out), *flags])
+
+
+@pytest.fixture(scope="module")
+def tex(tmp_path_factory) -> dict[str, str]:
+    """``{"scan/verdicts": text, ...}``: every table of the four committed runs, written by the CLI."""
+    base = tmp_path_factory.mktemp("latex")
+    out = {}
+    runs = (("scan", SCAN), ("prune", PRUNE), ("per_layer_run", PER_LAYER), ("ablate", ABLATE))
+    for name, src in (*runs, ("kv", KV), ("circuit", CIRCUIT)):
+        assert _export(src, base / name, "--format", "latex") == 0
+        listed = json.loads((base / name / "summary.json").read_text())["files"]
+        assert sorted(listed) == sorted(str(p.relative_to(base / name)) for p in (base / name / "latex").iterdir())
+        out.update({f"{name}/{Path(f).stem}": (base / name / f).read_text() for f in listed})
+    return out
+
+
+def rows(text: str) -> list[list[str]]:
+    """The body rows (between ``\\midrule`` and ``\\bottomrule``), cells split at unescaped ``&``."""
+    body = text.split("\\midrule\n", 1)[1].split("\\bottomrule", 1)[0]
+    return [[c.strip() for c in re.split(r"(?<!\\)&", line.removesuffix("\\\\").strip())] for line in body.splitlines()]
+
+
+def num(cell: str) -> float:
+    return float(cell.replace("$\\leq$", ""))
+
+
+def interval(cell: str) -> tuple[float, float, float]:
+    """``+0.99 [+0.51, +1.47]`` -> (0.99, 0.51, 1.47)."""
+    m = re.fullmatch(r"(\S+) \[(\S+), (\S+)\]", cell)
+    assert m, cell
+    return tuple(float(x) for x in m.groups())  # type: ignore[return-value]
+
+
+def test_every_table_is_a_booktabs_float_with_caption_and_label(tex):
+    assert set(tex) == {
+        "scan/verdicts",
+        "prune/pruning_curve",
+        "per_layer_run/pruning_curve",
+        "per_layer_run/per_layer",
+        "ablate/top_heads",
+        "kv/policies",
+        "circuit/edges",
+    }
+    for name, text in tex.items():
+        assert text.startswith("\\begin{table}[htbp]\n\\centering\n\\caption{"), name
+        assert text.rstrip().endswith("\\end{tabular}\n\\end{table}"), name
+        assert re.search(r"\\label\{tab:[A-Za-z0-9:-]+\}", text), name
+        assert [text.count(r) for r in ("\\toprule", "\\midrule", "\\bottomrule")] == [1, 1, 1], name
+        spec = re.search(r"\\begin\{tabular\}\{(.*)\}\n", text).group(1)
+        n_cols = len(re.sub(r"p\{[^}]*\}", "p", spec))
+        assert all(len(r) == n_cols for r in rows(text)), name
+        caption = re.search(r"\\caption\{(.*)\}\n\\label", text).group(1)
+        assert "nats/token" in caption and "smollm2-135m" in caption, name
+
+
+def test_special_characters_are_escaped(tex):
+    """No bare _ % # ^ ~ < >, dollars paired, braces balanced, ASCII only (Δ, ≤, × as commands)."""
+    for name, text in tex.items():
+        assert text.isascii(), name
+        assert not re.search(r"(?<!\\)[_%#]", text), name
+        assert not re.search(r"[<>^~]", text), name
+        assert text.count("$") % 2 == 0 and len(re.findall(r"(?<!\\)\$", text)) % 2 == 0, name
+        unescaped = re.sub(r"\\[{}]", "", text)
+        assert unescaped.count("{") == unescaped.count("}"), name
+    assert "previous\\_token" in tex["scan/verdicts"] and "95\\% CI" in tex["scan/verdicts"]
+    assert "$\\leq$0.0877" in tex["scan/verdicts"]  # the curtailed test's bound
+
+
+def test_latex_text_escapes_once():
+    from headprobe.analyses.latex_tables import latex_text
+
+    assert latex_text("a_b 5% {x} & $ # ~ ^ \\ Δ ≤ <= >= < > † ×") == (
+        "a\\_b 5\\% \\{x\\} \\& \\$ \\# \\textasciitilde{} \\textasciicircum{} \\textbackslash{} $\\Delta$ "
+        "$\\leq$ $\\leq$ $\\geq$ \\textless{} \\textgreater{} \\dag{} $\\times$"
+    )
+
+
+def _caption_lines() -> dict[tuple[str, str], dict]:
+    """ablation.caption.txt's type lines, parsed: (type, kind) -> effect, CI, control mean, p, p_adj, verdict."""
+    out = {}
+    pat = re.compile(
+        r"(?P<type>[\w-]+) \((?P<kind>\w+), (?P<task>\w+)\): top-\d+ effect (?P<e>\S+) \[95% CI (?P<lo>\S+), (?P<hi>\S+)\] "
+        r"vs control mean (?P<c>\S+), max \S+ over (?P<n>\d+) sets; p (?:= (?P<p>[\d.]+)|in \[\S+, (?P<pb>[\d.]+)\])"
+        r".*?; (?:p_adj = (?P<padj>[\d.]+), (?P<v>CONFIRMED|not confirmed)|(?P<nt>not tested))\.$"
+    )
+    for line in (SCAN / "ablation.caption.txt").read_text().splitlines()[1:]:
+        m = pat.match(line)
+        assert m, line
+        out[(m["type"], m["kind"])] = m.groupdict()
+    return out
+
+
+def test_scan_verdict_table_equals_the_caption_file_and_summary(tex):
+    """Each row's numbers are ablation.caption.txt's (4 significant digits there, 2 decimals here:
+    within half the table's last digit plus the caption's rounding), in its order; p and p adj to 4
+    decimals from summary.json; the scores those of head_scores.csv."""
+    caption = _caption_lines()
+    got = rows(tex["scan/verdicts"])
+    assert [(r[0].replace("\\_", "-"), r[1]) for r in got] == list(caption)  # the caption file's order
+    summary = json.loads((SCAN / "summary.json").read_text())
+    ablations = {(a["head_type"], a["kind"]): a for a in summary["ablations"]}
+    scores = pd.read_csv(SCAN / "head_scores.csv")
+    for r in got:
+        ref = caption[(r[0].replace("\\_", "-"), r[1])]
+        a = ablations[(r[0].replace("\\_", "_"), r[1])]
+        e, lo, hi = interval(r[4])
+        for cell, want in ((e, ref["e"]), (lo, ref["lo"]), (hi, ref["hi"]), (num(r[5]), ref["c"])):
+            assert abs(cell - float(want)) <= 0.005 + 5e-4 * abs(float(want)), (r, want)
+        assert r[2] == ref["task"] and int(r[6]) == int(ref["n"]) == a["draws"]
+        p = float(ref["p"] or ref["pb"])
+        assert abs(num(r[7]) - p) <= 5e-5 + 5e-4 * p and r[7].startswith("$\\leq$") == bool(ref["pb"])
+        assert abs(num(r[7]) - a["p_value"]) <= 5e-5
+        if ref["nt"]:
+            assert r[8] == "-" and r[9] == "not tested"
+        else:
+            assert abs(float(r[8]) - a["p_adjusted"]) <= 5e-5 and r[9] == ref["v"]
+        heads = re.findall(r"(\d+)\.(\d+) \(([\d.]+)\)", r[3])
+        assert [f"{la}.{h}" for la, h, _ in heads] == a["top_heads"][:4]
+        column = {"positional": "positional_fraction"}.get(a["head_type"], a["head_type"])
+        for la, h, s in heads:
+            want = scores.loc[(scores["layer"] == int(la)) & (scores["head"] == int(h)), column].item()
+            assert abs(float(s) - want) <= 0.005 + 1e-5, (r[0], la, h, s, want)
+
+
+def test_prune_curve_table_equals_pruning_curve_csv(tex):
+    """Per method and step the loss (random: the mean over seeds, [min, max]) of pruning_curve.csv."""
+    csv = pd.read_csv(PRUNE / "pruning_curve.csv")
+    got = rows(tex["prune/pruning_curve"])
+    assert len(got) == csv.groupby(["method", "step"]).ngroups
+    method = ""
+    for r in got:
+        method = r[0] or method
+        part = csv[(csv.method == method) & (csv.n_pruned == int(r[1]))]
+        assert len(part) and abs(float(r[2]) - part.fraction_pruned.iloc[0]) <= 0.005 + 1e-9
+        for cell, col in ((r[3], "natural_loss"), (r[4], "repeated_loss")):
+            if method == "random":
+                mean, lo, hi = interval(cell)
+                assert abs(lo - part[col].min()) <= 5e-4 + 1e-5 and abs(hi - part[col].max()) <= 5e-4 + 1e-5
+            else:
+                mean = float(cell)
+            assert abs(mean - part[col].mean()) <= 5e-4 + 1e-5, (r, col)
+    assert sum(bool(r[0]) for r in got) == csv.method.nunique()
+
+
+def test_per_layer_table_equals_per_layer_csv(tex):
+    csv = pd.read_csv(PER_LAYER / "per_layer.csv")
+    got = rows(tex["per_layer_run/per_layer"])
+    assert [int(r[0]) for r in got] == csv.layer.tolist() and [int(r[1]) for r in got] == csv.best_head.tolist()
+    cols = ["loss_best_only", "loss_worst_only", "loss_layer_ablated", "delta_best_only"]
+    for r, (_, ref) in zip(got, csv.iterrows()):
+        for cell, col in zip(r[2:6], cols):
+            assert abs(float(cell) - ref[col]) <= 5e-4 + 1e-5, (r, col)
+        assert r[6] == ("yes" if ref.best_head_halves_agree else "no")
+
+
+def test_ablate_table_is_head_ablation_csv_top_heads(tex):
+    """Per task the 10 heads of largest loss increase in head_ablation.csv, with their CIs."""
+    csv = pd.read_csv(ABLATE / "head_ablation.csv")
+    got = rows(tex["ablate/top_heads"])
+    assert [r[0] for r in got] == [str(i) for i in range(1, 11)]
+    for i, task in enumerate(("natural", "repeated")):
+        top = csv.sort_values(f"{task}_loss_delta", ascending=False).head(10)
+        assert [r[1 + 2 * i] for r in got] == [f"{la}.{h}" for la, h in zip(top.layer, top["head"])]
+        for r, (_, ref) in zip(got, top.iterrows()):
+            d, lo, hi = interval(r[2 + 2 * i])
+            for cell, col in ((d, ""), (lo, "_ci95_low"), (hi, "_ci95_high")):
+                assert abs(cell - ref[f"{task}_loss_delta{col}"]) <= 5e-4 + 2e-5, (task, r, col)
+
+
+def test_kv_table_is_curve_csv_at_the_policy_budget(tex):
+    """The chosen, uniform and random rows of curve.csv at the run's budget, the full cache's row as the reference."""
+    csv = pd.read_csv(KV / "curve.csv")
+    budget = json.loads((KV / "summary.json").read_text())["target"]["kv_budget"]
+    got = rows(tex["kv/policies"])
+    full = csv[csv.policy == "full"].iloc[0]
+    assert got[0][:2] == ["full", "all"] and float(got[0][3]) == 0 and got[0][5] == "-"
+    assert abs(float(got[0][4]) - full.copy_accuracy) <= 5e-4 + 1e-6
+    assert abs(float(got[0][6]) - full.long_range_loss) <= 5e-4 + 1e-6
+    at = csv[(csv.budget == budget) & (csv.policy != "full")]
+    assert [r[0] for r in got[1:]] == [p if p != "random" else f"random {int(s)}" for p, s in zip(at.policy, at.seed)]
+    for r, (_, ref) in zip(got[1:], at.iterrows()):
+        assert int(r[1]) == ref.n_full_groups and abs(float(r[2]) - ref.kv_fraction) <= 5e-4 + 1e-6
+        loss, lo, hi = interval(r[3])
+        want = (ref.natural_loss_increase, ref.natural_loss_increase_ci95_lo, ref.natural_loss_increase_ci95_hi)
+        assert all(abs(x - y) <= 5e-5 + 1e-6 for x, y in zip((loss, lo, hi), want)), (r, want)
+        drop, lo, hi = interval(r[5])
+        want = (ref.copy_accuracy_drop, ref.copy_accuracy_drop_ci95_lo, ref.copy_accuracy_drop_ci95_hi)
+        assert all(abs(x - y) <= 5e-4 + 1e-6 for x, y in zip((drop, lo, hi), want)), (r, want)
+        assert abs(float(r[4]) - ref.copy_accuracy) <= 5e-4 + 1e-6
+        assert abs(float(r[6]) - ref.long_range_loss) <= 5e-4 + 1e-6
+
+
+def test_circuit_table_is_edges_csv_largest_edges(tex):
+    """The 10 edges of largest |score| in edges.csv, their scores and exact effects."""
+    csv = pd.read_csv(CIRCUIT / "edges.csv")
+    top = csv.reindex(csv.score.abs().sort_values(ascending=False).index).head(10)
+    got = rows(tex["circuit/edges"])
+    assert [r[1].replace(" $\\rightarrow$ ", " -> ") for r in got] == top.edge.tolist()
+    for r, (_, ref) in zip(got, top.iterrows()):
+        assert abs(float(r[2]) - ref.score) <= 5e-5 + 1e-5 and abs(float(r[3]) - ref.exact) <= 5e-5 + 1e-5
+
+
+def _one_line_refusal(argv, cwd) -> tuple[int, list[str]]:
+    r = subprocess.run([sys.executable, "-m", "headprobe", *argv], capture_output=True, text=True, cwd=cwd, timeout=300)
+    return r.returncode, r.stderr.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("source", "flags", "said"),
+    [
+        (FIGURES / "smollm2-135m-diff-int8", ["--format", "latex"], "holds no finished headprobe"),
+        (FIGURES / "smollm2-135m-robustness", ["--format", "latex"], "holds no finished headprobe"),
+        (PRUNE, ["--format", "latex", "--score", "induction"], "--score"),
+        (PRUNE, ["--sink", "4"], "--sink"),
+    ],
+)
+def test_a_folder_without_tables_or_a_flag_nothing_uses_is_refused_in_one_line(source, flags, said, tmp_path):
+    code, err = _one_line_refusal(["export", "--from", str(source), "--out", str(tmp_path / "o"), *flags], tmp_path)
+    assert code == 2 and len(err) == 1 and err[0].startswith("headprobe: error:") and said in err[0], err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_scan_without_verification_has_no_verdict_table(tmp_path, capsys):
+    """--format latex is refused (one line, nothing written); all leaves LaTeX out and writes the rest."""
+    scan = tmp_path / "scan"
+    scan.mkdir()
+    shutil.copy(SCAN / "head_scores.csv", scan)
+    summary = json.loads((SCAN / "summary.json").read_text())
+    (scan / "summary.json").write_text(json.dumps({**summary, "ablations": [], "verification": None}))
+    capsys.readouterr()
+    assert _export(scan, tmp_path / "o", "--format", "latex") == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "without an ablation check" in err[0] and not (tmp_path / "o").exists()
+    assert _export(scan, tmp_path / "all", "--format", "all") == 0
+    assert not (tmp_path / "all" / "latex").exists() and (tmp_path / "all" / "heads.parquet").is_file()
+
+
+def test_all_includes_latex_and_imports_no_torch(tmp_path):
+    """``--format all`` of the scan writes latex/verdicts.tex beside the exchange files, in a process that never imports torch."""
+    code = (
+        "import sys; from headprobe.cli import main; "
+        f"rc = main(['export', '--from', {str(SCAN)!r}, '--out', {str(tmp_path / 'o')!r}]); "
+        "assert rc == 0 and 'torch' not in sys.modules, (rc, 'torch' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    files = json.loads((tmp_path / "o" / "summary.json").read_text())["files"]
+    assert "latex/verdicts.tex" in files and "heads.parquet" in files and "full_attention_heads.tsv" in files
