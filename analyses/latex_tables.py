@@ -57,11 +57,16 @@ _SPECIAL = {
 _SPECIAL_RE = re.compile("|".join(re.escape(c) for c in sorted(_SPECIAL, key=len, reverse=True)))
 
 
+_MINUS_RE = re.compile(r"(?<![\w.$-])-(?=\d)")
+"""A number's minus sign: a ``-`` before a digit that ends no word, number, dash or math."""
+
+
 def latex_text(text: object) -> str:
     """``text`` as LaTeX text mode reads it: ``\\ & % $ # _ { } ~ ^ < >`` escaped (``<=``, ``>=`` as
     ≤, ≥) and headprobe's non-ASCII signs (Δ, ≤, ≥, ±, ×, †, dashes, →) as LaTeX commands, in one
-    pass (nothing escaped twice)."""
-    return _SPECIAL_RE.sub(lambda m: _SPECIAL[m.group(0)], str(text))
+    pass (nothing escaped twice); a negative number's sign as math's minus (``$-$0.04``: text
+    mode sets ``-`` as a hyphen), a hyphen in a word (``top-10``) or range (``1--3``) left alone."""
+    return _MINUS_RE.sub("$-$", _SPECIAL_RE.sub(lambda m: _SPECIAL[m.group(0)], str(text)))
 
 
 def table_tex(table: pd.DataFrame, caption: str, label: str, align: str | None = None) -> str:

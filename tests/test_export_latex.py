@@ -48,7 +48,10 @@ def tex(tmp_path_factory) -> dict[str, str]:
 def rows(text: str) -> list[list[str]]:
     """The body rows (between ``\\midrule`` and ``\\bottomrule``), cells split at unescaped ``&``."""
     body = text.split("\\midrule\n", 1)[1].split("\\bottomrule", 1)[0]
-    return [[c.strip() for c in re.split(r"(?<!\\)&", line.removesuffix("\\\\").strip())] for line in body.splitlines()]
+    return [
+        [c.strip().replace("$-$", "-") for c in re.split(r"(?<!\\)&", line.removesuffix("\\\\").strip())]
+        for line in body.splitlines()
+    ]
 
 
 def num(cell: str) -> float:
@@ -104,6 +107,13 @@ def test_latex_text_escapes_once():
         "a\\_b 5\\% \\{x\\} \\& \\$ \\# \\textasciitilde{} \\textasciicircum{} \\textbackslash{} $\\Delta$ "
         "$\\leq$ $\\leq$ $\\geq$ \\textless{} \\textgreater{} \\dag{} $\\times$"
     )
+
+
+def test_a_negative_number_gets_a_minus_and_a_hyphen_stays():
+    from headprobe.analyses.latex_tables import latex_text
+
+    assert latex_text("-0.04 [-0.10, +0.20] (−1.5)") == "$-$0.04 [$-$0.10, +0.20] ($-$1.5)"
+    assert latex_text("top-10, 1–3, l0-2, 1e-5, a-1") == "top-10, 1--3, l0-2, 1e-5, a-1"
 
 
 def _caption_lines() -> dict[tuple[str, str], dict]:
