@@ -24,8 +24,6 @@ from headprobe.probe.core.errors import HeadprobeError
 
 LATEX_KINDS = ("scan", "prune", "ablate", "kv", "circuit")
 """The source kinds ``--format latex`` writes tables of."""
-TOP_SHOWN = 4
-"""Top heads (with scores) a verdict-table row names, as scan's terminal table (all k in summary.json)."""
 
 _SPECIAL = {
     "\\": r"\textbackslash{}",
@@ -69,13 +67,14 @@ def latex_text(text: object) -> str:
     return _MINUS_RE.sub("$-$", _SPECIAL_RE.sub(lambda m: _SPECIAL[m.group(0)], str(text)))
 
 
-def table_tex(table: pd.DataFrame, caption: str, label: str, align: str | None = None) -> str:
+def table_tex(table: pd.DataFrame, caption: str, label: str, align: str | None = None, small: bool = False) -> str:
     """A booktabs ``table`` float of ``table`` (its cells text already, index hidden) with ``caption``
-    and ``label``: every cell, header and the caption escaped (:func:`latex_text`)."""
+    and ``label``: every cell, header and the caption escaped (:func:`latex_text`); ``small``: set in
+    ``\\small`` (a wide table: scan's ablations fits a 16 cm text width so)."""
     styler = table.style.hide(axis="index")
     styler = styler.format(latex_text).format_index(latex_text, axis=1)
     align = align or "l" * len(table.columns)
-    return styler.to_latex(
+    text = styler.to_latex(
         column_format=align,
         position="htbp",
         position_float="centering",
@@ -85,12 +84,13 @@ def table_tex(table: pd.DataFrame, caption: str, label: str, align: str | None =
         multicol_align="c",
         environment="table",
     )
+    return text.replace("\\centering\n", "\\centering\n\\small\n", 1) if small else text
 
 
 def tex_label(path: Path, table: str) -> str:
     """``tab:<folder>-<table>``: letters, digits, ``-`` and ``:`` only (safe in ``\\label`` and ``\\ref``)."""
     stem = re.sub(r"[^A-Za-z0-9:-]+", "-", path.resolve().name).strip("-") or "run"
-    return f"tab:{stem}-{table}"
+    return f"tab:{stem}-{re.sub(r'[^A-Za-z0-9:-]+', '-', table)}"
 
 
 def tokens_text(tokens: Mapping) -> str:
@@ -107,10 +107,12 @@ def tokens_text(tokens: Mapping) -> str:
 
 
 def scan_tables(path: Path, summary: dict) -> dict[str, str]:
-    """``verdicts``: scan's ablation check, a row per verification row as ablation.caption.txt lists
-    them (type, kind, task, its first :data:`TOP_SHOWN` ablated heads with scores, top-k Δ [95% CI],
-    control Δ mean, sets, p, p adj, verdict); the caption is the caption file's design sentence
-    (rebuilt with its function where the file is gone) with the model and tokens.
+    """scan's ablation check as three tables, in ablation.caption.txt's row order: ``verdicts`` (the
+    tested kind's rows, one a type: head type, task, top-k Δ [95% CI], control Δ mean, p adj, verdict:
+    the table a paper shows, a column wide), ``ablations`` (every kind's row with its control sets and
+    raw p: an appendix's, a page wide) and ``top_heads`` (each type's top-k heads with their scores);
+    the captions begin with the caption file's design sentence (rebuilt with its function where the
+    file is gone) and give the model and tokens.
 
     Raises:
         HeadprobeError: a scan run without an ablation check (--no-verify): no verdict table."""
@@ -127,49 +129,102 @@ def scan_tables(path: Path, summary: dict) -> dict[str, str]:
     text = file.read_text(encoding="utf-8") if file.is_file() else ablation_caption(rows, design)
     metric = (summary.get("metric") or {}).get("name", "loss")
     unit = (summary.get("metric") or {}).get("unit", "nats/token")
-    d = effect_digits(metric)
-    scores = {t: {h["head"]: h.get("score") for h in hs} for t, hs in (summary.get("top_heads") or {}).items()}
-    k = rows[0]["k"]
-    primary = design.get("primary_kind", "mean")
-    table = pd.DataFrame([_verdict_row(r, scores.get(r["head_type"], {}), d, primary) for r in rows])
-    table.columns = [
-        "head type",
-        "ablation",
-        "task",
-        f"top heads (score; first {min(k, TOP_SHOWN)} of {k})",
-        f"top-{k} Δ [95% CI]",
-        "control Δ mean",
-        "sets",
-        "p",
-        "p adj",
-        "verdict",
-    ]
+    k, primary = rows[0]["k"], design.get("primary_kind", "mean")
+    full = pd.DataFrame([_verdict_row(r, effect_digits(metric), primary) for r in rows])
+    full.columns = [
+        "head type", "ablation", "task", f"top-{k} Δ [95% CI]", "control Δ", "sets", "p", "p adj", "verdict"
+    ]  # fmt: skip
+    tested = full[[r["kind"] == primary for r in rows]]
     caption = (
         f"{summary.get('model')}: {text.splitlines()[0]} "
         f"Δ ({unit}): the top-{k} set's effect and the control sets' mean effect; "
-        f"CI: 95% t interval over sequences; p: sequential Monte Carlo (≤: a curtailed test's bound); p adj: "
+        f"CI: 95% t interval over sequences; p adj: "
         f"{CORRECTION_NAMES.get(design.get('correction') or '', design.get('correction'))} over the "
         f"{design.get('family_size')} tested verdicts, alpha = {design.get('alpha')}. "
         f"Tokens: {tokens_text(summary.get('tokens') or {})}; seed {summary.get('seed')}."
     )
-    return {"verdicts": table_tex(table, caption, tex_label(path, "verdicts"), "lllp{4.2cm}lrrrrl")}
+    raw_p = "p: sequential Monte Carlo (≤: a curtailed test's bound); sets: control sets ablated. "
+    return {
+        "verdicts": table_tex(
+            tested.drop(columns=["ablation", "task", "sets", "p"]),
+            f"{caption} {_tasks_text(rows, primary)}; {primary} ablation. Every kind's row: the ablations table.",
+            tex_label(path, "verdicts"), "lllll",
+        ),
+        "ablations": table_tex(
+            full.drop(columns=["task"]), f"{caption} {_tasks_text(rows, primary)}. {raw_p}",
+            tex_label(path, "ablations"), "lllrrrrl", small=True,
+        ),
+        "top_heads": _scan_top_heads_table(path, summary, rows, primary, k),
+    }  # fmt: skip
 
 
-def _verdict_row(r: Mapping, scores: Mapping, d: int, primary: str) -> list[str]:
-    """One verdict-table row of a verification row ``r`` (summary.json's ``ablations``), ``d`` decimals;
-    as scan's terminal table, a kind not tested reads ``not tested`` unless it is the ``primary``
-    (tested) kind of a type without a verdict."""
-    heads = ", ".join(
-        f"{h} ({scores[h]:.2f})" if isinstance(scores.get(h), float | int) else str(h)
-        for h in (r.get("top_heads") or [])[:TOP_SHOWN]
+def _tasks_text(rows: list, primary: str) -> str:
+    """``Tasks: natural text for previous_token, ...; repeated random tokens for induction``."""
+    by_task: dict[str, list[str]] = {}
+    for r in rows:
+        if r["kind"] == primary:
+            by_task.setdefault(str(r["task"]), []).append(str(r["head_type"]))
+    names = {"natural": "natural text", "repeated": "repeated random tokens"}
+    return "Tasks: " + "; ".join(f"{names.get(t, t)} for {', '.join(ts)}" for t, ts in by_task.items())
+
+
+def _scan_top_heads_table(path: Path, summary: dict, rows: list, primary: str, k: int) -> str:
+    """``top_heads``: each tested type's top-k heads, best first, with their scores (``16.0 (0.77)``):
+    summary.json keeps the first 5's, the rest come from the head_scores.csv column the type ranks by
+    (:func:`_rank_column`); a head without a score is named alone."""
+    scores = {t: {h["head"]: h.get("score") for h in hs} for t, hs in (summary.get("top_heads") or {}).items()}
+    csv = path / "head_scores.csv"
+    if csv.is_file():
+        table = pd.read_csv(csv)
+        names = table["layer"].astype(str) + "." + table["head"].astype(str)
+        for t, known in scores.items():
+            column = _rank_column(table, names, t, known)
+            if column is not None:
+                known.update({h: v for h, v in zip(names, table[column].astype(float)) if h not in known})
+    table = pd.DataFrame(
+        [
+            [str(r["head_type"]), _heads_cell(r.get("top_heads") or [], scores.get(r["head_type"], {}))]
+            for r in rows
+            if r["kind"] == primary
+        ],
+        columns=["head type", f"top-{k} heads (layer.head, score), best first"],
     )
+    caption = (
+        f"{summary.get('model')}: the {k} heads of each head type that the ablation check removes together, "
+        "by their score on the type's detector (docs/scan.md)."
+    )
+    return table_tex(table, caption, tex_label(path, "top_heads"), "lp{0.7\\linewidth}")
+
+
+def _rank_column(table: pd.DataFrame, names: pd.Series, head_type: str, known: Mapping) -> str | None:
+    """The column of head_scores.csv (``<type>`` or ``<type>_*``) whose values at summary.json's top
+    heads are their recorded scores (4 decimals): the one the type ranks by, found without importing
+    the detectors (they import torch); None where no column agrees."""
+    at = dict(zip(names, range(len(names))))
+    for column in [c for c in table.columns if c == head_type or c.startswith(f"{head_type}_")]:
+        values = table[column]
+        if known and all(
+            isinstance(v, float | int) and h in at and abs(float(values.iloc[at[h]]) - v) <= 5e-5
+            for h, v in known.items()
+        ):
+            return column
+    return None
+
+
+def _heads_cell(heads: list, scores: Mapping) -> str:
+    return ", ".join(f"{h} ({scores[h]:.2f})" if isinstance(scores.get(h), float | int) else str(h) for h in heads)
+
+
+def _verdict_row(r: Mapping, d: int, primary: str) -> list[str]:
+    """One row of a verification row ``r`` (summary.json's ``ablations``), ``d`` decimals; as scan's
+    terminal table, a kind not tested reads ``not tested`` unless it is the ``primary`` (tested)
+    kind of a type without a verdict."""
     decided = r.get("tested") or (r.get("no_verdict") and r["kind"] == primary)
     verdict = verdict_label(r.get("confirmed")) if decided else NOT_TESTED
     return [
         str(r["head_type"]),
         str(r["kind"]),
         str(r["task"]),
-        heads,
         f"{r['top_effect']:+.{d}f} {format_ci(r.get('top_effect_ci95'), f'+.{d}f')}",
         f"{r['random_mean']:+.{d}f}" if r.get("draws") else "-",
         str(r.get("draws", 0)),
@@ -329,8 +384,8 @@ def kv_tables(path: Path, summary: dict) -> dict[str, str]:
     named += [("uniform", summary["uniform"])]
     named += [(f"random {r.get('seed')}", r) for r in (summary.get("random") or {}).get("rows", [])]
     cells = [_kv_row(name, r, d, a) for name, r in named]
-    columns = ["policy", "full groups", "KV cache", "natural-loss Δ [95% CI]", "copy accuracy", "drop [95% CI]"]
-    table = pd.DataFrame(cells, columns=[*columns, "long-range loss"])
+    columns = ["policy", "full groups", "KV cache", "loss Δ [95% CI]", "copy acc.", "drop [95% CI]", "long-range loss"]
+    table = pd.DataFrame(cells, columns=columns)
     cfg = summary.get("config") or {}
     caption = (
         f"KV-cache policies of {summary.get('model')} ({summary.get('dtype', cfg.get('dtype'))}, seed {cfg.get('seed')}) at "
@@ -338,12 +393,12 @@ def kv_tables(path: Path, summary: dict) -> dict[str, str]:
         f"(target {', '.join(f'{k} {v}' for k, v in (summary.get('target') or {}).items())}) keep a full cache, the "
         f"rest stream (sink {summary.get('sink')} + window {summary.get('window')}); against the full cache, one "
         f"window on every group (uniform) and random groups at the same memory. KV cache: fraction of the full "
-        f"cache's bytes. Natural-loss Δ: increase over the full cache in nats/token; copy accuracy: top-1 on a "
+        f"cache's bytes. Loss Δ: the natural text's loss increase over the full cache in nats/token; copy acc.: top-1 on a "
         f"random block planted {', '.join(map(str, cfg.get('distances') or []))} tokens before its repeat, its "
         f"drop against the full cache; long-range loss: nats/token on that block; 95% paired intervals. "
         f"Text: {(summary.get('sources') or {}).get('natural')}."
     )
-    return {"policies": table_tex(table, caption, tex_label(path, "policies"), "lrrllll")}
+    return {"policies": table_tex(table, caption, tex_label(path, "policies"), "lrrllll", small=True)}
 
 
 def _kv_row(name: str, r: Mapping, d: int, a: int) -> list[str]:

@@ -68,6 +68,8 @@ def interval(cell: str) -> tuple[float, float, float]:
 def test_every_table_is_a_booktabs_float_with_caption_and_label(tex):
     assert set(tex) == {
         "scan/verdicts",
+        "scan/ablations",
+        "scan/top_heads",
         "prune/pruning_curve",
         "per_layer_run/pruning_curve",
         "per_layer_run/per_layer",
@@ -76,7 +78,7 @@ def test_every_table_is_a_booktabs_float_with_caption_and_label(tex):
         "circuit/edges",
     }
     for name, text in tex.items():
-        assert text.startswith("\\begin{table}[htbp]\n\\centering\n\\caption{"), name
+        assert text.replace("\\small\n", "", 1).startswith("\\begin{table}[htbp]\n\\centering\n\\caption{"), name
         assert text.rstrip().endswith("\\end{tabular}\n\\end{table}"), name
         assert re.search(r"\\label\{tab:[A-Za-z0-9:-]+\}", text), name
         assert [text.count(r) for r in ("\\toprule", "\\midrule", "\\bottomrule")] == [1, 1, 1], name
@@ -84,7 +86,7 @@ def test_every_table_is_a_booktabs_float_with_caption_and_label(tex):
         n_cols = len(re.sub(r"p\{[^}]*\}", "p", spec))
         assert all(len(r) == n_cols for r in rows(text)), name
         caption = re.search(r"\\caption\{(.*)\}\n\\label", text).group(1)
-        assert "nats/token" in caption and "smollm2-135m" in caption, name
+        assert "smollm2-135m" in caption and ("nats/token" in caption or name == "scan/top_heads"), name  # scores
 
 
 def test_special_characters_are_escaped(tex):
@@ -97,7 +99,7 @@ def test_special_characters_are_escaped(tex):
         unescaped = re.sub(r"\\[{}]", "", text)
         assert unescaped.count("{") == unescaped.count("}"), name
     assert "previous\\_token" in tex["scan/verdicts"] and "95\\% CI" in tex["scan/verdicts"]
-    assert "$\\leq$0.0877" in tex["scan/verdicts"]  # the curtailed test's bound
+    assert "$\\leq$0.0877" in tex["scan/ablations"]  # the curtailed test's bound
 
 
 def test_latex_text_escapes_once():
@@ -136,31 +138,48 @@ def test_scan_verdict_table_equals_the_caption_file_and_summary(tex):
     within half the table's last digit plus the caption's rounding), in its order; p and p adj to 4
     decimals from summary.json; the scores those of head_scores.csv."""
     caption = _caption_lines()
-    got = rows(tex["scan/verdicts"])
+    got = rows(tex["scan/ablations"])
     assert [(r[0].replace("\\_", "-"), r[1]) for r in got] == list(caption)  # the caption file's order
     summary = json.loads((SCAN / "summary.json").read_text())
     ablations = {(a["head_type"], a["kind"]): a for a in summary["ablations"]}
-    scores = pd.read_csv(SCAN / "head_scores.csv")
     for r in got:
         ref = caption[(r[0].replace("\\_", "-"), r[1])]
         a = ablations[(r[0].replace("\\_", "_"), r[1])]
-        e, lo, hi = interval(r[4])
-        for cell, want in ((e, ref["e"]), (lo, ref["lo"]), (hi, ref["hi"]), (num(r[5]), ref["c"])):
+        e, lo, hi = interval(r[2])
+        for cell, want in ((e, ref["e"]), (lo, ref["lo"]), (hi, ref["hi"]), (num(r[3]), ref["c"])):
             assert abs(cell - float(want)) <= 0.005 + 5e-4 * abs(float(want)), (r, want)
-        assert r[2] == ref["task"] and int(r[6]) == int(ref["n"]) == a["draws"]
+        assert int(r[4]) == int(ref["n"]) == a["draws"]
         p = float(ref["p"] or ref["pb"])
-        assert abs(num(r[7]) - p) <= 5e-5 + 5e-4 * p and r[7].startswith("$\\leq$") == bool(ref["pb"])
-        assert abs(num(r[7]) - a["p_value"]) <= 5e-5
+        assert abs(num(r[5]) - p) <= 5e-5 + 5e-4 * p and r[5].startswith("$\\leq$") == bool(ref["pb"])
+        assert abs(num(r[5]) - a["p_value"]) <= 5e-5
         if ref["nt"]:
-            assert r[8] == "-" and r[9] == "not tested"
+            assert r[6] == "-" and r[7] == "not tested"
         else:
-            assert abs(float(r[8]) - a["p_adjusted"]) <= 5e-5 and r[9] == ref["v"]
-        heads = re.findall(r"(\d+)\.(\d+) \(([\d.]+)\)", r[3])
-        assert [f"{la}.{h}" for la, h, _ in heads] == a["top_heads"][:4]
-        column = {"positional": "positional_fraction"}.get(a["head_type"], a["head_type"])
+            assert abs(float(r[6]) - a["p_adjusted"]) <= 5e-5 and r[7] == ref["v"]
+    # the paper's table: the tested (mean) rows, type, effect, control, p adj and verdict; tasks in its caption
+    tested = [[r[0], r[2], r[3], r[6], r[7]] for r in got if r[1] == summary["verification"]["primary_kind"]]
+    assert rows(tex["scan/verdicts"]) == tested and len(tested) == len(summary["top_heads"])
+    assert "natural text for previous\\_token, duplicate\\_token" in tex["scan/verdicts"]
+    assert "repeated random tokens for induction" in tex["scan/verdicts"]
+
+
+def test_scan_top_heads_table_is_every_ablated_head_with_its_head_scores_csv_score(tex):
+    """Each type's k ablated heads (summary.json's ablations), best first, each with its score in
+    head_scores.csv's ranking column (the positional type's: positional_fraction)."""
+    summary = json.loads((SCAN / "summary.json").read_text())
+    scores = pd.read_csv(SCAN / "head_scores.csv")
+    tops = {a["head_type"]: a["top_heads"] for a in summary["ablations"]}
+    got = rows(tex["scan/top_heads"])
+    order = [r[0] for r in rows(tex["scan/ablations"]) if r[1] == summary["verification"]["primary_kind"]]
+    assert [r[0] for r in got] == order and len(got) == len(tops)  # the verdict tables' order
+    for r in got:
+        t = r[0].replace("\\_", "_")
+        heads = re.findall(r"(\d+)\.(\d+) \(([\d.]+)\)", r[1])
+        assert [f"{la}.{h}" for la, h, _ in heads] == tops[t] and len(heads) == 10
+        column = {"positional": "positional_fraction"}.get(t, t)
         for la, h, s in heads:
             want = scores.loc[(scores["layer"] == int(la)) & (scores["head"] == int(h)), column].item()
-            assert abs(float(s) - want) <= 0.005 + 1e-5, (r[0], la, h, s, want)
+            assert abs(float(s) - want) <= 0.005 + 1e-5, (t, la, h, s, want)
 
 
 def test_prune_curve_table_equals_pruning_curve_csv(tex):
