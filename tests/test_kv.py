@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -848,3 +849,27 @@ def test_the_committed_kv_runs_configs_rebuild_an_accepted_command():
         parsed = check_argv(_argv_from_config(config))
         assert parsed is not None, d
         assert json.loads(json.dumps(dataclasses.asdict(parsed[1]))) == config, d
+
+
+def test_each_number_of_the_report_table_sits_under_its_own_name():
+    """The header printed ``copy accuracy drop [95% CI]`` over ``0.717 -0.017 [...]``: read as one name
+    over two numbers. Columns are two spaces apart or more; each row's cells fall under their names."""
+    from headprobe.commands.kv_core import _table_header, _table_row
+
+    r = {
+        "natural_loss_increase": 0.0175,
+        "natural_loss_increase_ci95_lo": 0.0047,
+        "natural_loss_increase_ci95_hi": 0.0311,
+        "copy_accuracy": 0.717,
+        "copy_accuracy_drop": -0.017,
+        "copy_accuracy_drop_ci95_lo": -0.15,
+        "copy_accuracy_drop_ci95_hi": 0.117,
+        "long_range_loss": 2.434,
+    }
+    header, row = _table_header(), _table_row("chosen", r)
+    names = {m.group(0): m.span() for m in re.finditer(r"\S+(?: \S+)*", header)}
+    assert list(names) == ["natural-loss Δ [95% CI]", "copy accuracy", "accuracy drop [95% CI]", "long-range loss"]
+    cells = [m.span() for m in re.finditer(r"\S+(?: \S+)*", row)][1:]  # after the row's name
+    assert [row[a:b] for a, b in cells] == ["0.0175 [+0.0047, +0.0311]", "0.717", "-0.017 [-0.150, +0.117]", "2.434"]
+    for (a, b), (x, y) in zip(cells, names.values(), strict=True):
+        assert a < y and x < b, (header, row)  # the cell overlaps its name's columns

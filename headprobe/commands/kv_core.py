@@ -302,8 +302,7 @@ class KVResult(CompactRepr, WritesOutputs):
             else f"policy: {len(s['full_groups'])} of {n_groups} KV groups full, the rest "
             f"sink {s['sink']} + window {s['window']}; KV cache {s['kv_fraction']:.3f} of full at {s['seq_len']} tokens",
             *([_tolerance_line(s["target"])] if "loss_tolerance" in s["target"] else []),
-            f"{'':>10} {'natural-loss Δ':>15} {'[95% CI]':<20} {'copy accuracy':>14} {'drop [95% CI]':<24} "
-            f"{'long-range loss':>16}",
+            _table_header(),
             _table_row("full", {**s["full"], "natural_loss_increase": 0.0}, interval=False),
         ]
         lines += [_table_row(name, s[name]) for name in ("chosen", "uniform")]
@@ -419,7 +418,17 @@ def _table_row(name: str, r: dict, interval: bool = True) -> str:
     )
     if not interval:
         loss_ci = drop = ""
-    return f"{name:>10} {loss} {loss_ci:<20} {acc} {drop:<24} {r['long_range_loss']:>16.3f}"
+    return f"{name:>10} {loss} {loss_ci:<20} {acc}  {drop:<24} {r['long_range_loss']:>16.3f}"
+
+
+def _table_header() -> str:
+    """The report table's header, each name over its number in :func:`_table_row` (the accuracy's
+    column and its drop's two spaces apart: headed ``copy accuracy drop [95% CI]`` they read as one
+    name over the two numbers)."""
+    return (
+        f"{'':>10} {'natural-loss Δ':>15} {'[95% CI]':<20} {'copy accuracy':>14}  {'accuracy drop [95% CI]':<24} "
+        f"{'long-range loss':>16}"
+    )
 
 
 def _signs(chosen: dict, others: list[dict]) -> dict[str, tuple[int, bool]]:
