@@ -148,6 +148,7 @@ class KVResult(CompactRepr, WritesOutputs):
                 "kv_bytes": self.policy_cost.kv_bytes,
                 "kv_bytes_full": self.policy_cost.kv_bytes_full,
                 "kv_fraction": self.policy_cost.kv_fraction,
+                **element_size(c.dtype, self.layout.bytes_per_element),
                 "cache_check": self.cache_check,
                 "full": self.full.to_dict(),
                 "chosen": by["chosen"],
@@ -302,6 +303,7 @@ class KVResult(CompactRepr, WritesOutputs):
             else f"policy: {len(s['full_groups'])} of {n_groups} KV groups full, the rest "
             f"sink {s['sink']} + window {s['window']}; KV cache {s['kv_fraction']:.3f} of full at {s['seq_len']} tokens",
             *([_tolerance_line(s["target"])] if "loss_tolerance" in s["target"] else []),
+            _bytes_line(s),
             _table_header(),
             _table_row("full", {**s["full"], "natural_loss_increase": 0.0}, interval=False),
         ]
@@ -428,6 +430,39 @@ def _table_header() -> str:
     return (
         f"{'':>10} {'natural-loss Δ':>15} {'[95% CI]':<20} {'copy accuracy':>14}  {'accuracy drop [95% CI]':<24} "
         f"{'long-range loss':>16}"
+    )
+
+
+def _budget_default() -> str:
+    """``headprobe budget``'s default ``--dtype`` and its bytes per number: ``bf16, 2 bytes``."""
+    from headprobe.commands.budget import BudgetConfig
+    from headprobe.probe.layout.cost import DTYPE_BYTES
+
+    name = BudgetConfig.__dataclass_fields__["dtype"].default
+    return f"{name}, {DTYPE_BYTES[name]} bytes"
+
+
+def element_size(dtype: str, nbytes: int) -> dict[str, Any]:
+    """summary.json's ``kv_bytes_per_element`` (``nbytes``, of the run's ``dtype``: the cache is
+    kept in the model's dtype) and where it comes from: ``headprobe budget`` costs its own
+    ``--dtype`` (default bf16, 2 bytes), so the same cache there needs ``--dtype`` ``dtype``."""
+    return {
+        "kv_bytes_per_element": nbytes,
+        "kv_bytes_per_element_source": f"the run's --dtype {dtype}: the KV cache is kept in the model's dtype "
+        f"({nbytes} bytes per number); headprobe budget costs its own --dtype (default {_budget_default()}), "
+        f"so its --policy gives these bytes with --dtype {dtype} (policy_budget.json's command)",
+    }
+
+
+def _bytes_line(s: dict) -> str:
+    """The report's line of the policy's and the full cache's KV bytes and their element size."""
+    from headprobe.probe.core.sizes import format_bytes
+
+    dtype = s["config"]["dtype"]
+    return (
+        f"KV cache {format_bytes(s['kv_bytes'])} of {format_bytes(s['kv_bytes_full'])} per sequence at "
+        f"{s['kv_bytes_per_element']} bytes per number ({dtype}, the run's dtype; headprobe budget costs "
+        f"{_budget_default()}, unless --dtype {dtype})"
     )
 
 
