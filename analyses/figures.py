@@ -2274,12 +2274,13 @@ def _tolerance_point(axes, rows: Sequence[dict], loss_tolerance: float | None) -
 def _uniform_windows(rows: Sequence[dict]) -> str:
     """The uniform entry's end, a comma and a second line ``W' = 504, 1016 tokens, left to right``: the
     uniform rows' ``uniform_window`` (curve.csv's column, tokens; ``full`` where the control is the full
-    cache) in the order of their KV fractions; "" where the rows have no such column (a curve.csv
-    written before it)."""
+    cache) in the order of their KV fractions (one row: ``W' = 504 tokens``, no order to give); ""
+    where the rows have no such column (a curve.csv written before it)."""
     if not rows or not any("uniform_window" in r for r in rows):
         return ""
     ws = [r.get("uniform_window") for r in sorted(rows, key=lambda r: r["kv_fraction"])]
-    return ",\nW' = " + ", ".join("full" if w is None or w != w else f"{int(w)}" for w in ws) + " tokens, left to right"
+    order = ", left to right" if len(ws) > 1 else ""
+    return ",\nW' = " + ", ".join("full" if w is None or w != w else f"{int(w)}" for w in ws) + f" tokens{order}"
 
 
 @_styled

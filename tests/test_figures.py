@@ -1155,6 +1155,8 @@ def test_the_kv_curves_uniform_entry_prints_w_prime_where_curve_csv_has_it():
         return label
 
     assert uniform_label(rows).endswith(",\nW' = 246, 504, full tokens, left to right")
+    one = [r for r in rows if r["budget"] in (0.5, 0.6)]  # one budget (and the tolerance point): no order to give
+    assert uniform_label(one).endswith(",\nW' = 504 tokens"), uniform_label(one)
     old = uniform_label([{k: v for k, v in r.items() if k != "uniform_window"} for r in rows])
     assert old == "uniform: one window W' on every group, same KV memory"
 
