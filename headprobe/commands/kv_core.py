@@ -438,7 +438,7 @@ def _budget_default() -> str:
     from headprobe.commands.budget import BudgetConfig
     from headprobe.probe.layout.cost import DTYPE_BYTES
 
-    name = BudgetConfig.__dataclass_fields__["dtype"].default
+    name = BudgetConfig().dtype  # its default (a config of no flags: nothing is checked that could fail)
     return f"{name}, {DTYPE_BYTES[name]} bytes"
 
 
