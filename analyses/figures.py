@@ -1075,6 +1075,24 @@ def _ablation_p(r: dict) -> str:
     return text + (STOPPED_MARK if r.get("tested") and stop_text(r) is not None else "")
 
 
+def _stopped_legend(stopped: Sequence[dict]) -> str:
+    """The legend's line for :data:`STOPPED_MARK`, naming the forms of p the ``stopped`` rows show
+    (:func:`_ablation_p`): ``p a–b`` a curtailed test's range, ``p ≤ b`` its bound without the
+    smallest, ``p = h/n`` a test settled above alpha, whose p is exact (Besag & Clifford: h of n
+    control sets reached the effect). It said "p a–b: its range" over a settled ``p = 0.143†``.
+    Wrapped at 60 characters, as :func:`rule_legend`."""
+    bound = [r for r in stopped if r.get("p_value") is not None and r.get("p_value_is_bound")]
+    forms = [
+        *(["p a–b: its range"] if any(r.get("p_value_min") is not None for r in bound) else []),
+        *(["p ≤ b: its bound"] if any(r.get("p_value_min") is None for r in bound) else []),
+        *(["p = h/n: settled, exact"] if any(r.get("p_value") is not None and r not in bound for r in stopped) else []),
+    ]
+    import textwrap
+
+    which = f" ({'; '.join(forms)})" if forms else ""
+    return textwrap.fill(f"{STOPPED_MARK}: the test stopped early{which}; why: the caption", 60, break_on_hyphens=False)
+
+
 def _ablation_verdict_text(r: dict) -> str:
     """The numbers :func:`ablation_plot` writes above a head type's column for row ``r``, at most four
     short lines (five columns side by side): control sets that reached the effect, p (:func:`_ablation_p`)
@@ -1114,9 +1132,8 @@ def _ablation_handles(rows: Sequence[dict], k: int, rule: VerdictRule | None) ->
     ]
     unit = UNITS[effect_metric(rows)]
     within = unit.removesuffix("/token") if unit.endswith("/token") else f"({unit})"  # ±0.1 nats, ±0.1 (1 - cos)
-    if any(r.get("tested") and stop_text(r) is not None for r in rows):
-        stopped = f"{STOPPED_MARK}: the test stopped early (p a–b: its range); why: the caption"
-        handles.append(Line2D([], [], ls="", label=stopped))
+    if stopped := [r for r in rows if r.get("tested") and stop_text(r) is not None]:
+        handles.append(Line2D([], [], ls="", label=_stopped_legend(stopped)))
     if rule is not None:
         handles.append(Line2D([], [], ls="", label=rule_legend(rule)))
     handles.append(
@@ -2283,12 +2300,13 @@ def _tolerance_point(axes, rows: Sequence[dict], loss_tolerance: float | None) -
 def _uniform_windows(rows: Sequence[dict]) -> str:
     """The uniform entry's end, a comma and a second line ``W' = 504, 1016 tokens, left to right``: the
     uniform rows' ``uniform_window`` (curve.csv's column, tokens; ``full`` where the control is the full
-    cache) in the order of their KV fractions; "" where the rows have no such column (a curve.csv
-    written before it)."""
+    cache) in the order of their KV fractions (one row: ``W' = 504 tokens``, no order to give); ""
+    where the rows have no such column (a curve.csv written before it)."""
     if not rows or not any("uniform_window" in r for r in rows):
         return ""
     ws = [r.get("uniform_window") for r in sorted(rows, key=lambda r: r["kv_fraction"])]
-    return ",\nW' = " + ", ".join("full" if w is None or w != w else f"{int(w)}" for w in ws) + " tokens, left to right"
+    order = ", left to right" if len(ws) > 1 else ""
+    return ",\nW' = " + ", ".join("full" if w is None or w != w else f"{int(w)}" for w in ws) + f" tokens{order}"
 
 
 @_styled

@@ -329,3 +329,29 @@ def test_sliding_windows_beyond_the_bound_are_refused_and_at_it_are_built(capsys
     windows = cost.sliding_windows(n, 8, 2)
     assert windows is not None and len(windows) == n and windows[:4] == (8, None, 8, None)
     assert windows.count(None) == n // 2
+
+
+def test_compare_prints_each_layouts_flops_apart(capsys):
+    """SmolLM2-135M at 8,192 tokens: MHA 176.3, GQA 169.1, MQA 166.7 GFLOP per layer (by hand: Q and O
+    2TD(H dh) each, K and V 2TD(n_kv dh) each, scores + AV 4T^2(H dh)) printed 0.18, 0.17, 0.17 TFLOP;
+    each now prints apart, within half its last digit of the count."""
+    T, D, H, dh = 8192, 576, 9, 64
+    want = {n: 2 * 2 * T * D * H * dh + 2 * 2 * T * D * n * dh + 4 * T * T * H * dh for n in (9, 3, 1)}
+    code, out, err = run_cli(capsys, "--preset", "smollm2-135m", "--compare", "--seq-len", str(T))
+    assert code == 0, err
+    rows = [x.split() for x in out.splitlines() if x.split()[:1] in (["MHA"], ["GQA"], ["MQA"])]
+    printed = {int(r[1]): r[-2] for r in rows}
+    assert [r[-1] for r in rows] == ["TFLOP"] * 3 and len(set(printed.values())) == 3, printed
+    for n, text in printed.items():
+        step = 10.0 ** -len(text.partition(".")[2])
+        assert abs(float(text) * 1e12 - want[n]) <= step / 2 * 1e12, (n, text, want[n])
+
+
+def test_the_kv_cache_row_names_the_whole_batch(capsys):
+    """``--batch 4 --seq-len 2048`` printed "KV cache per request (4 x 2048 tokens)  180 MiB": the
+    cache of all 4 sequences (4 x 2048 x 30 layers x 384 numbers x 2 bytes), read as one's."""
+    code, out, err = run_cli(capsys, "--preset", "smollm2-135m", "--seq-len", "2048", "--batch", "4")
+    assert code == 0, err
+    (row,) = [x for x in out.splitlines() if x.startswith("KV cache, ")]
+    assert row.startswith("KV cache, 4 sequences x 2048 tokens ") and cost.format_bytes(4 * 2048 * 30 * 384 * 2) in row
+    assert cost.format_bytes(4 * 2048 * 30 * 384 * 2) == "180 MiB"

@@ -53,7 +53,15 @@ and what the test puts there. Words such as ``DIR``, ``RUN`` or ``out/x`` stay: 
 
 REQUIRED_VALUES = {"--out": "out", "--head": "0.0", "--heads-file": "heads.txt", "--from": "scan-out"}
 """What is put for a required flag that inline prose leaves out (``headprobe scan --no-verify``:
-the prose names the flags that matter; the rest is still checked). A code block's command must be whole."""
+the prose names the flags that matter; the rest is still checked). A code block's command must be
+whole, and so must a prose run (:data:`RUN_FLAGS`)."""
+RUN_FLAGS = 4
+"""Inline prose with this many flags or more is a run with its settings, which the docs time or quote
+and a reader copies: it must be whole (its ``--out`` too), with or without ``headprobe`` before it
+(README's `` `ablate --estimate second-order --n-natural 4 ... --n-probes 4` took 183 s`` left out
+``--out``: neither a bare command name nor a missing required flag was checked in prose). Fewer
+flags name flags (``headprobe scan --no-verify``, ``prune --save-pruned``)."""
+FLAG = re.compile(r"^--?[a-z]")
 
 NOT_COMMANDS = {
     ("CONTRIBUTING.md", "headprobe ablate --kind"): "names the flag, which reads the kind registry",
@@ -76,7 +84,8 @@ FOLDERS_READ = {"--checkpoints": "checkpoints/step-000100"}
 @dataclass(frozen=True)
 class Documented:
     """One command line of the docs: where (``source:line``), its text and its words after
-    ``headprobe``; ``whole``: a code block's or script's line, not prose nor elided with ``...``;
+    ``headprobe``; ``whole``: a code block's or script's line or a prose run (:data:`RUN_FLAGS`),
+    not elided with ``...``;
     ``refused``: the docs show it refused (the quoted line; ``""``: none quoted)."""
 
     where: str
@@ -117,6 +126,23 @@ def _command_in(text: str) -> str | None:
     return text[m.start() :]
 
 
+def _flag_count(text: str) -> int:
+    """How many words of command line ``text`` are flags (``-k``, ``--out``; not ``-3``)."""
+    return sum(bool(FLAG.match(w)) for w in text.split())
+
+
+def _prose_command(text: str) -> str | None:
+    """The command line of an inline code span: from its ``headprobe <command>`` on
+    (:func:`_command_in`), or ``<command> --flag ...`` with :data:`RUN_FLAGS` flags or more, a run
+    named without ``headprobe`` (returned with it); else None."""
+    if (command := _command_in(text)) is not None:
+        return command
+    first = text.split(" ", 1)[0]
+    if first in COMMANDS.names() and _flag_count(text) >= RUN_FLAGS:
+        return f"headprobe {text}"
+    return None
+
+
 def _documented(where: str, text: str, source: str, whole: bool, refused: str | None = None) -> list[Documented]:
     argvs, elided = _argvs(text, source)
     return [Documented(where, text, tuple(a), whole and not elided, refused) for a in argvs]
@@ -142,7 +168,8 @@ def _logical_lines(block: str) -> list[tuple[int, str]]:
 def markdown_commands(text: str, source: str, first_line: int = 1) -> list[Documented]:
     """The command lines of Markdown ``text``: each line of a code block that starts with a
     command (a ``headprobe: error:`` line next: shown refused, with that line), and each inline
-    code span that does (one that is only ``headprobe <command>`` names the command: skipped)."""
+    code span that does (one that is only ``headprobe <command>`` names the command: skipped) or
+    is a run without ``headprobe`` (:func:`_prose_command`); a prose run must be whole."""
     found: list[Documented] = []
     for m in FENCE.finditer(text):
         line0 = first_line + text.count("\n", 0, m.start(2))
@@ -156,7 +183,7 @@ def markdown_commands(text: str, source: str, first_line: int = 1) -> list[Docum
             found += _documented(f"{source}:{line0 + i}", command, source, True, refused)
     prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
     for m in INLINE.finditer(prose):
-        command = _command_in(" ".join(m.group(1).split()))
+        command = _prose_command(" ".join(m.group(1).split()))
         if command is None or len(command.split()) < 3:
             continue
         if (source, command) in NOT_COMMANDS:
@@ -166,8 +193,9 @@ def markdown_commands(text: str, source: str, first_line: int = 1) -> list[Docum
         if (source, command) in REFUSED_IN_PROSE:
             USED.add((source, command))
             refused = REFUSED_IN_PROSE[source, command] or ""
+        run = _flag_count(command) >= RUN_FLAGS
         found += _documented(
-            f"{source}:{first_line + prose.count(chr(10), 0, m.start())}", command, source, False, refused
+            f"{source}:{first_line + prose.count(chr(10), 0, m.start())}", command, source, run, refused
         )
     return found
 
@@ -398,6 +426,11 @@ def test_the_extraction_reads_blocks_prose_continuations_and_refusals():
             "--keep-n-random only acts without --no-verify",
         ),
         ("```\nheadprobe scan --no-verify\n```", "the following arguments are required: --out"),
+        (
+            "`ablate --estimate second-order --n-natural 4 --seq-len 64\n--n-repeated 4 --period 25 --n-probes 4` took",
+            "the following arguments are required: --out",
+        ),
+        ("`headprobe scan --n-natural 1 --n-repeated 1 --period 40 --no-verify` took", "required: --out"),
         ("`headprobe circuit --method eap --steps 3`", "--steps only acts with --method eap-ig"),
         ("`headprobe scan --seq-len`", "expected one argument"),
         ("```\nheadprobe scan --out o\nheadprobe: error: nothing\n```", "is shown refused, but it is accepted"),

@@ -1155,6 +1155,8 @@ def test_the_kv_curves_uniform_entry_prints_w_prime_where_curve_csv_has_it():
         return label
 
     assert uniform_label(rows).endswith(",\nW' = 246, 504, full tokens, left to right")
+    one = [r for r in rows if r["budget"] in (0.5, 0.6)]  # one budget (and the tolerance point): no order to give
+    assert uniform_label(one).endswith(",\nW' = 504 tokens"), uniform_label(one)
     old = uniform_label([{k: v for k, v in r.items() if k != "uniform_window"} for r in rows])
     assert old == "uniform: one window W' on every group, same KV memory"
 
@@ -1519,11 +1521,46 @@ def test_the_ablation_figure_lists_the_types_in_the_overviews_order_with_short_n
     assert notes and all(len(n.split("\n")) <= 4 and max(map(len, n.split("\n"))) <= 16 for n in notes), notes
     stopped = [n for n in notes if figs.STOPPED_MARK in n]
     assert len(stopped) == 2 and "p 0.05–0.0877" + figs.STOPPED_MARK in stopped[0], stopped
-    legend = " ".join(t.get_text() for t in fig.legends[0].get_texts())
+    legend = " ".join(" ".join(t.get_text().split()) for t in fig.legends[0].get_texts())  # lines unwrapped
     assert f"{figs.STOPPED_MARK}: the test stopped early" in legend, legend
+    # duplicate-token curtailed (a range), first-token settled above alpha (an exact p): the legend names both
+    assert "p a–b: its range" in legend and "p = h/n: settled, exact" in legend, legend
     caption = figs.ablation_caption(rows, result.verification, rule=result.rule)
     assert "stopped: cannot reach alpha after BH" in caption
     assert [line.split(" (")[0] for line in caption.splitlines()[1::2]] == ticks
+
+
+@pytest.mark.parametrize(
+    "row, label, says, not_says",
+    [  # a test settled above alpha at h = 1 of 7 sets: p = 1/7 exact, no range (a new user's quick scan)
+        (
+            dict(p_value=1 / 7, p_value_is_bound=False, stop_reason="settled above alpha"),
+            "p = 0.143†",
+            "p = h/n",
+            "a–b",
+        ),
+        (
+            dict(p_value=0.0877, p_value_is_bound=True, p_value_min=0.05, stop_reason="futile under the correction"),
+            "p 0.05–0.0877†",
+            "p a–b: its range",
+            "p = h/n",
+        ),
+        (
+            dict(p_value=0.0877, p_value_is_bound=True, p_value_min=None, stop_reason="futile under the correction"),
+            "p ≤ 0.0877†",
+            "p ≤ b: its bound",
+            "a–b",
+        ),
+    ],
+)
+def test_the_stopped_marks_legend_names_the_form_of_p_each_stopped_column_shows(row, label, says, not_says):
+    """ablation.png's legend said "†: the test stopped early (p a–b: its range)" over ``p = 0.143†``: a
+    test settled above alpha has an exact p (h/n) and no range; only a curtailed test has one."""
+    r = {"tested": True, "correction": "bh", "metric": "loss", **row}
+    assert figs._ablation_p(r) == label
+    handles = figs._ablation_handles([r], 10, None)
+    (legend,) = [" ".join(h.get_label().split()) for h in handles if figs.STOPPED_MARK in h.get_label()]
+    assert says in legend and not_says not in legend, legend
 
 
 def _committed_circuit(folder: str) -> tuple[list, int, int]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -848,3 +849,43 @@ def test_the_committed_kv_runs_configs_rebuild_an_accepted_command():
         parsed = check_argv(_argv_from_config(config))
         assert parsed is not None, d
         assert json.loads(json.dumps(dataclasses.asdict(parsed[1]))) == config, d
+
+
+def test_summary_and_report_state_the_bytes_per_number_of_the_runs_dtype(llama, text_file):
+    """kv costs its cache in the run's dtype (float32: 4 bytes) while ``budget`` costs bf16 (2 bytes)
+    unless told: a new user found the same cache 2x apart between the commands. summary.json gives
+    the element size and its source, the report prints it beside the bytes; the full cache's bytes
+    are layers x KV heads x T x (key + value) x d_head x 4 by hand."""
+    _, model = llama
+    r = run(model, tiny_kv(text_file, "llama", kv_budget=0.5, budgets=(0.5,), n_random=1), progress=False)
+    s, cfg = r.summary(), model.model.cfg
+    assert model.dtype == torch.float32 and s["kv_bytes_per_element"] == 4
+    assert s["kv_bytes_full"] == cfg.n_layers * model.model.n_kv_groups * 48 * 2 * cfg.d_head * 4
+    assert "the run's --dtype float32" in s["kv_bytes_per_element_source"]
+    assert "default bf16, 2 bytes" in s["kv_bytes_per_element_source"]
+    line = next(x for x in r.report().splitlines() if x.startswith("KV cache "))
+    assert f"{cost.format_bytes(s['kv_bytes_full'])} per sequence at 4 bytes per number (float32" in line, line
+
+
+def test_each_number_of_the_report_table_sits_under_its_own_name():
+    """The header printed ``copy accuracy drop [95% CI]`` over ``0.717 -0.017 [...]``: read as one name
+    over two numbers. Columns are two spaces apart or more; each row's cells fall under their names."""
+    from headprobe.commands.kv_core import _table_header, _table_row
+
+    r = {
+        "natural_loss_increase": 0.0175,
+        "natural_loss_increase_ci95_lo": 0.0047,
+        "natural_loss_increase_ci95_hi": 0.0311,
+        "copy_accuracy": 0.717,
+        "copy_accuracy_drop": -0.017,
+        "copy_accuracy_drop_ci95_lo": -0.15,
+        "copy_accuracy_drop_ci95_hi": 0.117,
+        "long_range_loss": 2.434,
+    }
+    header, row = _table_header(), _table_row("chosen", r)
+    names = {m.group(0): m.span() for m in re.finditer(r"\S+(?: \S+)*", header)}
+    assert list(names) == ["natural-loss Δ [95% CI]", "copy accuracy", "accuracy drop [95% CI]", "long-range loss"]
+    cells = [m.span() for m in re.finditer(r"\S+(?: \S+)*", row)][1:]  # after the row's name
+    assert [row[a:b] for a, b in cells] == ["0.0175 [+0.0047, +0.0311]", "0.717", "-0.017 [-0.150, +0.117]", "2.434"]
+    for (a, b), (x, y) in zip(cells, names.values(), strict=True):
+        assert a < y and x < b, (header, row)  # the cell overlaps its name's columns

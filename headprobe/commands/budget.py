@@ -40,6 +40,7 @@ from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import finite_json
 from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.core.reprs import CompactRepr
+from headprobe.probe.core.sizes import exact, fixed
 from headprobe.probe.core.vocabulary import unsupported_dtype
 from headprobe.probe.layout import cost
 from headprobe.probe.layout.attention import attention_module, windows_from_hf_config
@@ -130,7 +131,7 @@ class BudgetConfig:
         qk_nope_head_dim: MLA: width of each head's non-rotary query/key part (None: d_head).
         seq_len: tokens per sequence T (None: :data:`DEFAULT_SEQ_LEN`, 8192; :attr:`workload_seq_len`
             is the one in use). Refused with flops_table, which takes its lengths itself.
-        batch: sequences per request.
+        batch: sequences per request (the KV and attention-matrix bytes are the whole batch's).
         dtype: number format of cache and activations: fp32, bf16, fp16, fp8, int8 or torch's names.
         compare: MHA, every GQA group count and MQA of the same heads (their key and value widths) side by side.
         flops_table: FLOPs of one layer at these lengths (an empty tuple: the lesson's lengths); None: off.
@@ -207,7 +208,11 @@ class BudgetConfig:
     seq_len: int | None = setting(
         None, f"tokens per sequence T (default {DEFAULT_SEQ_LEN}; --flops-table takes its own)", type=positive_int
     )
-    batch: int = setting(1, "sequences per request (default %(default)s)", type=positive_int)
+    batch: int = setting(
+        1,
+        "sequences per request; KV cache and attention matrices are the whole batch's (default %(default)s)",
+        type=positive_int,
+    )
     dtype: str = setting(
         "bf16",
         "number format of cache and activations, sets the bytes per element (default "
@@ -580,7 +585,7 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
         ],
         ["KV cache per token", format_bytes(r["kv_bytes_per_token"]), mha(format_bytes(r["kv_bytes_per_token_mha"]))],
         [
-            f"KV cache per request ({B} x {T} tokens)",
+            kv_batch_label(B, T),
             format_bytes(r["kv_bytes_per_request"]),
             mha(format_bytes(r["kv_bytes_per_request_mha"])),
         ],
@@ -660,8 +665,8 @@ def format_policy(pc: dict[str, Any], path: str, lay: AttentionLayout) -> str:
     streaming = "min(S+W, pos+1)" if lay.windows is None else "min(S+W, pos+1) within the layer's window"
     rows = [
         ["KV groups full / streaming", f"{pc['n_full_groups']:,} / {pc['n_streaming_groups']:,}", ""],
-        ["KV cache per request, policy", format_bytes(pc["kv_bytes"]), f"{pc['kv_bytes']:,} bytes"],
-        ["KV cache per request, all groups full", format_bytes(pc["kv_bytes_full"]), f"{pc['kv_bytes_full']:,} bytes"],
+        ["KV cache of the batch, policy", format_bytes(pc["kv_bytes"]), f"{pc['kv_bytes']:,} bytes"],
+        ["KV cache of the batch, all groups full", format_bytes(pc["kv_bytes_full"]), f"{pc['kv_bytes_full']:,} bytes"],
         ["KV cache fraction", f"{pc['kv_fraction']:.4f}", "policy / full"],
         [
             "scores + AV FLOPs, all layers, policy",
@@ -672,6 +677,31 @@ def format_policy(pc: dict[str, Any], path: str, lay: AttentionLayout) -> str:
         ["attention matrix, largest layer, policy", format_bytes(pc["attention_matrix_bytes_largest_layer"]), ""],
     ]
     return f"KV policy {path}\n\n" + _table(rows, ["quantity", "value", "note"], right={1})
+
+
+def kv_batch_label(batch: int, seq_len: int) -> str:
+    """The report's KV-cache row: the cache of the whole batch (``--batch`` sequences of ``seq_len``
+    tokens), which ``kv_bytes_per_request`` counts; "per request (4 x 2048 tokens)" read as one
+    sequence's."""
+    return f"KV cache, {batch} sequence{'s' if batch != 1 else ''} x {seq_len} tokens"
+
+
+def distinct_flops(values: list[int]) -> list[str]:
+    """``values`` (FLOPs) as :func:`~headprobe.probe.layout.cost.format_flops` prints them, each
+    with as many more decimals as it takes for different counts to print differently (the
+    ``--compare`` column: MHA 176.3, GQA 169.1 and MQA 166.7 GFLOP printed 0.18, 0.17, 0.17 TFLOP),
+    at most 12 more."""
+    texts = [format_flops(v) for v in values]
+    for extra in range(13):
+        if len(set(texts)) == len(set(values)):
+            return texts
+        texts = []
+        for v in values:
+            number, unit = format_flops(v).split(" ")
+            places = len(number.partition(".")[2]) + extra + 1
+            size = 10 ** dict(_FLOP_UNITS).get(unit, 0)
+            texts.append(f"{fixed(exact(v) / size, places)} {unit}")
+    return texts
 
 
 def format_compare(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: str, seq_len: int, batch: int) -> str:
@@ -688,10 +718,14 @@ def format_compare(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: str,
             format_bytes(r["kv_bytes_per_token"]),
             format_bytes(r["kv_bytes_per_request"]),
             f"{r['kv_vs_mha']:.3g}x",
-            *(format_flops(k["flops_per_layer"]) for k in r["flops_per_layer_by_window"]),
         ]
         for r in rows
     ]
+    for i in range(len(rows[0]["flops_per_layer_by_window"])):  # each kind of layer's FLOPs, told apart
+        for line, text in zip(
+            table, distinct_flops([r["flops_per_layer_by_window"][i]["flops_per_layer"] for r in rows])
+        ):
+            line.append(text)
     kinds = [_kind_txt(k["window"], lay.windows is not None) for k in rows[0]["flops_per_layer_by_window"]]
     header = [
         "layout",
@@ -701,7 +735,7 @@ def format_compare(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: str,
         "attn params/layer",
         "KV numbers/token/layer",
         "KV/token",
-        f"KV/request ({batch} x {seq_len})",
+        f"KV/batch ({batch} x {seq_len})",
         "KV vs MHA",
         *(f"FLOPs/layer, {k}" if k else "FLOPs/layer" for k in kinds),
     ]
@@ -1218,7 +1252,7 @@ def format_layers_report(d: dict[str, Any], lay: AttentionLayout, dtype: str) ->
         ["KV numbers per token, all layers", f"{p['kv_numbers_per_token']:,}", f"{u['kv_numbers_per_token']:,}"],
         ["KV cache per token", format_bytes(p["kv_bytes_per_token"]), format_bytes(u["kv_bytes_per_token"])],
         [
-            f"KV cache per request ({B} x {T} tokens)",
+            kv_batch_label(B, T),
             format_bytes(p["kv_bytes_per_request"]),
             format_bytes(u["kv_bytes_per_request"]),
         ],

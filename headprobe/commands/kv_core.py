@@ -149,6 +149,7 @@ class KVResult(CompactRepr, WritesOutputs):
                 "kv_bytes": self.policy_cost.kv_bytes,
                 "kv_bytes_full": self.policy_cost.kv_bytes_full,
                 "kv_fraction": self.policy_cost.kv_fraction,
+                **element_size(c.dtype, self.layout.bytes_per_element),
                 "cache_check": self.cache_check,
                 "full": self.full.to_dict(),
                 "chosen": by["chosen"],
@@ -303,8 +304,8 @@ class KVResult(CompactRepr, WritesOutputs):
             else f"policy: {len(s['full_groups'])} of {n_groups} KV groups full, the rest "
             f"sink {s['sink']} + window {s['window']}; KV cache {s['kv_fraction']:.3f} of full at {s['seq_len']} tokens",
             *([_tolerance_line(s["target"])] if "loss_tolerance" in s["target"] else []),
-            f"{'':>10} {'natural-loss Δ':>15} {'[95% CI]':<20} {'copy accuracy':>14} {'drop [95% CI]':<24} "
-            f"{'long-range loss':>16}",
+            _bytes_line(s),
+            _table_header(),
             _table_row("full", {**s["full"], "natural_loss_increase": 0.0}, interval=False),
         ]
         lines += [_table_row(name, s[name]) for name in ("chosen", "uniform")]
@@ -421,7 +422,50 @@ def _table_row(name: str, r: dict, interval: bool = True) -> str:
     )
     if not interval:
         loss_ci = drop = ""
-    return f"{name:>10} {loss} {loss_ci:<20} {acc} {drop:<24} {r['long_range_loss']:>16.3f}"
+    return f"{name:>10} {loss} {loss_ci:<20} {acc}  {drop:<24} {r['long_range_loss']:>16.3f}"
+
+
+def _table_header() -> str:
+    """The report table's header, each name over its number in :func:`_table_row` (the accuracy's
+    column and its drop's two spaces apart: headed ``copy accuracy drop [95% CI]`` they read as one
+    name over the two numbers)."""
+    return (
+        f"{'':>10} {'natural-loss Δ':>15} {'[95% CI]':<20} {'copy accuracy':>14}  {'accuracy drop [95% CI]':<24} "
+        f"{'long-range loss':>16}"
+    )
+
+
+def _budget_default() -> str:
+    """``headprobe budget``'s default ``--dtype`` and its bytes per number: ``bf16, 2 bytes``."""
+    from headprobe.commands.budget import BudgetConfig
+    from headprobe.probe.layout.cost import DTYPE_BYTES
+
+    name = BudgetConfig().dtype  # its default (a config of no flags: nothing is checked that could fail)
+    return f"{name}, {DTYPE_BYTES[name]} bytes"
+
+
+def element_size(dtype: str, nbytes: int) -> dict[str, Any]:
+    """summary.json's ``kv_bytes_per_element`` (``nbytes``, of the run's ``dtype``: the cache is
+    kept in the model's dtype) and where it comes from: ``headprobe budget`` costs its own
+    ``--dtype`` (default bf16, 2 bytes), so the same cache there needs ``--dtype`` ``dtype``."""
+    return {
+        "kv_bytes_per_element": nbytes,
+        "kv_bytes_per_element_source": f"the run's --dtype {dtype}: the KV cache is kept in the model's dtype "
+        f"({nbytes} bytes per number); headprobe budget costs its own --dtype (default {_budget_default()}), "
+        f"so its --policy gives these bytes with --dtype {dtype} (policy_budget.json's command)",
+    }
+
+
+def _bytes_line(s: dict) -> str:
+    """The report's line of the policy's and the full cache's KV bytes and their element size."""
+    from headprobe.probe.core.sizes import format_bytes
+
+    dtype = s["config"]["dtype"]
+    return (
+        f"KV cache {format_bytes(s['kv_bytes'])} of {format_bytes(s['kv_bytes_full'])} per sequence at "
+        f"{s['kv_bytes_per_element']} bytes per number ({dtype}, the run's dtype; headprobe budget costs "
+        f"{_budget_default()}, unless --dtype {dtype})"
+    )
 
 
 def _signs(chosen: dict, others: list[dict]) -> dict[str, tuple[int, bool]]:
