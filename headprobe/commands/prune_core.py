@@ -99,7 +99,7 @@ def per_layer_notes(rows: Sequence[dict], natural_shape: Sequence[int]) -> list[
         f"picked different best heads in {len(bad['disagree'])} of {of} (best_head_halves_agree false): with "
         f'{halves} of {tokens} tokens per half, "best" there is noise, not the layer\'s best head. To rank the '
         f"heads give more held-out windows: --n-natural (now {n}; the default 8), the windows --per-layer picks "
-        "and scores on (--n-repeated does not enter it); its time grows in proportion"
+        "and scores on (--n-repeated does not enter it); its time grows with them"
     ]
 
 
