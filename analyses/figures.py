@@ -1856,18 +1856,31 @@ def per_layer_plot(
     layer_ablated: np.ndarray,
     best_head: np.ndarray,
     title: str,
+    inverted: np.ndarray | None = None,
 ) -> Figure:
     """Michel et al. 2019's per-layer reduction: for each layer (x), the loss (nats/token) with
     that layer reduced to its best single head, to its worst single head, and with all its heads
     ablated, against the unpruned model's loss (a horizontal line); the best head's index is
     written along the top axis over its layer, clear of the markers (written beside each point, the
-    other markers overprinted it)."""
+    other markers overprinted it). ``inverted`` (a bool per layer): the layers whose held-out best
+    head lost more than their worst (the pick is noise there), drawn hollow and named in the legend."""
     fig = _figure(COLUMN_WIDTH, 2.4)
     ax = fig.subplots()
     ax.axhline(clean, color="black", lw=0.8, label="all heads")
     ax.plot(layers, layer_ablated, color="#D55E00", marker="x", ls="", ms=3, label="layer's heads all ablated")
     ax.plot(layers, worst_only, color="#E69F00", marker="s", ls="", ms=2.5, label="only its worst head kept")
     ax.plot(layers, best_only, color="#0072B2", marker="o", ls="-", ms=3, lw=0.8, label="only its best head kept")
+    if inverted is not None and np.any(inverted):
+        ax.plot(
+            np.asarray(layers)[inverted],
+            np.asarray(best_only)[inverted],
+            color="#0072B2",
+            marker="o",
+            mfc="white",
+            ls="",
+            ms=3,
+            label=f"best above worst, held out ({int(np.sum(inverted))} layers): pick is noise",
+        )
     top = ax.secondary_xaxis("top")
     top.set_xticks(np.asarray(layers, dtype=float), [str(int(h)) for h in best_head])
     top.tick_params(length=0, pad=1.5, labelsize=4.5, labelcolor="#0072B2")

@@ -27,6 +27,7 @@ from headprobe.analyses.pruning import (
     l0_pruning,
     per_layer_best_head,
     present_heads,
+    unreliable_picks,
 )
 from headprobe.analyses.pruning import memory_plan as pruning_memory_plan
 from headprobe.commands.prune import NEEDS_CAUSAL, PRUNED_DIR, PruneConfig
@@ -74,7 +75,32 @@ def per_layer_figure(t: pd.DataFrame, model: str, weights: str) -> Figure:
         t.loss_layer_ablated.to_numpy(),
         t.best_head.to_numpy(),
         f"One head per layer, {model} ({figs.weights_label(weights)})",
+        inverted=t.layer.isin(unreliable_picks(t.to_dict("records"))["inverted"]).to_numpy(),
     )
+
+
+def per_layer_notes(rows: Sequence[dict], natural_shape: Sequence[int]) -> list[str]:
+    """The NOTE on a per-layer table whose held-out pick is unreliable: one line when some layer's
+    best head, picked on one half of the ``natural_shape`` (``[windows, tokens]``) held-out windows,
+    scored worse on the other half than its worst head (:func:`~headprobe.analyses.pruning.unreliable_picks`),
+    naming those layers and counting the layers whose halves disagree; none otherwise."""
+    bad = unreliable_picks(rows)
+    if not bad["inverted"]:
+        return []
+    n, tokens = int(natural_shape[0]), int(natural_shape[1])
+    halves = f"{n // 2} window{'s' * (n > 3)}" if n % 2 == 0 else f"{(n + 1) // 2} and {n // 2} windows"
+    by = max(r["loss_best_only"] - r["loss_worst_only"] for r in rows if r["layer"] in bad["inverted"])
+    of = len(bad["layers"])
+    layers = ", ".join(map(str, bad["inverted"]))
+    return [
+        f"per layer: in {len(bad['inverted'])} of {of} layers ({layers}) the head picked as best on one half "
+        f"of the held-out windows lost more on the other half than the head picked as worst (loss_best_only > "
+        f"loss_worst_only, by up to {by:.3f} nats; drawn hollow in the per_layer figure), and the two halves "
+        f"picked different best heads in {len(bad['disagree'])} of {of} (best_head_halves_agree false): with "
+        f'{halves} of {tokens} tokens per half, "best" there is noise, not the layer\'s best head. To rank the '
+        f"heads give more held-out windows: --n-natural (now {n}; the default 8), the windows --per-layer picks "
+        "and scores on (--n-repeated does not enter it); its time grows with them"
+    ]
 
 
 def figure_labels(
@@ -231,6 +257,7 @@ class PruneResult(CompactRepr, WritesOutputs):
             out["per_layer"] = self.per_layer
         if self.pruned_info is not None:
             out["pruned_model"] = {"dir": PRUNED_DIR, **self.pruned_info}
+        out["notes"] = self.notes()
         return summary_envelope(
             out,
             model=spec.name,
@@ -345,8 +372,13 @@ class PruneResult(CompactRepr, WritesOutputs):
             )
         if self.pruned_info is not None:
             lines += saved_lines(self.pruned_info)
+        return "\n".join([*lines, *(f"NOTE: {n}" for n in self.notes())])
+
+    def notes(self) -> list[str]:
+        """What the terminal prints as NOTE lines and summary.json keeps as ``notes``: natural-text
+        windows left out, and a per-layer pick that is noise (:func:`per_layer_notes`)."""
         notes = left_out_notes(self.natural_text) if self.natural_text is not None else []
-        return "\n".join([*lines, *(f"NOTE: {n}" for n in notes)])
+        return notes + (per_layer_notes(self.per_layer, self.natural_shape) if self.per_layer is not None else [])
 
 
 def rank_vs_random(auc: dict, methods: Sequence[str]) -> dict | None:
