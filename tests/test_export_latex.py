@@ -306,3 +306,28 @@ def test_all_includes_latex_and_imports_no_torch(tmp_path):
     assert r.returncode == 0, r.stderr
     files = json.loads((tmp_path / "o" / "summary.json").read_text())["files"]
     assert "latex/verdicts.tex" in files and "heads.parquet" in files and "full_attention_heads.tsv" in files
+
+
+# A text width each table is set in (pt): a NeurIPS page's (397 pt) for the tables a paper's body
+# shows, 16 cm (455 pt) for scan's appendix table; kv's policies fit neither (docs/export.md).
+_WIDTH = {"scan/ablations": 455, "kv/policies": None}
+
+
+@pytest.mark.skipif(shutil.which("pdflatex") is None, reason="no pdflatex (Debian: texlive-latex-recommended)")
+def test_every_table_compiles_and_fits_its_page(tex, tmp_path):
+    """LaTeX itself reads each table (pdflatex, booktabs): no error, and no line wider than the text
+    width it is meant for (an overfull box is how TeX says a table runs into the margin)."""
+    for name, text in tex.items():
+        width = _WIDTH.get(name, 397)
+        doc = tmp_path / f"{name.replace('/', '-')}.tex"
+        setting = f"\\setlength{{\\textwidth}}{{{width or 600}pt}}"
+        doc.write_text(
+            f"\\documentclass{{article}}\\usepackage{{booktabs}}{setting}\\begin{{document}}\n{text}\\end{{document}}\n"
+        )
+        r = subprocess.run(
+            ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", doc.name],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        log = r.stdout
+        assert r.returncode == 0 and "! " not in log, (name, log[-2000:])
+        assert width is None or "Overfull \\hbox" not in log, (name, width, re.findall(r"Overfull \\hbox \(\S+", log))
