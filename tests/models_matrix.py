@@ -348,7 +348,7 @@ FEATURES = (
         f"saved `pruned_model/` loaded with `--model` and compared with the model with those heads masked, ≤ {short(SAME_TOL)}",
     ),
     Feature("patch q/k/v", feature_patch, "`patch --prompts FILE --site q`, `k` and `v` (2 prompt pairs)"),
-    Feature("circuit", feature_circuit, "`circuit --n-seqs 1 --period 4 --steps 1 --verify 1`"),
+    Feature("circuit", feature_circuit, "`circuit --out circuit-out --n-seqs 1 --period 4 --steps 1 --verify 1`"),
     Feature("kv", feature_kv, "`kv --seq-len 16 --method estimate` (one budget, one random policy)"),
     Feature(
         "streamed",

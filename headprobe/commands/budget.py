@@ -214,7 +214,7 @@ class BudgetConfig:
         type=positive_int,
     )
     dtype: str = setting(
-        "bf16",
+        cost.BUDGET_DTYPE,
         "number format of cache and activations, sets the bytes per element (default "
         "%(default)s; torch's names bfloat16, float32, float16 accepted)",
         type=budget_dtype,

@@ -437,11 +437,9 @@ def _table_header() -> str:
 
 def _budget_default() -> str:
     """``headprobe budget``'s default ``--dtype`` and its bytes per number: ``bf16, 2 bytes``."""
-    from headprobe.commands.budget import BudgetConfig
-    from headprobe.probe.layout.cost import DTYPE_BYTES
+    from headprobe.probe.layout.cost import BUDGET_DTYPE, DTYPE_BYTES
 
-    name = BudgetConfig().dtype  # its default (a config of no flags: nothing is checked that could fail)
-    return f"{name}, {DTYPE_BYTES[name]} bytes"
+    return f"{BUDGET_DTYPE}, {DTYPE_BYTES[BUDGET_DTYPE]} bytes"
 
 
 def element_size(dtype: str, nbytes: int) -> dict[str, Any]:

@@ -69,6 +69,8 @@ TFLOP = 10**12
 
 #: Bytes per element of the number formats a user may name (``--dtype``).
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+BUDGET_DTYPE = "bf16"
+"""The number format ``headprobe budget`` costs when no ``--dtype`` is given (kv's report names it)."""
 
 
 MAX_WINDOWED_LAYERS = 100_000
