@@ -295,7 +295,7 @@ def _per_layer_table(path: Path, summary: dict) -> str:
             [
                 str(r["layer"]),
                 str(r["best_head"]),
-                f"{r['loss_best_only']:.3f}",
+                f"{r['loss_best_only']:.3f}{'†' if r['loss_best_only'] > r['loss_worst_only'] else ''}",
                 f"{r['loss_worst_only']:.3f}",
                 f"{r['loss_layer_ablated']:.3f}",
                 f"{r['delta_best_only']:+.3f}",
@@ -312,6 +312,12 @@ def _per_layer_table(path: Path, summary: dict) -> str:
         f"(the best, the worst) and the others removed, and with the whole layer removed; Δ best only: over "
         f"the clean loss{f' ({clean:.3f})' if clean is not None else ''}; halves agree: the two halves of the "
         f"text pick the same best head. Tokens: {' × '.join(map(str, tok.get('held_out_natural', [])))}."
+        + (
+            " †: the head picked best on one half lost more on the other than the one picked worst: there the pick "
+            "is noise (more held-out windows rank the heads)."
+            if any(r["loss_best_only"] > r["loss_worst_only"] for r in rows)
+            else ""
+        )
     )
     return table_tex(table, caption, tex_label(path, "per-layer"), "rrrrrrl")
 
