@@ -20,6 +20,7 @@ import pandas as pd
 from headprobe.analyses.figures import format_ci
 from headprobe.analyses.verdicts import CORRECTION_NAMES, NOT_TESTED, effect_digits, ordered_rows, p_cell
 from headprobe.analyses.verdicts import label as verdict_label
+from headprobe.analyses.vocabulary import KV_TABLE_DIGITS, unreliable_picks
 from headprobe.probe.core.errors import HeadprobeError
 
 LATEX_KINDS = ("scan", "prune", "ablate", "kv", "circuit")
@@ -144,14 +145,15 @@ def scan_tables(path: Path, summary: dict) -> dict[str, str]:
         f"Tokens: {tokens_text(summary.get('tokens') or {})}; seed {summary.get('seed')}."
     )
     raw_p = "p: sequential Monte Carlo (≤: a curtailed test's bound); sets: control sets ablated. "
+    tasks = _tasks_text(rows, primary)
     return {
         "verdicts": table_tex(
             tested.drop(columns=["ablation", "task", "sets", "p"]),
-            f"{caption} {_tasks_text(rows, primary)}; {primary} ablation. Every kind's row: the ablations table.",
+            f"{caption} {tasks}; {primary} ablation. Every kind's row: the ablations table.",
             tex_label(path, "verdicts"), "lllll",
         ),
         "ablations": table_tex(
-            full.drop(columns=["task"]), f"{caption} {_tasks_text(rows, primary)}. {raw_p}",
+            full.drop(columns=["task"]), f"{caption} {tasks}. {raw_p}",
             tex_label(path, "ablations"), "lllrrrrl", small=True,
         ),
         "top_heads": _scan_top_heads_table(path, summary, rows, primary, k),
@@ -290,12 +292,13 @@ def _per_layer_table(path: Path, summary: dict) -> str:
     """prune_tables' ``per_layer`` table: per layer the loss with one head kept (the best, the worst),
     with the layer ablated, and the best head's cost over the clean loss."""
     rows = summary["per_layer"]
+    inverted = set(unreliable_picks(rows)["inverted"])
     table = pd.DataFrame(
         [
             [
                 str(r["layer"]),
                 str(r["best_head"]),
-                f"{r['loss_best_only']:.3f}{'†' if r['loss_best_only'] > r['loss_worst_only'] else ''}",
+                f"{r['loss_best_only']:.3f}{'†' if r['layer'] in inverted else ''}",
                 f"{r['loss_worst_only']:.3f}",
                 f"{r['loss_layer_ablated']:.3f}",
                 f"{r['delta_best_only']:+.3f}",
@@ -315,7 +318,7 @@ def _per_layer_table(path: Path, summary: dict) -> str:
         + (
             " †: the head picked best on one half lost more on the other than the one picked worst: there the pick "
             "is noise (more held-out windows rank the heads)."
-            if any(r["loss_best_only"] > r["loss_worst_only"] for r in rows)
+            if inverted
             else ""
         )
     )
@@ -381,8 +384,6 @@ def kv_tables(path: Path, summary: dict) -> dict[str, str]:
 
     Raises:
         HeadprobeError: summary.json without the policies' rows."""
-    from headprobe.analyses.vocabulary import KV_TABLE_DIGITS
-
     if not all(isinstance(summary.get(k), dict) for k in ("full", "chosen", "uniform")):
         raise HeadprobeError(f"--format latex: {path}/summary.json has no full, chosen and uniform rows to tabulate")
     d, a = KV_TABLE_DIGITS["natural_loss_increase"], KV_TABLE_DIGITS["copy_accuracy"]

@@ -39,6 +39,7 @@ from headprobe.analyses import distributed
 from headprobe.analyses.ablation import head_importance, require_head_ablation, scored_loss
 from headprobe.analyses.vocabulary import PRUNING_METHODS as METHODS  # noqa: F401 - defined once (torch-free)
 from headprobe.analyses.vocabulary import PRUNING_ORDERS as ORDERS
+from headprobe.analyses.vocabulary import unreliable_picks  # noqa: F401 - defined once (torch-free: the LaTeX export reads it)
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core import memory
 from headprobe.probe.core.errors import HeadprobeError
@@ -799,24 +800,3 @@ def per_layer_best_head(model: LoadedModel, data: LossSet, progress: bool = Fals
             }
         )
     return out
-
-
-def unreliable_picks(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[int]]:
-    """The layers of a :func:`per_layer_best_head` table (or per_layer.csv's rows) whose held-out pick
-    did not hold up.
-
-    Returns:
-        ``inverted``: the layers whose best-head loss is above their worst-head loss, both held out
-        (``loss_best_only > loss_worst_only``: the head one half of the windows ranked best did worse
-        on the other half than the head it ranked worst, so within this layer the ranking is noise at
-        this number of windows); ``disagree``: the layers with a head left whose two halves picked
-        different best heads (``best_head_halves_agree`` false); ``layers``: the layers with a head
-        left. A layer without one (NaN losses) is in none.
-    """
-    with_heads = [r for r in rows if r["loss_best_only"] == r["loss_best_only"]]  # NaN: no head left
-    agree = lambda v: v is True or str(v).lower() == "true"  # a bool, or per_layer.csv's "True"/"False"
-    return {
-        "inverted": [int(r["layer"]) for r in with_heads if r["loss_best_only"] > r["loss_worst_only"]],
-        "disagree": [int(r["layer"]) for r in with_heads if not agree(r["best_head_halves_agree"])],
-        "layers": [int(r["layer"]) for r in with_heads],
-    }

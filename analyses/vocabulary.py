@@ -1,6 +1,7 @@
 """The names the command line checks before torch loads: the verification's design choices and
-defaults, the pruning methods, the gradient estimators, the figure formats; and, re-exported from
-:mod:`headprobe.analyses.columns` (the head columns' registry), the head types and tasks.
+defaults, the pruning methods (and which per-layer picks are noise), the gradient estimators, the
+figure formats; and, re-exported from :mod:`headprobe.analyses.columns` (the head columns'
+registry), the head types and tasks.
 Torch-free (``headprobe scan -k -3`` is refused in a fraction of a second); the modules that
 implement each name import theirs from here.
 """
@@ -10,8 +11,9 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
+from typing import Any
 
 from headprobe.analyses.columns import HEAD_TYPES, TASKS, select_head_types  # noqa: F401 - the head columns' names, defined there
 from headprobe.probe.core.errors import HeadprobeError, InputValueError, one_line_repr
@@ -283,3 +285,25 @@ CIRCUIT_NEEDS_DECODER = (
 KV_TABLE_DIGITS = {"natural_loss_increase": 4, "copy_accuracy": 3}
 """The decimals ``headprobe kv``'s report table (and its LaTeX export) prints: the one comparison of
 the chosen policy with the others (the report's words and summary.json's ``beats_*``) is made at them."""
+
+
+def unreliable_picks(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[int]]:
+    """The layers of a :func:`~headprobe.analyses.pruning.per_layer_best_head` table (or per_layer.csv's
+    rows) whose held-out pick did not hold up: prune's NOTE, its figure's hollow points and the LaTeX
+    table's daggers all read it.
+
+    Returns:
+        ``inverted``: the layers whose best-head loss is above their worst-head loss, both held out
+        (``loss_best_only > loss_worst_only``: the head one half of the windows ranked best did worse
+        on the other half than the head it ranked worst, so within this layer the ranking is noise at
+        this number of windows); ``disagree``: the layers with a head left whose two halves picked
+        different best heads (``best_head_halves_agree`` false); ``layers``: the layers with a head
+        left. A layer without one (NaN losses) is in none.
+    """
+    with_heads = [r for r in rows if r["loss_best_only"] == r["loss_best_only"]]  # NaN: no head left
+    agree = lambda v: v is True or str(v).lower() == "true"  # a bool, or per_layer.csv's "True"/"False"
+    return {
+        "inverted": [int(r["layer"]) for r in with_heads if r["loss_best_only"] > r["loss_worst_only"]],
+        "disagree": [int(r["layer"]) for r in with_heads if not agree(r["best_head_halves_agree"])],
+        "layers": [int(r["layer"]) for r in with_heads],
+    }
