@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from headprobe.analyses.figures import format_ci
-from headprobe.analyses.verdicts import CORRECTION_NAMES, NOT_TESTED, effect_digits, ordered_rows, p_cell
+from headprobe.analyses.verdicts import CORRECTION_NAMES, NOT_TESTED, decided, effect_digits, ordered_rows, p_cell
 from headprobe.analyses.verdicts import label as verdict_label
 from headprobe.analyses.vocabulary import KV_TABLE_DIGITS, unreliable_picks
 from headprobe.probe.core.errors import HeadprobeError
@@ -221,8 +221,7 @@ def _verdict_row(r: Mapping, d: int, primary: str) -> list[str]:
     """One row of a verification row ``r`` (summary.json's ``ablations``), ``d`` decimals; as scan's
     terminal table, a kind not tested reads ``not tested`` unless it is the ``primary`` (tested)
     kind of a type without a verdict."""
-    decided = r.get("tested") or (r.get("no_verdict") and r["kind"] == primary)
-    verdict = verdict_label(r.get("confirmed")) if decided else NOT_TESTED
+    verdict = verdict_label(r.get("confirmed")) if decided(r, primary) else NOT_TESTED
     return [
         str(r["head_type"]),
         str(r["kind"]),

@@ -200,6 +200,13 @@ def ordered_rows(rows: Sequence[Mapping], types: Sequence[str] | None) -> list[d
     return sorted((dict(r) for r in rows), key=lambda r: order.get(r["head_type"], len(order)))  # stable
 
 
+def decided(row: Mapping, primary: str | None) -> bool:
+    """Whether a verification row (summary.json's ``ablations`` entry) carries its type's verdict in
+    scan's table (terminal and LaTeX): a tested kind's row, or the ``primary`` (tested) kind's row of
+    a type without a verdict; any other row is reported, not tested."""
+    return bool(row.get("tested") or (row.get("no_verdict") and row["kind"] == primary))
+
+
 def effect_digits(metric: str) -> int:
     """Decimals of an ablation effect in scan's table (terminal and LaTeX): 2 for loss (nats/token),
     3 for ``1 - cos`` (small numbers)."""

@@ -48,6 +48,7 @@ from headprobe.analyses.statistics import interval_rule, mean_ci
 from headprobe.analyses.verdicts import (
     NoVerdictWarning,
     VerdictRule,
+    decided,
     effect_digits,
     evidence_text,
     ordered_rows,
@@ -1031,8 +1032,8 @@ def format_report(result: ScanResult) -> str:
     for v in result.verifications:
         p_adj = f"{v.p_adjusted:7.4f}" if v.p_adjusted is not None else f"{'-':>7}"
         # a type without a verdict says so on its tested kind's row; the other kind is reported as ever
-        decided = v.tested or (v.no_verdict and v.kind == design.get("primary_kind"))
-        verdict = v.verdict if decided else f"(reported, not tested{reported_on(v, design)})"
+        says = decided(v.to_dict(), design.get("primary_kind"))
+        verdict = v.verdict if says else f"(reported, not tested{reported_on(v, design)})"
         clean = f"{v.clean_loss:6.2f}" if v.clean_loss is not None else f"{'-':>6}"  # an encoder measures no loss
         controls = f"{v.random_mean:+9.{d}f}/{v.random_max:+.{d}f}" if v.draws else f"{'none':>9}/{'-':<{d + 2}}"
         lines.append(
