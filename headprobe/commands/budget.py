@@ -690,17 +690,17 @@ def distinct_flops(values: list[int]) -> list[str]:
     """``values`` (FLOPs) as :func:`~headprobe.probe.layout.cost.format_flops` prints them, each
     with as many more decimals as it takes for different counts to print differently (the
     ``--compare`` column: MHA 176.3, GQA 169.1 and MQA 166.7 GFLOP printed 0.18, 0.17, 0.17 TFLOP),
-    at most 12 more."""
+    at most 13 more."""
     texts = [format_flops(v) for v in values]
-    for extra in range(13):
+    shown = [text.split(" ") for text in texts]  # (number, unit) as format_flops prints each
+    powers = dict(_FLOP_UNITS)
+    for extra in range(1, 14):
         if len(set(texts)) == len(set(values)):
             return texts
-        texts = []
-        for v in values:
-            number, unit = format_flops(v).split(" ")
-            places = len(number.partition(".")[2]) + extra + 1
-            size = 10 ** dict(_FLOP_UNITS).get(unit, 0)
-            texts.append(f"{fixed(exact(v) / size, places)} {unit}")
+        texts = [
+            f"{fixed(exact(v) / 10 ** powers.get(unit, 0), len(number.partition('.')[2]) + extra)} {unit}"
+            for v, (number, unit) in zip(values, shown)
+        ]
     return texts
 
 
