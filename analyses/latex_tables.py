@@ -23,9 +23,6 @@ from headprobe.analyses.verdicts import label as verdict_label
 from headprobe.analyses.vocabulary import KV_TABLE_DIGITS, unreliable_picks
 from headprobe.probe.core.errors import HeadprobeError
 
-LATEX_KINDS = ("scan", "prune", "ablate", "kv", "circuit")
-"""The source kinds ``--format latex`` writes tables of."""
-
 _SPECIAL = {
     "\\": r"\textbackslash{}",
     "&": r"\&",
@@ -472,7 +469,7 @@ BUILDERS = {
     "kv": kv_tables,
     "circuit": circuit_tables,
 }
-"""Each kind's tables (:data:`LATEX_KINDS`)."""
+"""The source kinds ``--format latex`` writes tables of, and each one's tables."""
 
 
 def has_tables(kind: str, summary: Mapping) -> bool:
@@ -494,7 +491,7 @@ def latex_files(kind: str, path: Path, summary: dict) -> tuple[dict[str, str], s
     Raises:
         HeadprobeError: a kind without tables, or a run without the rows its tables need."""
     if kind not in BUILDERS:
-        raise HeadprobeError(f"--format latex needs a {', '.join(LATEX_KINDS)} folder; {path} is a {kind} run")
+        raise HeadprobeError(f"--format latex needs a {', '.join(BUILDERS)} folder; {path} is a {kind} run")
     tables = BUILDERS[kind](path, summary)
     files = {f"latex/{name}.tex": text for name, text in tables.items()}
     return files, f"booktabs tables ({', '.join(tables)}), one .tex each, for \\input (needs \\usepackage{{booktabs}})"
