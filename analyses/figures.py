@@ -935,9 +935,14 @@ def effect_metric(rows: Sequence[dict]) -> str:
 
 def rule_legend(rule: VerdictRule) -> str:
     """The ablation figure's legend entry of the verdict rule: its :meth:`~VerdictRule.condition`, wrapped."""
+    return _legend_entry(f"CONFIRMED: {rule.condition()}")
+
+
+def _legend_entry(text: str) -> str:
+    """A text-only entry of the ablation figure's legend, wrapped at 60 characters (never at a hyphen)."""
     import textwrap
 
-    return textwrap.fill(f"CONFIRMED: {rule.condition()}", 60, break_on_hyphens=False)
+    return textwrap.fill(text, 60, break_on_hyphens=False)
 
 
 @_styled
@@ -1080,17 +1085,15 @@ def _stopped_legend(stopped: Sequence[dict]) -> str:
     (:func:`_ablation_p`): ``p a–b`` a curtailed test's range, ``p ≤ b`` its bound without the
     smallest, ``p = h/n`` a test settled above alpha, whose p is exact (Besag & Clifford: h of n
     control sets reached the effect). It said "p a–b: its range" over a settled ``p = 0.143†``.
-    Wrapped at 60 characters, as :func:`rule_legend`."""
+    Wrapped as :func:`rule_legend` (:func:`_legend_entry`)."""
     bound = [r for r in stopped if r.get("p_value") is not None and r.get("p_value_is_bound")]
     forms = [
         *(["p a–b: its range"] if any(r.get("p_value_min") is not None for r in bound) else []),
         *(["p ≤ b: its bound"] if any(r.get("p_value_min") is None for r in bound) else []),
         *(["p = h/n: settled, exact"] if any(r.get("p_value") is not None and r not in bound for r in stopped) else []),
     ]
-    import textwrap
-
     which = f" ({'; '.join(forms)})" if forms else ""
-    return textwrap.fill(f"{STOPPED_MARK}: the test stopped early{which}; why: the caption", 60, break_on_hyphens=False)
+    return _legend_entry(f"{STOPPED_MARK}: the test stopped early{which}; why: the caption")
 
 
 def _ablation_verdict_text(r: dict) -> str:
