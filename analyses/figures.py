@@ -25,6 +25,7 @@ from headprobe.analyses.verdicts import (
     NOT_TESTED,
     UNITS,
     VerdictRule,
+    decided,
     evidence_text,
     p_text,
     stop_text,
@@ -1162,7 +1163,9 @@ def ablation_caption(rows: Sequence[dict], design: dict, rule: VerdictRule | Non
     """The numbers a paper's caption of ``ablation.png`` needs, as plain text: the design (k, the
     control, draws, the family), the verdict rule (``rule``; None: the design's ``verdict_rule``, else
     what the rows carry) and per tested type its effect, interval, control mean and maximum, sets
-    ablated, p, adjusted p and verdict."""
+    ablated, p, adjusted p and verdict. A row carries a verdict where
+    :func:`~headprobe.analyses.verdicts.decided` says so (the design's ``primary_kind``), as in scan's
+    table and the LaTeX export; any other row says "not tested"."""
     if not rows:
         return ""
     k = rows[0]["k"]
@@ -1188,12 +1191,12 @@ def ablation_caption(rows: Sequence[dict], design: dict, rule: VerdictRule | Non
     for r in rows:
         lo, hi = r.get("top_effect_ci95") or [float("nan")] * 2
         verdict = verdict_label(r["confirmed"]) + (f" ({r.get('no_verdict')})" if r["confirmed"] is None else "")
-        role = (
+        role = (  # which rows carry a verdict: scan's table's and the LaTeX export's rule
             f"p_adj = {'n/a' if r['p_adjusted'] is None else format(r['p_adjusted'], '.4g')}, {verdict}"
             if r.get("tested")
-            else NOT_TESTED
-            if r.get("no_verdict") is None
             else f"{verdict_label(None)} ({r['no_verdict']})"
+            if decided(r, design.get("primary_kind"))
+            else NOT_TESTED
         )
         lines.append(
             f"{r['head_type'].replace('_', '-')} ({r['kind']}, {r['task']}): top-{k} effect {r['top_effect']:+.4g} "

@@ -458,6 +458,45 @@ def test_the_ablation_figure_and_caption_state_the_whole_confirmation_rule():
     assert "2 of 3 did, the others ran all their sets" in caption, caption
 
 
+def test_the_ablation_caption_gives_a_verdict_to_the_rows_scans_table_does():
+    """A type whose task is untrusted has ``no_verdict`` on both kinds' rows, neither tested. scan's
+    table and the LaTeX export give "no verdict (...)" to the primary kind's row only and call the
+    other kind's "not tested"; the caption said "no verdict (...)" on both. Expected endings written
+    out by hand, one per row."""
+    from headprobe.analyses import figures as figs
+    from headprobe.analyses.verdicts import decided
+
+    reason = "its task 'natural' is untrusted"
+    base = {
+        "k": 3,
+        "top_effect": 0.5,
+        "top_effect_ci95": [0.4, 0.6],
+        "random_effects": [0.1, 0.2],
+        "random_mean": 0.15,
+        "random_max": 0.2,
+        "draws": 2,
+        "p_value": 1 / 3,
+        "alpha": 0.1,
+        "correction": "bh",
+        "metric": "loss",
+        "min_effect": 0.05,
+    }
+    tested = {"tested": True, "p_adjusted": 1 / 3, "confirmed": False, "no_verdict": None}
+    untrusted = {"tested": False, "p_adjusted": None, "confirmed": None, "no_verdict": reason}
+    rows = [
+        {**base, **tested, "head_type": "induction", "kind": "mean", "task": "repeated"},
+        {**base, **tested, "head_type": "induction", "kind": "resample", "task": "repeated", "tested": False},
+        {**base, **untrusted, "head_type": "previous_token", "kind": "mean", "task": "natural"},
+        {**base, **untrusted, "head_type": "previous_token", "kind": "resample", "task": "natural"},
+    ]
+    design = {"control": "layer-matched", "primary_kind": "mean", "max_draws": 2, "family_size": 1}
+    lines = figs.ablation_caption(rows, design).splitlines()[1:]
+    assert len(lines) == 4, lines
+    ends = ["p_adj = 0.3333, not confirmed.", "not tested.", f"no verdict ({reason}).", "not tested."]
+    assert [line.rsplit("; ", 1)[1] for line in lines] == ends, lines
+    assert [decided(r, "mean") for r in rows] == [True, False, True, False]  # the table's rule, same rows
+
+
 def test_dollar_signs_in_tokens_and_titles_are_drawn_as_written(tmp_path):
     """Two ``$`` in a text make matplotlib parse it as mathtext: ``$$x^2$$`` raised a ParseException
     and ``$y$`` was drawn as an italic y. Every text of a figure is drawn literally: the SVG, with its
