@@ -375,8 +375,9 @@ def _ablate_cell(entry: Mapping, exact: bool) -> str:
 def kv_tables(path: Path, summary: dict) -> dict[str, str]:
     """``policies``: kv's report table: the full cache (the reference), the chosen policy, one window
     on every group and each random policy at the same memory: KV groups full, cache fraction, natural-loss
-    Δ [95% CI], copy accuracy, its drop [95% CI] (kv's :data:`~headprobe.analyses.vocabulary.KV_TABLE_DIGITS`)
-    and long-range loss (3 decimals).
+    Δ, copy accuracy, its drop (kv's :data:`~headprobe.analyses.vocabulary.KV_TABLE_DIGITS`) and
+    long-range loss (3 decimals); each Δ and drop's 95% interval on the line below it, the headers on two
+    lines and the units in the caption, so that it fits a 397 pt text width (NeurIPS) in ``\\small``.
 
     Raises:
         HeadprobeError: summary.json without the policies' rows."""
@@ -386,42 +387,48 @@ def kv_tables(path: Path, summary: dict) -> dict[str, str]:
     named = [("full", {**summary["full"], "natural_loss_increase": 0.0}), ("chosen", summary["chosen"])]
     named += [("uniform", summary["uniform"])]
     named += [(f"random {r.get('seed')}", r) for r in (summary.get("random") or {}).get("rows", [])]
-    cells = [_kv_row(name, r, d, a) for name, r in named]
-    columns = ["policy", "full groups", "KV cache", "loss Δ [95% CI]", "copy acc.", "drop [95% CI]", "long-range loss"]
-    table = pd.DataFrame(cells, columns=columns)
+    cells = [line for name, r in named for line in _kv_lines(name, r, d, a)]
+    columns = [("", "policy"), ("full", "groups"), ("KV", "cache"), ("natural", "loss Δ")]
+    columns += [("copy", "acc."), ("copy", "drop"), ("long-range", "loss")]
+    table = pd.DataFrame(cells, columns=pd.MultiIndex.from_tuples(columns))
     cfg = summary.get("config") or {}
     caption = (
         f"KV-cache policies of {summary.get('model')} ({summary.get('dtype', cfg.get('dtype'))}, seed {cfg.get('seed')}) at "
         f"{summary.get('seq_len')} tokens: {str(summary.get('unit')).replace('_', ' ')}s chosen by {summary.get('method')} ranking "
         f"(target {', '.join(f'{k} {v}' for k, v in (summary.get('target') or {}).items())}) keep a full cache, the "
         f"rest stream (sink {summary.get('sink')} + window {summary.get('window')}); against the full cache, one "
-        f"window on every group (uniform) and random groups at the same memory. KV cache: fraction of the full "
-        f"cache's bytes. Loss Δ: the natural text's loss increase over the full cache in nats/token; copy acc.: top-1 on a "
-        f"random block planted {', '.join(map(str, cfg.get('distances') or []))} tokens before its repeat, its "
-        f"drop against the full cache; long-range loss: nats/token on that block; 95% paired intervals. "
+        f"window on every group (uniform) and random groups at the same memory. Full groups: KV groups that keep "
+        f"a full cache; KV cache: fraction of the full cache's bytes. Natural loss Δ: the natural text's loss "
+        f"increase over the full cache in nats/token; copy acc.: top-1 on a random block planted "
+        f"{', '.join(map(str, cfg.get('distances') or []))} tokens before its repeat, its drop against the full "
+        f"cache; long-range loss: nats/token on that block. Below each loss Δ and drop: its 95% paired interval. "
         f"Text: {(summary.get('sources') or {}).get('natural')}."
     )
-    return {"policies": table_tex(table, caption, tex_label(path, "policies"), "lrrllll", small=True)}
+    return {"policies": table_tex(table, caption, tex_label(path, "policies"), "lrrcrcr", small=True)}
 
 
-def _kv_row(name: str, r: Mapping, d: int, a: int) -> list[str]:
-    """One kv-table row: ``r`` (summary.json's policy row) at ``d`` (loss) and ``a`` (accuracy)
-    decimals; the full cache, the reference, without intervals or drop."""
+def _kv_lines(name: str, r: Mapping, d: int, a: int) -> list[list[str]]:
+    """One policy's lines of kv's table: ``r`` (summary.json's policy row) at ``d`` (loss) and ``a``
+    (accuracy) decimals, then its loss Δ and drop intervals under them (empty cells elsewhere); the
+    full cache, the reference, one line without intervals or drop."""
     ref = name == "full"
-
-    def ci(key: str, spec: str) -> str:
-        nan = float("nan")  # no interval: [n/a]
-        return "" if ref else " " + format_ci([r.get(f"{key}_ci95_lo", nan), r.get(f"{key}_ci95_hi", nan)], spec)
-
-    return [
+    values = [
         name,
         "all" if ref else str(r.get("n_full_groups")),
         f"{1.0 if ref else r.get('kv_fraction'):.3f}",
-        f"{r['natural_loss_increase']:.{d}f}" + ci("natural_loss_increase", f"+.{d}f"),
+        f"{r['natural_loss_increase']:.{d}f}",
         f"{r['copy_accuracy']:.{a}f}",
-        "-" if ref else f"{r.get('copy_accuracy_drop'):+.{a}f}" + ci("copy_accuracy_drop", f"+.{a}f"),
+        "-" if ref else f"{r.get('copy_accuracy_drop'):+.{a}f}",
         f"{r['long_range_loss']:.3f}",
     ]
+    if ref:
+        return [values]
+
+    def ci(key: str, spec: str) -> str:
+        nan = float("nan")  # no interval: [n/a]
+        return format_ci([r.get(f"{key}_ci95_lo", nan), r.get(f"{key}_ci95_hi", nan)], spec)
+
+    return [values, ["", "", "", ci("natural_loss_increase", f"+.{d}f"), "", ci("copy_accuracy_drop", f"+.{a}f"), ""]]
 
 
 CIRCUIT_TOP = 10
