@@ -461,11 +461,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from headprobe.options import input_values, own_run
         from headprobe.probe.core.errors import PYTHON_NOTES
-        from headprobe.probe.core.io import run_inputs
+        from headprobe.probe.core.io import command_line, run_inputs
 
         notes = PYTHON_NOTES.set(False)  # the line printed is the message alone: no note for Python
         try:  # own_run: --threads and --memory-budget hold for this run, not for a Python caller's next
-            with own_run(), _figure_formats(getattr(args, "formats", None)), run_inputs(input_values(vars(args))):
+            with (
+                own_run(),
+                _figure_formats(getattr(args, "formats", None)),
+                run_inputs(input_values(vars(args))),
+                command_line(argv),  # summary.json's command: the words as typed
+            ):
                 figure_formats()  # a bad $HEADPROBE_FIGURE_FORMATS is refused before any work, not at the first figure
                 return int(args._run(args) or 0)
         finally:

@@ -7,7 +7,7 @@ unchanged on a commit before or after a refactor -- on tiny seeded random-init c
 tests/zoo.py (Llama with GQA, GPT-2), with fixed seeds, PNG figures only, on the CPU, into
 ``DIR/<command>/`` (stdout and the exit status in ``DIR/<command>.log``). ``diff A B`` compares
 two such folders: JSON and CSV numerically (absolute and relative tolerance 1e-6) after dropping
-timings, package versions, paths and dates; ``.npz`` arrays exactly; PNG/PDF/SVG/HTML ignored (HTML
+timings, package versions, paths, dates and the command line (its --out); ``.npz`` arrays exactly; PNG/PDF/SVG/HTML ignored (HTML
 embeds the same JSON); files present in one folder only are reported. Exit status 1 when
 anything differs.
 
@@ -32,7 +32,7 @@ TOL = 1e-6
 #: keys whose values depend on the run, not on the computation (matched against every key of the JSON)
 VOLATILE = re.compile(
     r"(^|_)(s|seconds|time|timings?|timings_s|versions?|date|created|path|paths|out|dir|model_dir"
-    r"|source|host|python|torch|elapsed)$|_s$",
+    r"|source|host|python|torch|elapsed|command)$|_s$",
     re.IGNORECASE,
 )
 SMALL = ["--seq-len", "16", "--n-natural", "3", "--n-repeated", "2", "--period", "6", "--device", "cpu"]

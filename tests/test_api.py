@@ -25,8 +25,12 @@ SMALL_FLAGS = zoo.TINY_SCAN_FLAGS  # a scan of the tiny models in seconds
 @pytest.fixture(scope="module")
 def cli_scan(tiny_dir, text_file, tmp_path_factory):
     out = tmp_path_factory.mktemp("cli") / "scan"
-    assert main(["scan", "--model", str(tiny_dir), "--out", str(out), "--text", str(text_file), *SMALL_FLAGS]) == 0
+    assert main(_cli_scan_argv(tiny_dir, text_file, out)) == 0
     return out
+
+
+def _cli_scan_argv(tiny_dir, text_file, out) -> list[str]:
+    return ["scan", "--model", str(tiny_dir), "--out", str(out), "--text", str(text_file), *SMALL_FLAGS]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +47,9 @@ def test_api_scan_table_equals_the_cli_csv(cli_scan, api_scan):
     assert len(cli) == 2 * 8 and list(cli.columns[:3]) == ["layer", "head", "kv_head"]
 
 
-def test_scan_result_save_writes_the_cli_files(cli_scan, api_scan, tmp_path):
+def test_scan_result_save_writes_the_cli_files(cli_scan, api_scan, tmp_path, tiny_dir, text_file):
+    """The API's files are the CLI's, summary.json included but for its timings, the model's path
+    and ``command``: the CLI's words as given to ``main``, null for a run from Python."""
     _, result = api_scan
     paths = result.save(tmp_path / "api")
     assert paths[-1].name == "summary.json"  # last: its presence means the directory is complete
@@ -51,6 +57,8 @@ def test_scan_result_save_writes_the_cli_files(cli_scan, api_scan, tmp_path):
     assert sorted(p.name for p in paths) == sorted(p.name for p in cli_scan.iterdir() if p.name != OUTPUTS_NAME)
     assert (tmp_path / "api" / "head_scores.csv").read_bytes() == (cli_scan / "head_scores.csv").read_bytes()
     a, c = (json.loads((d / "summary.json").read_text()) for d in (tmp_path / "api", cli_scan))
+    assert a.pop("command") is None and result.summary()["command"] is None
+    assert c.pop("command") == [*map(str, _cli_scan_argv(tiny_dir, text_file, cli_scan))]
     for s in (a, c):
         del s["timings_s"]
         s["config"].pop("model")
@@ -312,6 +320,7 @@ def test_api_ablate_and_prune_equal_their_cli(tiny_dir, text_file, tmp_path):
     assert set(p.figures()) == {"pruning_curve"} and set(a.figures()) == {"ablation_effect"}
     for d in ("a", "p"):
         s, t = (json.loads((tmp_path / x / "summary.json").read_text()) for x in (d, f"{d}_api"))
+        assert s.pop("command")[:2] == [{"a": "ablate", "p": "prune"}[d], "--model"] and t.pop("command") is None
         for x in (s, t):
             del x["timings_s"]
             x["config"].pop("model")

@@ -16,7 +16,7 @@ import torch
 import zoo
 
 from headprobe.cli import main
-from headprobe.probe.core.io import device_name, finite_json, write_json
+from headprobe.probe.core.io import ENVELOPE_KEYS, device_name, finite_json, write_json
 
 SMALL = ["--seq-len", "16", "--n-natural", "3", "--n-repeated", "2", "--period", "6", "--device", "cpu"]
 STUDY = ["study", "heads", "--steps", "2", "--eval-every", "2", "--seeds", "0", "--d-model", "16", "--device", "cpu"]
@@ -562,13 +562,15 @@ LOADS_A_MODEL = {
 
 
 @pytest.mark.parametrize("name", [c for c in COMMANDS if c != "show"])
-def test_every_summary_has_the_common_envelope(name, run_command):
+def test_every_summary_has_the_common_envelope(name, run_command, models, prompts, text_file):
     """Every command's summary.json (study.json) has the keys they all share, built in one place:
-    model, weights_precision, device, self_check, config, timings_s (with load_s wherever a model was
-    loaded; no ``seconds`` of its own) and versions."""
+    model, weights_precision, device, self_check, command (the words given to ``headprobe``, as
+    typed), config, timings_s (with load_s wherever a model was loaded; no ``seconds`` of its own)
+    and versions."""
     out = run_command(name)
     s = json.loads((out / ("study.json" if name == "study" else "summary.json")).read_text(encoding="utf-8"))
-    assert {"model", "weights_precision", "device", "self_check", "config", "timings_s", "versions"} <= set(s), name
+    assert set(ENVELOPE_KEYS) <= set(s), name
+    assert s["command"] == [*_argv(name, models, prompts, str(text_file)), "--out", str(out)], s["command"]
     assert "seconds" not in s and "train_seconds" not in s
     assert s["device"] == "cpu" and isinstance(s["config"], dict) and s["config"] and "python" in s["versions"]
     assert s["device_name"] == device_name("cpu") and s["device_name"] and s["tf32"] is None
@@ -583,8 +585,9 @@ def test_every_summary_has_the_common_envelope(name, run_command):
 
 
 def test_the_envelope_is_built_in_one_place():
-    """A summary's own keys may not set the envelope's."""
-    from headprobe.probe.core.io import summary_envelope
+    """A summary's own keys may not set the envelope's. ``command`` is the command line's words
+    within :func:`command_line` (the CLI's run), null outside (a run from Python)."""
+    from headprobe.probe.core.io import command_line, summary_envelope
 
     kw = dict(
         model="m", precision="float32", device="cpu", self_check=None, config={"a": 1}, timings_s={"load_s": 0.123}
@@ -598,11 +601,16 @@ def test_the_envelope_is_built_in_one_place():
         "device_name",
         "tf32",
         "self_check",
+        "command",
         "config",
         "timings_s",
         "versions",
     ]
-    assert s["timings_s"] == {"load_s": 0.12}
+    assert [k for k in s if k != "x"] == list(ENVELOPE_KEYS)
+    assert s["timings_s"] == {"load_s": 0.12} and s["command"] is None
+    with command_line(("kv", "--model", "m", "--out", "o")):
+        assert summary_envelope({}, **kw)["command"] == ["kv", "--model", "m", "--out", "o"]
+    assert summary_envelope({}, **kw)["command"] is None  # the block's end restores it
     with pytest.raises(ValueError, match="model"):
         summary_envelope({"model": "other"}, **kw)
 

@@ -440,10 +440,11 @@ def test_api_train_matches_cli(tmp_path, capsys):
     ours, theirs = (torch.load(d / "headprobe_model.pt", weights_only=True) for d in (api, cli))
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     s_api, s_cli = (json.loads((d / "summary.json").read_text()) for d in (api, cli))
+    assert s_api.pop("command") is None and s_cli.pop("command") == ["train", "--out", str(cli), *API_FLAGS]
     assert (
         s_api.pop("timings_s")["train_s"] >= 0 and s_cli.pop("timings_s")["train_s"] >= 0
     )  # wall time differs, nothing else
-    assert s_api == s_cli and s_api == {k: v for k, v in result.summary().items() if k != "timings_s"}
+    assert s_api == s_cli and s_api == {k: v for k, v in result.summary().items() if k not in ("timings_s", "command")}
     assert s_api["config"]["periodic"] is False and s_api["config"]["n_kv_heads"] == 1 and s_api["layout"] == "MQA"
     # summary.json is written last: a directory holding it is complete
     assert (

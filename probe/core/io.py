@@ -13,6 +13,7 @@ import shutil
 import stat
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -514,6 +515,23 @@ def _describe_setting(name: str, value: Any) -> tuple[str, str]:
     return name, repr(value)
 
 
+_COMMAND_LINE: ContextVar[tuple[str, ...] | None] = ContextVar("headprobe_command_line", default=None)
+"""The words after ``headprobe`` of the command-line run in progress (:func:`command_line`); None
+outside one (a run from Python)."""
+
+
+@contextlib.contextmanager
+def command_line(argv: Sequence[str]) -> Iterator[None]:
+    """Within the block, ``argv`` (the words after ``headprobe``, as typed: ``["scan", "--model",
+    "smollm2-135m", "--out", "o"]``) is the run's command line, every summary.json's ``command``
+    (:func:`summary_envelope`); :func:`headprobe.cli.main` opens it around the command's run."""
+    token = _COMMAND_LINE.set(tuple(argv))
+    try:
+        yield
+    finally:
+        _COMMAND_LINE.reset(token)
+
+
 ENVELOPE_KEYS = (
     "model",
     "weights_precision",
@@ -521,6 +539,7 @@ ENVELOPE_KEYS = (
     "device_name",
     "tf32",
     "self_check",
+    "command",
     "config",
     "timings_s",
     "versions",
@@ -542,7 +561,9 @@ def summary_envelope(
     """A command's summary.json: ``body`` (the command's own keys) inside the envelope every command
     shares (:data:`ENVELOPE_KEYS`): ``model`` and ``weights_precision`` first, then ``body``, then
     ``device`` (e.g. ``cuda:0``, ``cpu``), ``device_name`` (the hardware, :func:`device_name`), ``tf32``
-    (:func:`tf32`), ``self_check``, ``config`` (a dataclass, as a dict), ``timings_s`` (seconds per
+    (:func:`tf32`), ``self_check``, ``command`` (the words after ``headprobe`` of the command line that
+    ran it, :func:`command_line`; None from Python), ``config`` (a dataclass, as a dict: every setting,
+    defaults included), ``timings_s`` (seconds per
     stage, rounded to 0.01 s; a stage of None left out: ``load_s`` is there wherever the command
     loaded its model, absent for a model the caller loaded, :func:`~headprobe.probe.core.reprs.load_seconds`) and ``versions``
     (:func:`package_versions`). ``model`` and the others are None where a command has none of its
@@ -573,6 +594,7 @@ def summary_envelope(
         "device_name": device_name(device),
         "tf32": tf32(device),
         "self_check": self_check,
+        "command": None if (argv := _COMMAND_LINE.get()) is None else list(argv),
         "config": settings,
         "timings_s": {k: round(float(v), 2) for k, v in timings_s.items() if v is not None},
         "versions": package_versions(),
