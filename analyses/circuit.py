@@ -716,23 +716,40 @@ def exact_effects(
     return out
 
 
+def _graph_key(name: str) -> tuple[int, ...]:
+    """Where edge ``name`` stands in :meth:`EdgeScores.table`'s graph order (before its sort): input
+    (q, k, v, then logits), receiver layer and head, sender layer and head."""
+    e = parse_edge(name)
+    if e.receiver is None:
+        return (len(INPUTS), 0, 0, *e.sender)
+    return (INPUTS.index(e.input), *e.receiver, *e.sender)
+
+
+def verification_picks(table: pd.DataFrame, n: int, seed: int = 0) -> np.ndarray:
+    """Row positions in ``table`` (sorted by ``|score|``) :func:`verify_edges` path patches: the first
+    ``n``, then ``n`` drawn at random (``seed``) from the rest, the rest taken in graph order
+    (:func:`_graph_key`), not in ``|score|`` order, so that the draw depends only on which edges are
+    eligible: near-zero scores tied in ``|score|`` (``+s``, ``-s``) or 1e-7 apart sort otherwise on
+    another host and would put other edges at the drawn positions."""
+    top = np.arange(min(n, len(table)))
+    names = table["edge"].to_numpy()[len(top) :]
+    rest = len(top) + np.array(sorted(range(len(names)), key=lambda i: _graph_key(names[i])), dtype=int)
+    drawn = np.random.default_rng(seed).choice(len(rest), size=min(n, len(rest)), replace=False)
+    return np.concatenate([top, np.sort(rest[drawn])])
+
+
 def verify_edges(
     model: LoadedModel, runs: PathRuns | RunChunks, table: pd.DataFrame, n: int, seed: int = 0, k: int = 10
 ) -> tuple[pd.DataFrame, dict | None]:
     """Path patch the ``n`` edges of ``table`` (:meth:`EdgeScores.table`, sorted by ``|score|``) largest
-    in ``|score|`` and ``n`` drawn at random (seeded) from the rest, exactly. Returns the table with an
-    ``exact`` column (NaN where not patched) and :func:`agreement` over the patched edges (None if fewer than 3)."""
+    in ``|score|`` and ``n`` drawn at random (seeded) from the rest, exactly (:func:`verification_picks`).
+    Returns the table with an ``exact`` column (NaN where not patched) and :func:`agreement` over the
+    patched edges (None if fewer than 3)."""
     table = table.copy()
     table["exact"] = np.nan
     if n <= 0:
         return table, None
-    rest = np.arange(n, len(table))
-    pick = np.concatenate(
-        [
-            np.arange(min(n, len(table))),
-            np.sort(np.random.default_rng(seed).choice(rest, size=min(n, len(rest)), replace=False)),
-        ]
-    )
+    pick = verification_picks(table, n, seed)
     edges = [parse_edge(name) for name in table["edge"].to_numpy()[pick]]
     table.loc[table.index[pick], "exact"] = exact_effects(model, runs, edges)
     done = table.dropna(subset=["exact"])
