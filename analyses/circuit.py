@@ -362,6 +362,15 @@ def _parts(runs: PathRuns | RunChunks):
     return runs.parts() if isinstance(runs, RunChunks) else [(1.0, runs)]
 
 
+def _bar(runs: PathRuns | RunChunks, per_part: int, desc: str, unit: str, progress: bool) -> Any:
+    """A progress bar (:func:`~headprobe.probe.core.progress.progress_bar`, silent without ``progress``)
+    over ``per_part`` units of each of ``runs``' chunks."""
+    from headprobe.probe.core.progress import progress_bar
+
+    n_parts = -(-runs.clean.shape[0] // runs.rows) if isinstance(runs, RunChunks) else 1
+    return progress_bar(total=n_parts * per_part, desc=desc, unit=unit, progress=progress)
+
+
 def _stack_rows(runs: PathRuns | RunChunks, max_rows: int | None) -> int:
     return max_rows if max_rows is not None else (runs.stack_rows if isinstance(runs, RunChunks) else 32)
 
@@ -589,7 +598,9 @@ def ig_alphas(method: str, steps: int) -> list[float]:
     return [1.0] if method == "eap" else [k / steps for k in range(1, steps + 1)]
 
 
-def edge_scores(model: LoadedModel, runs: PathRuns | RunChunks, method: str = "eap-ig", steps: int = 5) -> EdgeScores:
+def edge_scores(
+    model: LoadedModel, runs: PathRuns | RunChunks, method: str = "eap-ig", steps: int = 5, progress: bool = False
+) -> EdgeScores:
     """EAP or EAP-IG scores (module docstring) of every head -> head (q/k/v) edge and head -> logits
     edge: ``delta_s . mean_alpha dM/d(input_r)(alpha)``, summed over batch and positions, in the
     metric's units (an estimate of :func:`path_patch_effects`). The products are taken one sender
@@ -600,6 +611,7 @@ def edge_scores(model: LoadedModel, runs: PathRuns | RunChunks, method: str = "e
         runs: from :func:`prepare_runs`, or a :class:`RunChunks`.
         method: ``eap`` (the gradient at the clean run) or ``eap-ig`` (``steps`` points, :func:`ig_alphas`).
         steps: integration steps of EAP-IG (>= 1).
+        progress: a progress bar on stderr, one count per forward and backward (per step and chunk).
 
     Raises:
         HeadprobeError: an unknown method or ``steps < 1``; GQA under a QK-norm over all key heads.
@@ -614,16 +626,19 @@ def edge_scores(model: LoadedModel, runs: PathRuns | RunChunks, method: str = "e
     L, H = model.spec.n_layers, model.spec.n_heads
     alphas = ig_alphas(method, steps)
     head_scores, logit_scores = torch.zeros(3, L, H, L, H, dtype=torch.float64), torch.zeros(L, H, dtype=torch.float64)
+    bar = _bar(runs, len(alphas), f"edge attribution ({method})", "step", progress)
     for weight, part in _parts(runs):
-        heads, logits = _score_part(model, part, alphas)
+        heads, logits = _score_part(model, part, alphas, bar)
         head_scores += weight * heads
         logit_scores += weight * logits
+    bar.close()
     n = len(alphas)
     return EdgeScores("eap" if method == "eap" else "eap-ig", n, (head_scores / n).numpy(), (logit_scores / n).numpy())
 
 
-def _score_part(model: LoadedModel, runs: PathRuns, alphas: Sequence[float]) -> tuple[Tensor, Tensor]:
-    """The sums over ``alphas`` of :func:`edge_scores`' products on one :class:`PathRuns`."""
+def _score_part(model: LoadedModel, runs: PathRuns, alphas: Sequence[float], bar: Any) -> tuple[Tensor, Tensor]:
+    """The sums over ``alphas`` of :func:`edge_scores`' products on one :class:`PathRuns`; ``bar``
+    counted once per alpha."""
     L, H = model.spec.n_layers, model.spec.n_heads
     head_scores, logit_scores = torch.zeros(3, L, H, L, H, dtype=torch.float64), torch.zeros(L, H, dtype=torch.float64)
     deltas = runs.deltas.to(model.device)
@@ -639,6 +654,7 @@ def _score_part(model: LoadedModel, runs: PathRuns, alphas: Sequence[float]) -> 
             for ls in range(L):
                 logit_scores[ls] += torch.einsum("bpd,bpsd->s", final, deltas[ls]).double().cpu()
         del grads, final, resid_pre
+        bar.update(1)
     return head_scores, logit_scores
 
 
@@ -695,14 +711,20 @@ def agreement(exact: np.ndarray, estimate: np.ndarray, k: int = 10) -> dict[str,
 
 
 def exact_effects(
-    model: LoadedModel, runs: PathRuns | RunChunks, edges: Sequence[Edge], max_rows: int | None = None
+    model: LoadedModel,
+    runs: PathRuns | RunChunks,
+    edges: Sequence[Edge],
+    max_rows: int | None = None,
+    progress: bool = False,
 ) -> np.ndarray:
     """Exact path patching (:func:`path_patch_effects`) of each edge, edges of one receiver input batched
-    together (a :class:`RunChunks` prepared once per chunk for all of them)."""
+    together (a :class:`RunChunks` prepared once per chunk for all of them); ``progress``: a progress
+    bar on stderr counting the edges patched."""
     out = np.zeros(len(edges))
     groups: dict[tuple, list[int]] = {}
     for i, e in enumerate(edges):
         groups.setdefault((e.receiver, e.input), []).append(i)
+    bar = _bar(runs, len(edges), f"path patching {len(edges)} edges", "edge", progress)
     for weight, part in _parts(runs):
         for (receiver, inp), idx in groups.items():
             out[idx] += weight * path_patch_effects(
@@ -713,28 +735,53 @@ def exact_effects(
                 "k" if receiver is None else inp,
                 max_rows=_stack_rows(runs, max_rows),
             )
+            bar.update(len(idx))
+    bar.close()
     return out
 
 
+def _graph_key(name: str) -> tuple[int, ...]:
+    """Where edge ``name`` stands in :meth:`EdgeScores.table`'s graph order (before its sort): input
+    (q, k, v, then logits), receiver layer and head, sender layer and head."""
+    e = parse_edge(name)
+    if e.receiver is None:
+        return (len(INPUTS), 0, 0, *e.sender)
+    return (INPUTS.index(e.input), *e.receiver, *e.sender)
+
+
+def verification_picks(table: pd.DataFrame, n: int, seed: int = 0) -> np.ndarray:
+    """Row positions in ``table`` (sorted by ``|score|``) :func:`verify_edges` path patches: the first
+    ``n``, then ``n`` drawn at random (``seed``) from the rest, the rest taken in graph order
+    (:func:`_graph_key`), not in ``|score|`` order, so that the draw depends only on which edges are
+    eligible: near-zero scores tied in ``|score|`` (``+s``, ``-s``) or 1e-7 apart sort otherwise on
+    another host and would put other edges at the drawn positions."""
+    top = np.arange(min(n, len(table)))
+    names = table["edge"].to_numpy()[len(top) :]
+    rest = len(top) + np.array(sorted(range(len(names)), key=lambda i: _graph_key(names[i])), dtype=int)
+    drawn = np.random.default_rng(seed).choice(len(rest), size=min(n, len(rest)), replace=False)
+    return np.concatenate([top, np.sort(rest[drawn])])
+
+
 def verify_edges(
-    model: LoadedModel, runs: PathRuns | RunChunks, table: pd.DataFrame, n: int, seed: int = 0, k: int = 10
+    model: LoadedModel,
+    runs: PathRuns | RunChunks,
+    table: pd.DataFrame,
+    n: int,
+    seed: int = 0,
+    k: int = 10,
+    progress: bool = False,
 ) -> tuple[pd.DataFrame, dict | None]:
     """Path patch the ``n`` edges of ``table`` (:meth:`EdgeScores.table`, sorted by ``|score|``) largest
-    in ``|score|`` and ``n`` drawn at random (seeded) from the rest, exactly. Returns the table with an
-    ``exact`` column (NaN where not patched) and :func:`agreement` over the patched edges (None if fewer than 3)."""
+    in ``|score|`` and ``n`` drawn at random (seeded) from the rest, exactly (:func:`verification_picks`).
+    Returns the table with an ``exact`` column (NaN where not patched) and :func:`agreement` over the
+    patched edges (None if fewer than 3); ``progress``: :func:`exact_effects`' bar."""
     table = table.copy()
     table["exact"] = np.nan
     if n <= 0:
         return table, None
-    rest = np.arange(n, len(table))
-    pick = np.concatenate(
-        [
-            np.arange(min(n, len(table))),
-            np.sort(np.random.default_rng(seed).choice(rest, size=min(n, len(rest)), replace=False)),
-        ]
-    )
+    pick = verification_picks(table, n, seed)
     edges = [parse_edge(name) for name in table["edge"].to_numpy()[pick]]
-    table.loc[table.index[pick], "exact"] = exact_effects(model, runs, edges)
+    table.loc[table.index[pick], "exact"] = exact_effects(model, runs, edges, progress=progress)
     done = table.dropna(subset=["exact"])
     return table, (agreement(done["exact"].to_numpy(), done["score"].to_numpy(), k) if len(done) >= 3 else None)
 
@@ -744,10 +791,11 @@ def receiver_sweep(
     runs: PathRuns | RunChunks,
     receivers: Sequence[tuple[tuple[int, int] | None, str]],
     scores: EdgeScores | None = None,
+    progress: bool = False,
 ) -> pd.DataFrame:
     """Exact path patching from every earlier head into each receiver (``(head, input)`` or ``(None,
     "logits")``): ``receiver, sender, effect`` (and ``score``, the edge attribution, when given), each
-    receiver's senders largest effect first.
+    receiver's senders largest effect first; ``progress``: a progress bar on stderr counting the edges.
 
     Raises:
         HeadprobeError: a receiver head outside the model.
@@ -758,12 +806,16 @@ def receiver_sweep(
         if receiver is not None:
             check_receiver(receiver, L, H)
     effects: dict[int, Any] = {i: 0.0 for i in range(len(receivers))}  # 0.0, then an array [sender]
+    n_edges = sum(H * (L if receiver is None else receiver[0]) for receiver, _ in receivers)
+    bar = _bar(runs, n_edges, f"path patching {len(receivers)} receivers", "edge", progress)
     for weight, part in _parts(runs):
         for i, (receiver, inp) in enumerate(receivers):
             senders = [(l, h) for l in range(L if receiver is None else receiver[0]) for h in range(H)]
             effects[i] = effects[i] + weight * path_patch_effects(
                 model, part, senders, receiver, "k" if receiver is None else inp, max_rows=_stack_rows(runs, None)
             )
+            bar.update(len(senders))
+    bar.close()
     for i, (receiver, inp) in enumerate(receivers):
         senders = [(l, h) for l in range(L if receiver is None else receiver[0]) for h in range(H)]
         name = "logits" if receiver is None else f"{receiver[0]}.{receiver[1]}:{inp}"

@@ -469,12 +469,53 @@ def circuit_tables(path: Path, summary: dict) -> dict[str, str]:
     return {"edges": table_tex(table, caption, tex_label(path, "edges"), "rlrr")}
 
 
+PATH_PATCHING_TOP = 5
+"""Senders per receiver in circuit's path_patching table, as its terminal report lists them."""
+
+
+def path_patching_tables(path: Path, summary: dict) -> dict[str, str]:
+    """``path_patching``: a circuit run's ``--receivers`` sweep, path_patching.csv's first
+    :data:`PATH_PATCHING_TOP` rows per receiver (largest effect first, as the report): receiver (named
+    on its first row), sender, exact effect and the edge's attribution score (nats/token, 4 decimals
+    each); none without the CSV (a run without --receivers)."""
+    csv = path / "path_patching.csv"
+    if not csv.is_file():
+        return {}
+    sweep = pd.read_csv(csv, dtype={"receiver": str, "sender": str})
+    top = sweep.groupby("receiver", sort=False).head(PATH_PATCHING_TOP)
+    first = top["receiver"] != top["receiver"].shift()
+    cell = lambda x: "-" if pd.isna(x) else f"{x:+.4f}"
+    table = pd.DataFrame(
+        [
+            [r if f else "", s, cell(e), cell(c)]
+            for r, s, e, c, f in zip(top["receiver"], top["sender"], top["effect"], top["score"], first)
+        ],
+        columns=["receiver", "sender", "effect", "score"],
+    )
+    sizes = ", ".join(f"{r} ({n})" for r, n in sweep.groupby("receiver", sort=False).size().items())
+    caption = (
+        f"Direct-path patching into each receiver of {summary.get('model')} ({summary.get('dtype')}; weights: "
+        f"{summary.get('weights_precision')}): the {PATH_PATCHING_TOP} senders of largest effect among every earlier "
+        f"head patched into each (receiver:q/k/v names the input; senders patched: {sizes}; all in "
+        f"path_patching.csv). Effect: the metric's change (nats/token) when only the sender's corrupted minus clean "
+        f"output reaches the receiver's input; score: the edge's {summary.get('method')} attribution "
+        f"({summary.get('steps')} steps), an estimate of the effect in the same units. Task: {summary.get('task')}; "
+        f"metric: {summary.get('metric')}; clean loss {summary.get('clean_loss'):.3f} nats/token."
+    )
+    return {"path_patching": table_tex(table, caption, tex_label(path, "path_patching"), "llrr")}
+
+
+def circuit_all_tables(path: Path, summary: dict) -> dict[str, str]:
+    """A circuit folder's tables: :func:`circuit_tables`' ``edges`` and :func:`path_patching_tables`'."""
+    return {**circuit_tables(path, summary), **path_patching_tables(path, summary)}
+
+
 BUILDERS = {
     "scan": scan_tables,
     "prune": prune_tables,
     "ablate": ablate_tables,
     "kv": kv_tables,
-    "circuit": circuit_tables,
+    "circuit": circuit_all_tables,
 }
 """The source kinds ``--format latex`` writes tables of, and each one's tables."""
 

@@ -17,7 +17,16 @@ import torch
 import zoo
 from scipy.stats import spearmanr
 
-from headprobe.analyses.circuit import agreement, edge_scores, parse_edge, path_patch_effects, prepare_runs
+from headprobe.analyses import circuit as circuit_module
+from headprobe.analyses.circuit import (
+    EdgeScores,
+    agreement,
+    edge_scores,
+    parse_edge,
+    path_patch_effects,
+    prepare_runs,
+    verify_edges,
+)
 from headprobe.probe.backends.loading import LoadedModel, wrap
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.model.config import TransformerConfig
@@ -406,3 +415,54 @@ def test_path_patch_reads_and_checks_heads_as_the_other_apis(tiny_llama_gqa_nati
     assert np.array_equal(path_patch(model, clean, corrupted, ["0.1", (0, 3)], "1.2", "v"), pairs)
     assert np.array_equal(path_patch(model, clean, corrupted, "0.1,0.3", "1.2", "v"), pairs)
     assert path_patch(model, clean, corrupted, "0.1", "1.2", "v") == pairs[0]
+
+
+def _near_tie_table(rng):
+    """An :meth:`EdgeScores.table` of a 4-layer, 3-head graph whose small scores come in tied
+    ``+s, -s`` pairs and values 1e-7 apart: the ``|score|`` order of these is float noise."""
+    L, H = 4, 3
+    head = np.zeros((3, L, H, L, H))
+    for lr in range(1, L):
+        head[:, lr, :, :lr, :] = rng.normal(size=(3, H, lr, H))
+    head[head.nonzero()] *= 1e-3  # near zero ...
+    head[0, 3, 0, :3, :] = np.arange(1, 10).reshape(3, H)  # ... but for 9 large ones (the top)
+    head[1, 2, 1, 0, 0], head[1, 2, 1, 0, 1] = 2.7e-4, -2.7e-4  # a tied pair
+    return EdgeScores("eap", 1, head, rng.normal(size=(L, H)) * 1e-3)
+
+
+def _drawn(monkeypatch, model, scores, n, seed):
+    """The edge names :func:`verify_edges` path patches (exact effects replaced by zeros; ``model``
+    only stands in: the table is not its graph)."""
+    seen = []
+
+    def fake_exact(model, runs, edges, **kwargs):
+        seen.extend(e.name for e in edges)
+        return np.zeros(len(edges))
+
+    monkeypatch.setattr(circuit_module, "exact_effects", fake_exact)
+    clean = torch.randint(0, 100, (1, 6), generator=torch.Generator().manual_seed(0))
+    verify_edges(model, prepare_runs(model, clean, clean.flip(1)), scores.table(), n, seed)
+    return seen
+
+
+def test_the_random_verified_edges_do_not_depend_on_the_float_order_of_small_scores(monkeypatch, tiny_tokenizer):
+    """The committed SmolLM2 run drew 5 of its 30 random edges differently on another host: ties
+    in ``|score|`` (``+s`` and ``-s``) and scores 1e-6 apart sorted otherwise. Reference: the same
+    scores with every tied pair's signs swapped and 1e-7 noise on the small ones draw the same names."""
+    model = wrap(zoo.make_checkpoint("llama", tiny_tokenizer), backend="native")
+    scores = _near_tie_table(np.random.default_rng(0))
+    head, logits = scores.head_scores.copy(), scores.logit_scores.copy()
+    small = (np.abs(head) < 1e-2) & (head != 0)
+    head[small] = -head[small] + np.random.default_rng(1).normal(size=small.sum()) * 1e-7
+    logits = -logits + np.random.default_rng(2).normal(size=logits.shape) * 1e-7
+    shaken = EdgeScores("eap", 1, head, logits)
+    order = scores.table()["edge"].to_numpy()
+    assert (order != shaken.table()["edge"].to_numpy())[9:].any()  # the |score| order did change
+    for seed in range(5):
+        first = _drawn(monkeypatch, model, scores, 9, seed)
+        assert len(first) == 18 and first[:9] == list(order[:9])  # the top 9, then 9 random from the rest
+        assert set(first[9:]).isdisjoint(first[:9])
+        assert _drawn(monkeypatch, model, shaken, 9, seed) == first
+        assert _drawn(monkeypatch, model, scores, 9, seed) == first  # reproducible
+    draws = {tuple(_drawn(monkeypatch, model, scores, 9, seed)[9:]) for seed in range(5)}
+    assert len(draws) == 5  # and seeded: other seeds, other edges

@@ -76,6 +76,7 @@ def test_every_table_is_a_booktabs_float_with_caption_and_label(tex):
         "ablate/top_heads",
         "kv/policies",
         "circuit/edges",
+        "circuit/path_patching",
     }
     for name, text in tex.items():
         assert text.replace("\\small\n", "", 1).startswith("\\begin{table}[htbp]\n\\centering\n\\caption{"), name
@@ -276,6 +277,27 @@ def test_circuit_table_is_edges_csv_largest_edges(tex):
     assert [r[1].replace(" $\\rightarrow$ ", " -> ") for r in got] == top.edge.tolist()
     for r, (_, ref) in zip(got, top.iterrows()):
         assert abs(float(r[2]) - ref.score) <= 5e-5 + 1e-5 and abs(float(r[3]) - ref.exact) <= 5e-5 + 1e-5
+
+
+def test_circuit_path_patching_table_is_path_patching_csv_largest_effects(tex):
+    """Each --receivers receiver's 5 senders of largest effect, in path_patching.csv's order (the
+    terminal report's), their effects and scores; the caption says how many senders each had."""
+    csv = pd.read_csv(CIRCUIT / "path_patching.csv")
+    top = csv.groupby("receiver", sort=False).head(5)
+    got = rows(tex["circuit/path_patching"])
+    receivers = [r[0] for r in got]
+    filled = [next(x for x in reversed(receivers[: i + 1]) if x) for i in range(len(got))]  # named once per group
+    assert [x.replace("\\_", "_") for x in filled] == top.receiver.tolist()
+    assert [r[0] != "" for r in got] == (top.receiver != top.receiver.shift()).tolist()  # at each group's start
+    assert [r[1] for r in got] == top.sender.astype(str).tolist()
+    for r, (_, ref) in zip(got, top.iterrows()):
+        assert abs(float(r[2]) - ref.effect) <= 5e-5 + 1e-5 and abs(float(r[3]) - ref.score) <= 5e-5 + 1e-5
+    caption = re.search(r"\\caption\{(.*)\}\n\\label", tex["circuit/path_patching"]).group(1)
+    sizes = csv.groupby("receiver", sort=False).size()
+    for receiver, n in sizes.items():
+        assert f"{receiver} ({n})" in caption, (receiver, n, caption)
+    summary = json.loads((CIRCUIT / "summary.json").read_text())
+    assert summary["weights_precision"] in caption.replace("\\_", "_") and "float32" in caption
 
 
 def _one_line_refusal(argv, cwd) -> tuple[int, list[str]]:

@@ -215,3 +215,24 @@ def test_a_step_longer_than_the_interval_writes_signs_of_life_while_it_runs(monk
     time.sleep(0.3)
     lines = log.getvalue().splitlines()
     assert lines[:-1] == during and lines[-1].startswith("load: 2/2 "), lines  # close's line, then nothing
+
+
+def test_circuit_counts_its_steps_and_patched_edges_in_whole_lines(tiny_dir, tmp_path, capsys):
+    """``headprobe circuit ... 2>log`` printed nothing after its batch line for minutes on SmolLM2: the
+    attribution steps, the verification's and the receivers' path-patched edges each get a bar, in a
+    log one whole line ending at its full count (2 layers of 8 heads: 8 + 16 sender edges into 1.0:k
+    and the logits); the Python function without ``progress`` writes none."""
+    import headprobe
+
+    small = ["--n-seqs", "2", "--period", "6", "--steps", "3", "--verify", "4", "--device", "cpu"]
+    argv = ["circuit", "--model", str(tiny_dir), "--out", str(tmp_path / "c"), *small, "--receivers", "1.0:k,logits"]
+    capsys.readouterr()
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "\r" not in err and "\x1b" not in err, repr(err)
+    bars = [line for line in err.splitlines() if "%|" in line]
+    want = {"edge attribution (eap-ig)": 3, "path patching 8 edges": 8, "path patching 2 receivers": 24}
+    assert [b.split(":")[0] for b in bars] == list(want), err
+    assert all(" 100%|" in b and f" {n}/{n} [" in b for b, n in zip(bars, want.values())), bars
+    headprobe.circuit(str(tiny_dir), n_seqs=2, period=6, steps=2, verify=2, receivers="1.0:k", device="cpu")
+    assert "%|" not in capsys.readouterr().err

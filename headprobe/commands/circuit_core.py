@@ -242,9 +242,11 @@ def run(model: LoadedModel, config: CircuitConfig, progress: bool = True) -> Cir
             f"a forward resumed at a layer, unpatched, changes the clean loss by {base:.2g} nats/token, "
             f"more than float rounding allows ({tolerance:.2g}: {rule}): direct-path patching refused"
         )
-    scores = circuit_analysis.edge_scores(model, runs, config.method, config.steps)
-    edges, agreement = circuit_analysis.verify_edges(model, runs, scores.table(), config.verify, config.seed)
-    sweep = circuit_analysis.receiver_sweep(model, runs, receivers, scores) if receivers else None
+    scores = circuit_analysis.edge_scores(model, runs, config.method, config.steps, progress=progress)
+    edges, agreement = circuit_analysis.verify_edges(
+        model, runs, scores.table(), config.verify, config.seed, progress=progress
+    )
+    sweep = circuit_analysis.receiver_sweep(model, runs, receivers, scores, progress=progress) if receivers else None
     qk = None
     if qk_head is not None:
         from headprobe.analyses.qk_attribution import qk_attribution
