@@ -89,6 +89,20 @@ def test_every_table_is_a_booktabs_float_with_caption_and_label(tex):
         assert "smollm2-135m" in caption and ("nats/token" in caption or name == "scan/top_heads"), name  # scores
 
 
+def test_every_caption_names_the_model_its_compute_dtype_and_its_weights(tex):
+    """Every table's caption says what ran: the model, the compute dtype and the precision of its weights
+    (each committed run is of SmolLM2's 4-bit Q4_1 weights, dequantized to float32); the scan's said
+    "smollm2-135m:" alone and circuit's "(float32)", as if the weights were float32. The words are the
+    figures' titles' ("4-bit weights"), read here off each run's own summary.json."""
+    sources = {"scan": SCAN, "prune": PRUNE, "per_layer_run": PER_LAYER, "ablate": ABLATE, "kv": KV, "circuit": CIRCUIT}
+    for name, text in tex.items():
+        summary = json.loads((sources[name.split("/")[0]] / "summary.json").read_text())
+        dtype = summary.get("dtype") or summary["config"]["dtype"]
+        assert "4-bit Q4_1" in summary["weights_precision"] and dtype == "float32", name
+        caption = re.search(r"\\caption\{(.*)\}\n\\label", text).group(1)
+        assert "smollm2-135m (4-bit weights, float32 compute" in caption, (name, caption[:120])
+
+
 def test_special_characters_are_escaped(tex):
     """No bare _ % # ^ ~ < >, dollars paired, braces balanced, ASCII only (Δ, ≤, × as commands)."""
     for name, text in tex.items():
