@@ -312,6 +312,21 @@ def test_a_folder_without_tables_or_a_flag_nothing_uses_is_refused_in_one_line(s
     assert not (tmp_path / "o").exists()
 
 
+def test_a_missing_folder_is_told_what_each_format_takes(tmp_path):
+    """``export --from`` a folder that is not there said "scan, kv or circuit" for every format, though
+    --format latex also takes prune and ablate runs: the one line names, for each format, the runs it
+    takes, LaTeX's being the kinds latex_tables has a table builder for."""
+    from headprobe.analyses.latex_tables import BUILDERS
+
+    code, err = _one_line_refusal(["export", "--from", str(tmp_path / "gone"), "--out", str(tmp_path / "o")], tmp_path)
+    assert code == 2 and len(err) == 1 and "is not a folder" in err[0], err
+    said = dict(re.findall(r"(\w+): ([\w ,]+?)(?:;|\)|$)", err[0].split("(", 1)[1]))
+    kinds = {f: set(re.split(r", | or ", v.removesuffix(" run").removesuffix(" runs"))) for f, v in said.items()}
+    assert kinds["latex"] == set(BUILDERS) == {"scan", "kv", "circuit", "prune", "ablate"}, err
+    assert kinds["mib"] == {"circuit"} and kinds["duo"] == kinds["headkv"] == {"scan", "kv"}, err
+    assert kinds["parquet"] == {"scan", "kv", "circuit"} and not (tmp_path / "o").exists(), err
+
+
 def test_a_scan_without_verification_has_no_verdict_table(tmp_path, capsys):
     """--format latex is refused (one line, nothing written); all leaves LaTeX out and writes the rest."""
     scan = tmp_path / "scan"
