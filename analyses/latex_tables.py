@@ -1,6 +1,6 @@
 """``headprobe export --format latex``: a finished scan, prune, ablate, kv or circuit folder's tables as booktabs
 LaTeX, one ``latex/<table>.tex`` per table, each a ``table`` float with a caption (what the numbers
-are, their units, the run's model, tokens and settings) and a label, ready to ``\\input`` (the
+are, their units, the run's model, weights, compute dtype, tokens and settings) and a label, ready to ``\\input`` (the
 preamble needs ``\\usepackage{booktabs}``). Numbers are the run's own, rounded as its terminal
 table rounds them (scan: :func:`~headprobe.analyses.verdicts.effect_digits`, p to 4 decimals; prune
 and ablate: 3 decimals); scan's rows and design sentence are ablation.caption.txt's
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from headprobe.analyses.figures import format_ci
+from headprobe.analyses.figures import format_ci, weights_label
 from headprobe.analyses.verdicts import CORRECTION_NAMES, NOT_TESTED, decided, effect_digits, ordered_rows, p_cell
 from headprobe.analyses.verdicts import label as verdict_label
 from headprobe.analyses.vocabulary import KV_TABLE_DIGITS, unreliable_picks
@@ -134,12 +134,12 @@ def scan_tables(path: Path, summary: dict) -> dict[str, str]:
     ]  # fmt: skip
     tested = full[[r["kind"] == primary for r in rows]]
     caption = (
-        f"{summary.get('model')}: {text.splitlines()[0]} "
+        f"{_run_text(summary)}: {text.splitlines()[0]} "
         f"Δ ({unit}): the top-{k} set's effect and the control sets' mean effect; "
         f"CI: 95% t interval over sequences; p adj: "
         f"{CORRECTION_NAMES.get(design.get('correction') or '', design.get('correction'))} over the "
         f"{design.get('family_size')} tested verdicts, alpha = {design.get('alpha')}. "
-        f"Tokens: {tokens_text(summary.get('tokens') or {})}; seed {summary.get('seed')}."
+        f"Tokens: {tokens_text(summary.get('tokens') or {})}."
     )
     raw_p = "p: sequential Monte Carlo (≤: a curtailed test's bound); sets: control sets ablated. "
     tasks = _tasks_text(rows, primary)
@@ -189,7 +189,7 @@ def _scan_top_heads_table(path: Path, summary: dict, rows: list, primary: str, k
         columns=["head type", f"top-{k} heads (layer.head, score), best first"],
     )
     caption = (
-        f"{summary.get('model')}: the {k} heads of each head type that the ablation check removes together, "
+        f"{_run_text(summary)}: the {k} heads of each head type that the ablation check removes together, "
         "by their score on the type's detector (docs/scan.md)."
     )
     return table_tex(table, caption, tex_label(path, "top_heads"), "lp{0.7\\linewidth}")
@@ -251,9 +251,15 @@ def prune_tables(path: Path, summary: dict) -> dict[str, str]:
 
 
 def _run_text(summary: dict) -> str:
-    """``smollm2-135m (float32, seed 0)``: the model and the run's dtype and seed."""
+    """``smollm2-135m (4-bit weights, float32 compute, seed 0)``: the model, its weights' precision
+    (summary.json's ``weights_precision`` in the figures' titles' words,
+    :func:`~headprobe.analyses.figures.weights_label`), the run's compute dtype and seed; every
+    caption names the run with it. A part the summary lacks is left out."""
     cfg = summary.get("config") or {}
-    return f"{summary.get('model')} ({summary.get('dtype')}, seed {cfg.get('seed')})"
+    dtype, seed = summary.get("dtype") or cfg.get("dtype"), cfg.get("seed", summary.get("seed"))
+    parts = [weights_label(str(summary["weights_precision"])) if summary.get("weights_precision") else None]
+    parts += [f"{dtype} compute" if dtype else None, None if seed is None else f"seed {seed}"]
+    return f"{summary.get('model')} ({', '.join(p for p in parts if p)})"
 
 
 def _curve_table(path: Path, summary: dict, curves: Mapping) -> str:
@@ -393,7 +399,7 @@ def kv_tables(path: Path, summary: dict) -> dict[str, str]:
     table = pd.DataFrame(cells, columns=pd.MultiIndex.from_tuples(columns))
     cfg = summary.get("config") or {}
     caption = (
-        f"KV-cache policies of {summary.get('model')} ({summary.get('dtype', cfg.get('dtype'))}, seed {cfg.get('seed')}) at "
+        f"KV-cache policies of {_run_text(summary)} at "
         f"{summary.get('seq_len')} tokens: {str(summary.get('unit')).replace('_', ' ')}s chosen by {summary.get('method')} ranking "
         f"(target {', '.join(f'{k} {v}' for k, v in (summary.get('target') or {}).items())}) keep a full cache, the "
         f"rest stream (sink {summary.get('sink')} + window {summary.get('window')}); against the full cache, one "
@@ -460,8 +466,8 @@ def circuit_tables(path: Path, summary: dict) -> dict[str, str]:
         else ""
     )
     caption = (
-        f"The largest of the {summary.get('n_edges')} head-to-head and head-to-logits edges of {summary.get('model')} "
-        f"({summary.get('dtype')}) scored by {summary.get('method')} ({summary.get('steps')} steps; receiver:q/k/v "
+        f"The largest of the {summary.get('n_edges')} head-to-head and head-to-logits edges of {_run_text(summary)} "
+        f"scored by {summary.get('method')} ({summary.get('steps')} steps; receiver:q/k/v "
         f"names the input the edge writes to). Task: {summary.get('task')}; metric: {summary.get('metric')}; clean "
         f"loss {summary.get('clean_loss'):.3f} nats/token. Exact: the edge's direct-path patching effect "
         f"(nats/token), where checked.{agree}"

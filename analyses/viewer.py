@@ -223,6 +223,7 @@ def _score_maps(table: pd.DataFrame) -> list[dict]:
                     "vmax": opts.get("vmax", 1.0),
                     "example": "repeated" if det.dataset == "repeated" else "natural",
                     "head_type": det.name,
+                    "source": "scan",
                 }
             )
     return maps
@@ -249,6 +250,7 @@ def _delta_maps(table: pd.DataFrame) -> list[dict]:
                     "vmax": vmax,
                     "example": example,
                     "head_type": None,
+                    "source": "ablate run",
                 }
             )
     if "induction_score" in table and not any(m["column"] == "induction_score" for m in maps):
@@ -262,9 +264,18 @@ def _delta_maps(table: pd.DataFrame) -> list[dict]:
                 "vmax": 1.0,
                 "example": "repeated",
                 "head_type": "induction",
+                "source": "ablate run",  # its own repeated tokens (ablate_core._induction_score), not the scan's
             }
         )
     return maps
+
+
+def _name_sources(maps: list[dict]) -> list[dict]:
+    """``maps`` with each title that two runs share (a scan's induction score and a merged ablate
+    run's, on other tokens) followed by its run, ``"induction score (scan)"``: the menu named two
+    maps alike and nothing told them apart. Titles of one run only are left as they are."""
+    titles = [m["title"] for m in maps]
+    return [{**m, "title": f"{m['title']} ({m['source']})"} if titles.count(m["title"]) > 1 else m for m in maps]
 
 
 def _verdicts(summary: Mapping | None) -> list[dict]:
@@ -421,7 +432,9 @@ def viewer_data(
     info = dict(summary or ablation_summary or {})
     layout = dict(info.get("layout") or {})
     n_kv = int(layout.get("n_kv_heads") or (table["kv_head"].max() + 1 if "kv_head" in table else n_heads))
-    maps = (_score_maps(table) if scores is not None else []) + (_delta_maps(table) if ablation is not None else [])
+    maps = _name_sources(
+        (_score_maps(table) if scores is not None else []) + (_delta_maps(table) if ablation is not None else [])
+    )
     columns = [c for c in table.columns if c not in _ID_COLUMNS]
     data: dict[str, Any] = {
         "title": title or info.get("model") or "headprobe",

@@ -1022,16 +1022,23 @@ def flag_note(command: str, message: str) -> str | None:
     train``, ``headprobe budget --seq-len``), and flags whose keyword the message spells already
     (``--overwrite (overwrite=True in Python)``). None where none is left, or ``command`` is not
     registered (or ``headprobe.commands`` not imported: a command's function imports it first)."""
+    said = _python_spellings(command, message)
+    return "in Python: " + ", ".join(f"{flag} is {python}" for flag, python in said.items()) if said else None
+
+
+def _python_spellings(command: str, message: str) -> dict[str, str]:
+    """:func:`flag_note`'s spellings: each flag ``message`` names -> its Python spelling
+    (``n_random=``, ``sequential=False``, ``result.save(path)``), in the order named; {} where none."""
     from headprobe.probe.core.errors import FLAG_IN_MESSAGE
 
     commands = sys.modules.get("headprobe.commands")  # above this layer: read, never imported from here
     if commands is None:
-        return None
+        return {}
     COMMANDS = commands.COMMANDS
     entry = COMMANDS.get(command) if command in COMMANDS else None  # None: a function of no registered command
     function = entry.function() if entry is not None else None
     if entry is None or function is None:
-        return None
+        return {}
     parser = argparse.ArgumentParser(add_help=False)
     entry.add_flags(parser)
     actions = {flag: action for action in parser._actions for flag in action.option_strings}
@@ -1052,7 +1059,28 @@ def flag_note(command: str, message: str) -> str | None:
                 said[flag] = f"{action.dest}={switch}"
             elif (place := _output_place(entry, action.dest)) is not None:
                 said[flag] = place[0]
-    return "in Python: " + ", ".join(f"{flag} is {python}" for flag, python in said.items()) if said else None
+    return said
+
+
+def in_python(command: str, line: str) -> str:
+    """``line``, a line a run of ``headprobe <command>`` prints, as a caller of its Python function
+    reads it: each flag that is a keyword of the function spelled as the keyword, with the number
+    after it (``use --n-random 19 or more`` -> ``use n_random=19 or more``, ``(--keep-n-random)`` ->
+    ``(keep_n_random=True)``; :func:`flag_note`'s spellings). Other flags stay as they are."""
+    from headprobe.probe.core.errors import FLAG_IN_MESSAGE
+
+    said = {f: p for f, p in _python_spellings(command, line).items() if re.fullmatch(r"\w+=\w*", p)}
+
+    def spell(match: re.Match) -> str:
+        flag, number = match.group(1), match.group(2)
+        if flag not in said:
+            return match.group(0)
+        python = said[flag]
+        if not python.endswith("="):  # a switch: its value, then whatever followed
+            return python + (f" {number}" if number else "")
+        return python + number if number else python[:-1]
+
+    return re.sub(FLAG_IN_MESSAGE.pattern + r"(?: (-?\d[\d.]*))?", spell, line)
 
 
 _Function = TypeVar("_Function", bound=Callable[..., Any])

@@ -90,6 +90,20 @@ def test_every_table_is_a_booktabs_float_with_caption_and_label(tex):
         assert "smollm2-135m" in caption and ("nats/token" in caption or name == "scan/top_heads"), name  # scores
 
 
+def test_every_caption_names_the_model_its_compute_dtype_and_its_weights(tex):
+    """Every table's caption says what ran: the model, the compute dtype and the precision of its weights
+    (each committed run is of SmolLM2's 4-bit Q4_1 weights, dequantized to float32); the scan's said
+    "smollm2-135m:" alone and circuit's "(float32)", as if the weights were float32. The words are the
+    figures' titles' ("4-bit weights"), read here off each run's own summary.json."""
+    sources = {"scan": SCAN, "prune": PRUNE, "per_layer_run": PER_LAYER, "ablate": ABLATE, "kv": KV, "circuit": CIRCUIT}
+    for name, text in tex.items():
+        summary = json.loads((sources[name.split("/")[0]] / "summary.json").read_text())
+        dtype = summary.get("dtype") or summary["config"]["dtype"]
+        assert "4-bit Q4_1" in summary["weights_precision"] and dtype == "float32", name
+        caption = re.search(r"\\caption\{(.*)\}\n\\label", text).group(1)
+        assert "smollm2-135m (4-bit weights, float32 compute" in caption, (name, caption[:120])
+
+
 def test_special_characters_are_escaped(tex):
     """No bare _ % # ^ ~ < >, dollars paired, braces balanced, ASCII only (Δ, ≤, × as commands)."""
     for name, text in tex.items():
@@ -318,6 +332,21 @@ def test_a_folder_without_tables_or_a_flag_nothing_uses_is_refused_in_one_line(s
     code, err = _one_line_refusal(["export", "--from", str(source), "--out", str(tmp_path / "o"), *flags], tmp_path)
     assert code == 2 and len(err) == 1 and err[0].startswith("headprobe: error:") and said in err[0], err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_missing_folder_is_told_what_each_format_takes(tmp_path):
+    """``export --from`` a folder that is not there said "scan, kv or circuit" for every format, though
+    --format latex also takes prune and ablate runs: the one line names, for each format, the runs it
+    takes, LaTeX's being the kinds latex_tables has a table builder for."""
+    from headprobe.analyses.latex_tables import BUILDERS
+
+    code, err = _one_line_refusal(["export", "--from", str(tmp_path / "gone"), "--out", str(tmp_path / "o")], tmp_path)
+    assert code == 2 and len(err) == 1 and "is not a folder" in err[0], err
+    said = dict(re.findall(r"(\w+): ([\w ,]+?)(?:;|\)|$)", err[0].split("(", 1)[1]))
+    kinds = {f: set(re.split(r", | or ", v.removesuffix(" run").removesuffix(" runs"))) for f, v in said.items()}
+    assert kinds["latex"] == set(BUILDERS) == {"scan", "kv", "circuit", "prune", "ablate"}, err
+    assert kinds["mib"] == {"circuit"} and kinds["duo"] == kinds["headkv"] == {"scan", "kv"}, err
+    assert kinds["parquet"] == {"scan", "kv", "circuit"} and not (tmp_path / "o").exists(), err
 
 
 def test_a_scan_without_verification_has_no_verdict_table(tmp_path, capsys):

@@ -374,3 +374,60 @@ def test_a_save_into_a_folder_that_is_not_empty_is_as_the_api_page_says(saved_ru
     quoted = "a folder that is not empty is `" + str(e.value).replace(str(out), "out") + "`"
     assert quoted in page, str(e.value)
     assert (out / "notes.txt").read_text() == "mine" and [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_the_plan_speaks_in_keywords_from_python_and_in_flags_on_the_command_line(capsys):
+    """The verification plan's lines a scan prints (ten control sets kept where one induction verdict
+    needs 19: 1/11 > 0.05) spoke in flags to a Python caller too: ``use --n-random 19 or more``,
+    ``--n-random 10 kept (--keep-n-random)``. Said in a Python call (``headprobe.scan(...,
+    n_random=10, keep_n_random=True)``) they name the keywords; in the command line's run
+    (:func:`~headprobe.probe.core.io.command_line`, as ``cli.main`` opens it) the flags, as before."""
+    from headprobe.analyses.verification import plan_lines
+    from headprobe.commands.scan_core import _say
+    from headprobe.probe.core.io import command_line
+
+    test = {"head_type": "induction", "confirmable": "never", "control_sets": 10, "capped": False}
+    plan = {
+        "family_size": 1, "lone_draws_needed": 19, "n_random": 10, "family": ["induction"], "correction": "bh",
+        "alpha": 0.05, "raised": False, "kept": True, "n_random_requested": 10, "max_sets": 11, "tests": [test],
+    }  # fmt: skip
+    lines = plan_lines(plan)
+    for line in lines:
+        _say(line)
+    python = capsys.readouterr().err.splitlines()
+    with command_line(["scan", "--n-random", "10", "--keep-n-random"]):
+        for line in lines:
+            _say(line)
+    flags = capsys.readouterr().err.splitlines()
+    assert flags == lines and len(lines) == 2  # the plan line and its NOTE, unchanged on the command line
+    assert "--n-random 10 kept (--keep-n-random)" in flags[0] and flags[1].endswith(
+        "use --n-random 19 or more (p <= 0.05)"
+    )
+    assert "; n_random=10 kept (keep_n_random=True); " in python[0], python
+    assert python[1] == flags[1].replace("--n-random ", "n_random="), python  # "n_random=10 cannot reach ..."
+    assert not any(re.search(r"--[a-z]", ln) for ln in python), python
+
+
+@pytest.mark.parametrize(
+    ("line", "python"),
+    [
+        ("use --n-random 19 or more", "use n_random=19 or more"),
+        (
+            "--n-random 10 raised to 99 (--keep-n-random keeps it)",
+            "n_random=10 raised to 99 (keep_n_random=True keeps it)",
+        ),
+        ("--fixed-draws: every set drawn", "sequential=False: every set drawn"),
+        (
+            "a switch or a flag alone: --keep-n-random, --n-random",
+            "a switch or a flag alone: keep_n_random=True, n_random",
+        ),
+        ("written; pass --overwrite to replace it", "written; pass --overwrite to replace it"),  # save's, not a keyword
+        ("check with headprobe ablate --n-random 5", "check with headprobe ablate --n-random 5"),  # another command's
+    ],
+)
+def test_in_python_spells_a_line_s_flags_as_keywords(line, python):
+    """:func:`headprobe.options.in_python`: a printed line's flags of ``headprobe scan`` that are keywords
+    of ``headprobe.scan``, with the number after them; the rest as printed."""
+    from headprobe.options import in_python
+
+    assert in_python("scan", line) == python

@@ -793,7 +793,7 @@ def test_a_quick_scans_console_says_each_thing_once_and_consistently(
     # said once, before the verification, with the draws that suffice (1/(n + 1) <= alpha: 19 for one test)
     need = next(n for n in range(1, 100) if 1 / (n + 1) <= 0.05)
     said = [ln for ln in err.splitlines() if ln.startswith("NOTE:")]
-    assert len(said) == 1 and f"use --n-random {need} or more" in said[0], err
+    assert len(said) == 1 and f"use n_random={need} or more" in said[0], err  # a Python run: the keyword
     assert "cannot be CONFIRMED at all" not in err
     # the report: one WARNING naming the type, no threshold; the type's p-value line short
     assert report.count(f"--n-random {need}") == 0 and "cannot reach alpha" not in report, report

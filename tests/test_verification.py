@@ -490,7 +490,7 @@ def test_a_strong_effect_is_planned_for_and_confirmed_or_said_unreachable(
     result = _scan(tiny_llama_gqa, text_file, **kw)
     err = capsys.readouterr().err
     ind = next(v for v in result.verifications if v.tested and v.head_type == "induction")
-    assert "--n-random 20 raised to 39" in err and "a lone CONFIRMED needs p <= 0.025" in err
+    assert "n_random=20 raised to 39" in err and "a lone CONFIRMED needs p <= 0.025" in err
     assert ind.draws == 39 and ind.exceedances == 0 and ind.stop_reason == "ran to the end"
     assert ind.p_value == pytest.approx(1 / 40) and ind.confirmed is True and not ind.p_value_is_bound
     plan = result.summary()["verification"]["plan"]

@@ -630,3 +630,37 @@ def test_warnings_of_one_shape_are_one_block_in_chromium(browser, tmp_path, numb
         assert group.evaluate("e => e.tagName") == "DETAILS" and items.count() == 5
         assert [items.nth(i).text_content() for i in range(5)] == [f"{t}: {r}" for t, r in zip(_TYPES, reasons)]
     _assert_offline(page)
+
+
+ABLATE = ROOT / "figures" / "smollm2-135m-ablate"
+
+
+@pytest.mark.skipif(not (ABLATE / "head_ablation.csv").exists(), reason="the committed ablate run is absent")
+def test_two_runs_maps_of_one_score_say_their_run_and_the_tooltip_shows_the_map(browser, tmp_path):
+    """The committed scan with the committed ablate run merged: both carry an induction score (the
+    ablate run's on its own repeated tokens: 17.4 is 0.73854 there, 0.74674 in the scan). The menu
+    had two options both "induction score", and on the ablate run's map the tooltip led with the
+    scan's number. Every option's label is its own, the two induction maps name their run, and
+    hovering 17.4 on each map shows that map's value (from the CSVs, not the page's data) first."""
+    d = tmp_path / "scan"
+    d.mkdir()
+    for f in ("head_scores.csv", "summary.json"):
+        shutil.copy(DEMO / f, d)
+    view.run(view.ViewConfig(dir=str(d), ablation=str(ABLATE)))
+    page = _open(browser, d / "index.html")
+    options = page.eval_on_selector_all("#map-select option", "os => os.map(o => o.textContent)")
+    assert len(options) == len(set(options)), options
+    assert "induction score (scan)" in options and "induction score (ablate run)" in options
+    scan = pd.read_csv(DEMO / "head_scores.csv").set_index(["layer", "head"])
+    abl = pd.read_csv(ABLATE / "head_ablation.csv").set_index(["layer", "head"])
+    for label, value in (
+        ("induction score (scan)", scan.loc[(17, 4), "induction"]),
+        ("induction score (ablate run)", abl.loc[(17, 4), "induction_score"]),
+        ("repeated loss increase when ablated (nats/token)", abl.loc[(17, 4), "repeated_loss_delta"]),
+    ):
+        page.select_option("#map-select", label=label)
+        page.hover('[data-head="17.4"]')
+        lines = page.inner_text("#tooltip").splitlines()
+        assert lines[1] == f"{label}: {value:.4f}", lines[:3]
+        assert float(page.get_attribute('[data-head="17.4"]', "data-value")) == pytest.approx(value, abs=1e-5)
+    _assert_offline(page)

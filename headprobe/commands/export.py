@@ -119,7 +119,7 @@ class ExportConfig:
             )
         if not str(self.source).strip():  # "" is the current folder to Path: refuse it as --out "" is
             raise HeadprobeError(
-                "the source folder name is empty; give --from the output folder of headprobe scan, kv or circuit"
+                "the source folder name is empty; give --from the output folder of a headprobe run (scan, kv, circuit; prune and ablate for --format latex)"
             )
         if self.sink is not None and self.sink < 0:
             raise HeadprobeError(f"--sink must be >= 0, got {self.sink}")

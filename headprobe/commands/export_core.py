@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from headprobe.analyses import exchange as ex
+from headprobe.analyses.latex_tables import BUILDERS as LATEX_BUILDERS
 from headprobe.commands.export import (  # noqa: F401 - the light module's names, re-exported
     DUO_RECENT,
     DUO_SINK,
@@ -29,14 +30,23 @@ from headprobe.probe.core.io import ReadsInputs, keeps_inputs
 from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.core.reprs import CompactRepr
 
+_EXCHANGE = {"scan": ("duo", "headkv", "parquet"), "kv": ("duo", "headkv", "parquet"), "circuit": ("mib", "parquet")}
 SUPPORTED = {
-    "scan": ("duo", "headkv", "parquet", "latex"),
-    "kv": ("duo", "headkv", "parquet", "latex"),
-    "circuit": ("mib", "parquet", "latex"),
-    "prune": ("latex",),
-    "ablate": ("latex",),
+    kind: _EXCHANGE.get(kind, ()) + (("latex",) if kind in LATEX_BUILDERS else ())
+    for kind in {**_EXCHANGE, **LATEX_BUILDERS}
 }
-"""The formats each source kind can be written in (``all``: every one of its kind's)."""
+"""The formats each source kind can be written in (``all``: every one of its kind's): the exchange
+formats, and ``latex`` where :data:`headprobe.analyses.latex_tables.BUILDERS` has its tables."""
+
+
+def formats_taken() -> str:
+    """``duo: scan or kv; ...; latex: scan, kv, circuit, prune or ablate``: the runs each format takes
+    (:data:`SUPPORTED`), for a refusal that cannot tell which run was meant."""
+
+    def either(kinds: list[str]) -> str:
+        return " or ".join([", ".join(kinds[:-1]), kinds[-1]] if len(kinds) > 1 else kinds)
+
+    return "; ".join(f"{f}: {either([k for k, v in SUPPORTED.items() if f in v])}" for f in BUILDERS)
 
 
 @dataclass
@@ -122,7 +132,7 @@ class ExportResult(CompactRepr, ReadsInputs):
 
 
 def read_source(path: Path) -> Source:
-    """The scan, kv or circuit folder at ``path``.
+    """The run's folder at ``path`` (a kind of :data:`SUPPORTED`).
 
     Raises:
         HeadprobeError: not a folder, no summary.json, or no table of a known command; a cut or odd
@@ -130,7 +140,9 @@ def read_source(path: Path) -> Source:
             :func:`~headprobe.analyses.exchange.check_head_rows`: a scan's, one row per head); a kv or circuit run
             whose layout is neither recorded nor readable (:func:`recorded_layout`)."""
     if not path.is_dir():
-        raise HeadprobeError(f"{path} is not a folder (give the output folder of headprobe scan, kv or circuit)")
+        raise HeadprobeError(
+            f"{path} is not a folder (give the output folder of a headprobe run of a kind its --format takes: {formats_taken()})"
+        )
     kind = next(
         (
             k

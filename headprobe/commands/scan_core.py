@@ -59,7 +59,14 @@ from headprobe.analyses.verdicts import label as verdict_label
 from headprobe.commands.scan import DEFAULT_K, DEFAULT_PERIOD, DEFAULT_SEQ_LEN, EPILOG, HELP, ScanConfig  # noqa: F401
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.heads import parse_heads
-from headprobe.probe.core.io import ReadsInputs, keeps_inputs, prepare_output_dir, summary_envelope, write_text
+from headprobe.probe.core.io import (
+    ReadsInputs,
+    command_words,
+    keeps_inputs,
+    prepare_output_dir,
+    summary_envelope,
+    write_text,
+)
 from headprobe.probe.core.memory import BatchPlan
 from headprobe.probe.core.progress import progress_bar
 from headprobe.probe.core.reprs import CompactRepr, load_seconds
@@ -294,9 +301,12 @@ def repeated_notes(said: dict[str, int], noun: str) -> list[str]:
 
 def _say(line: str) -> None:
     """One line of the verification's plan on stderr (rank 0 only under torchrun), clear of a progress
-    bar; within :func:`notes_once` a NOTE line said before is counted, not said again."""
+    bar, its flags as keywords in a Python call (:func:`headprobe.options.in_python`); within
+    :func:`notes_once` a NOTE line said before is counted, not said again."""
     import sys
 
+    if command_words() is None:  # a Python call: its keywords, not the command line's flags
+        line = options.in_python("scan", line)
     said = _SAID.get()
     if said is not None and line.startswith("NOTE: "):
         said[line] = said.get(line, 0) + 1

@@ -532,6 +532,12 @@ def command_line(argv: Sequence[str]) -> Iterator[None]:
         _COMMAND_LINE.reset(token)
 
 
+def command_words() -> tuple[str, ...] | None:
+    """The words after ``headprobe`` of the command-line run in progress (:func:`command_line`);
+    None in a run called from Python."""
+    return _COMMAND_LINE.get()
+
+
 ENVELOPE_KEYS = (
     "model",
     "weights_precision",
@@ -594,7 +600,7 @@ def summary_envelope(
         "device_name": device_name(device),
         "tf32": tf32(device),
         "self_check": self_check,
-        "command": None if (argv := _COMMAND_LINE.get()) is None else list(argv),
+        "command": None if (argv := command_words()) is None else list(argv),
         "config": settings,
         "timings_s": {k: round(float(v), 2) for k, v in timings_s.items() if v is not None},
         "versions": package_versions(),
