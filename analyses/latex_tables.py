@@ -500,8 +500,7 @@ def path_patching_tables(path: Path, summary: dict) -> dict[str, str]:
     )
     sizes = ", ".join(f"{r} ({n})" for r, n in sweep.groupby("receiver", sort=False).size().items())
     caption = (
-        f"Direct-path patching into each receiver of {summary.get('model')} ({summary.get('dtype')}; weights: "
-        f"{summary.get('weights_precision')}): the {PATH_PATCHING_TOP} senders of largest effect among every earlier "
+        f"Direct-path patching into each receiver of {_run_text(summary)}: the {PATH_PATCHING_TOP} senders of largest effect among every earlier "
         f"head patched into each (receiver:q/k/v names the input; senders patched: {sizes}; all in "
         f"path_patching.csv). Effect: the metric's change (nats/token) when only the sender's corrupted minus clean "
         f"output reaches the receiver's input; score: the edge's {summary.get('method')} attribution "

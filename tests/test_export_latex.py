@@ -311,7 +311,8 @@ def test_circuit_path_patching_table_is_path_patching_csv_largest_effects(tex):
     for receiver, n in sizes.items():
         assert f"{receiver} ({n})" in caption, (receiver, n, caption)
     summary = json.loads((CIRCUIT / "summary.json").read_text())
-    assert summary["weights_precision"] in caption.replace("\\_", "_") and "float32" in caption
+    assert summary["weights_precision"].startswith("4-bit") and summary["dtype"] == "float32"
+    assert "smollm2-135m (4-bit weights, float32 compute, seed 0)" in caption, caption  # _run_text, as every table
 
 
 def _one_line_refusal(argv, cwd) -> tuple[int, list[str]]:
