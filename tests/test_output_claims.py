@@ -79,7 +79,8 @@ def _kill(p: subprocess.Popen) -> None:
 def _other_claims(tmp_path, out) -> subprocess.CompletedProcess:
     script = tmp_path / "claim.py"
     script.write_text(textwrap.dedent(_CLAIM))
-    return subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k != "RANK"}  # a process of its own, not a torchrun rank
+    return subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=120, env=env)
 
 
 def _scan(tiny_dir, text_file, out):
@@ -166,7 +167,10 @@ def test_only_torchrun_rank_0_claims(tmp_path, monkeypatch):
     """Every rank of a torchrun run checks --out; only rank 0 writes the outputs and claims it."""
     from headprobe.probe.core.outlock import claim_output, output_claims
 
-    monkeypatch.setenv("RANK", "1")
     with output_claims():
+        monkeypatch.setenv("RANK", "1")
         assert not claim_output(tmp_path / "D")
         assert _other_claims(tmp_path, tmp_path / "D").returncode == 0
+        monkeypatch.setenv("RANK", "0")  # the check can fail: rank 0's claim refuses the other process
+        assert claim_output(tmp_path / "D")
+        assert _other_claims(tmp_path, tmp_path / "D").returncode == 2

@@ -55,7 +55,11 @@ def lock_path(out: str | os.PathLike[str]) -> Path | None:
         return None
     if not folder.is_dir() or folder.is_symlink() or st.st_uid != os.getuid():  # another user's: not trusted
         return None
-    digest = hashlib.sha1(str(Path(out).resolve()).encode("utf-8", "surrogateescape")).hexdigest()
+    try:
+        resolved = str(Path(out).resolve())
+    except (OSError, RuntimeError):  # a symlink loop, an unreadable parent: the path as spelt, made absolute
+        resolved = os.path.abspath(out)
+    digest = hashlib.sha1(resolved.encode("utf-8", "surrogateescape")).hexdigest()
     return folder / f"{digest}.lock"
 
 
