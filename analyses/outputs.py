@@ -23,6 +23,7 @@ from headprobe.probe.core.io import (
     write_json,
     write_text,
 )
+from headprobe.probe.core.outlock import output_claims
 
 if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn, not by the commands' light modules
     from matplotlib.figure import Figure
@@ -78,32 +79,33 @@ def write_outputs(
     from headprobe.probe.core.progress import progress_bar
 
     formats = figure_formats(formats)  # a bad one is refused before out_dir is touched
-    out = prepare_output_dir(out_dir, overwrite, resumable=resumable, models=models)
-    with staging(out) as tmp:
-        written: list[Path] = []
-        for name, text in (tables or {}).items():
-            write_text(tmp / name, text)
-            written.append(tmp / name)
-        if not formats:  # --formats none: no figure function is called
-            figures = {}
-        elif callable(figures):
-            figures = figures()
-        figures = figures or {}
-        for stem, fig in progress_bar(
-            figures.items(),
-            total=len(figures),
-            desc=f"writing figures ({', '.join(formats)})",
-            unit="figure",
-            progress=progress and bool(figures),
-        ):
-            written += save_figure(fig() if callable(fig) else fig, tmp / stem, formats=formats)
-        if extra is not None:
-            written += extra(tmp)
-        if summary is not None:
-            write_json(tmp / summary_name, summary() if callable(summary) else summary)
-            written.append(tmp / summary_name)
-        files = [Path(p).relative_to(tmp).as_posix() for p in written]
-        swap_in(out, tmp, files, [Path(p).relative_to(out).as_posix() for p in produced])
+    with output_claims():  # out_dir claimed from its check to the last file moved in (outlock)
+        out = prepare_output_dir(out_dir, overwrite, resumable=resumable, models=models)
+        with staging(out) as tmp:
+            written: list[Path] = []
+            for name, text in (tables or {}).items():
+                write_text(tmp / name, text)
+                written.append(tmp / name)
+            if not formats:  # --formats none: no figure function is called
+                figures = {}
+            elif callable(figures):
+                figures = figures()
+            figures = figures or {}
+            for stem, fig in progress_bar(
+                figures.items(),
+                total=len(figures),
+                desc=f"writing figures ({', '.join(formats)})",
+                unit="figure",
+                progress=progress and bool(figures),
+            ):
+                written += save_figure(fig() if callable(fig) else fig, tmp / stem, formats=formats)
+            if extra is not None:
+                written += extra(tmp)
+            if summary is not None:
+                write_json(tmp / summary_name, summary() if callable(summary) else summary)
+                written.append(tmp / summary_name)
+            files = [Path(p).relative_to(tmp).as_posix() for p in written]
+            swap_in(out, tmp, files, [Path(p).relative_to(out).as_posix() for p in produced])
     return [out / f for f in files]
 
 

@@ -462,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         from headprobe.options import input_values, own_run
         from headprobe.probe.core.errors import PYTHON_NOTES
         from headprobe.probe.core.io import command_line, run_inputs
+        from headprobe.probe.core.outlock import output_claims
 
         notes = PYTHON_NOTES.set(False)  # the line printed is the message alone: no note for Python
         try:  # own_run: --threads and --memory-budget hold for this run, not for a Python caller's next
@@ -470,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
                 _figure_formats(getattr(args, "formats", None)),
                 run_inputs(input_values(vars(args))),
                 command_line(argv),  # summary.json's command: the words as typed
+                output_claims(),  # the --out the run claims (prepare_output_dir) is its own until it ends
             ):
                 figure_formats()  # a bad $HEADPROBE_FIGURE_FORMATS is refused before any work, not at the first figure
                 return int(args._run(args) or 0)

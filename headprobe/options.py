@@ -1093,15 +1093,17 @@ def notes_flags(command: str) -> Callable[[_Function], _Function]:
     the same exception object, its message untouched: the command line prints the message alone
     (``str(error)``), a traceback shows the note below it. Only the outermost command function
     called notes (one run inside another: the flags of the function the caller called), and none
-    in the command line's run (:func:`~headprobe.probe.core.errors.python_note`)."""
+    in the command line's run (:func:`~headprobe.probe.core.errors.python_note`). The output folders
+    the call claims (:func:`~headprobe.probe.core.outlock.output_claims`) are held until it returns."""
     import functools
 
     from headprobe.probe.core.errors import python_note
+    from headprobe.probe.core.outlock import output_claims
 
     def decorate(function: _Function) -> _Function:
         @functools.wraps(function)
         def noting(*args: Any, **kwargs: Any) -> Any:
-            with python_note(lambda message: flag_note(command, message)):
+            with python_note(lambda message: flag_note(command, message)), output_claims():
                 return function(*args, **kwargs)
 
         return noting  # type: ignore[return-value]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from headprobe.probe.core.errors import FLAG_IN_MESSAGE, HeadprobeError, python_note
+from headprobe.probe.core.outlock import claim_output, output_claims
 
 
 def _new_file_mode() -> int:
@@ -105,9 +106,11 @@ def prepare_output_dir(
     resumable: bool = False,
     models: Sequence[str] = (),
 ) -> Path:
-    """Check that ``out`` may be written, and create it when ``create``.
+    """Claim ``out`` for this run, check that it may be written, and create it when ``create``.
 
-    Call it with ``create=False`` before a long computation (to fail fast without leaving an
+    The claim (:func:`~headprobe.probe.core.outlock.claim_output`, an OS lock that dies with the
+    process) is held until the run's :func:`~headprobe.probe.core.outlock.output_claims` block ends
+    (a command's whole run); it refuses a second live run into the same folder before any work. Call it with ``create=False`` before a long computation (to fail fast without leaving an
     empty directory behind), and again with ``create=True`` when the results are ready. With
     ``resumable``, a directory holding a :class:`RunCheckpoint` may be reused without
     ``overwrite``: the run resumes there. ``models``: the model folders the run itself writes in
@@ -117,10 +120,12 @@ def prepare_output_dir(
     Raises:
         HeadprobeError: ``out`` is a file, is a non-empty directory and ``overwrite`` is False,
             cannot be created or written, holds a model the run does not write (:func:`check_no_model`),
-            or its overwrite would remove an input (:func:`check_inputs_kept`).
+            or its overwrite would remove an input (:func:`check_inputs_kept`); another live
+            headprobe run is writing to ``out`` (:func:`~headprobe.probe.core.outlock.claim_output`).
     """
     if not str(out).strip():
         raise HeadprobeError("the output directory name is empty; give --out a directory name")
+    claim_output(out)  # first: a second run into a folder is told so, not that the first's files are there
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise HeadprobeError(f"output path {out} exists and is not a directory")
@@ -370,20 +375,34 @@ def _remove(out: Path, rel: str) -> None:
             (out / parent).rmdir()
 
 
+_STAGING: set[Path] = set()
+"""The staging folders this process has open (:func:`staging`): never another's leftovers."""
+
+
 @contextlib.contextmanager
 def staging(out: str | os.PathLike[str]) -> Iterator[Path]:
     """A new hidden folder in the existing directory ``out`` for a run's files, removed when the
-    block ends (:func:`swap_in` moves its files into ``out`` first); also removes the staging
-    folders of runs killed before they ended. A run that fails or is interrupted while it writes
-    thus leaves ``out`` as it was."""
+    block ends (:func:`swap_in` moves its files into ``out`` first). A run that fails or is
+    interrupted while it writes thus leaves ``out`` as it was.
+
+    ``out`` is claimed within the block (:func:`~headprobe.probe.core.outlock.claimed`; another live
+    run's claim raises :class:`HeadprobeError`). Holding the claim, this process is the one live run
+    writing to ``out``, so the other staging folders there (but this process's own open ones) are
+    those of runs killed before they ended, and are removed; where no lock can be taken (Windows)
+    none is removed, as one may be another run's, mid-write."""
     out = Path(out)
-    for old in out.glob(STAGING_PREFIX + "*"):
-        shutil.rmtree(old, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
-    try:
-        yield tmp
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with output_claims():
+        if claim_output(out):
+            for old in out.glob(STAGING_PREFIX + "*"):
+                if old.resolve() not in _STAGING:
+                    shutil.rmtree(old, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
+        _STAGING.add(tmp.resolve())
+        try:
+            yield tmp
+        finally:
+            _STAGING.discard(tmp.resolve())
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def swap_in(out: str | os.PathLike[str], staged: Path, files: list[str], produced: Sequence[str] = ()) -> None:
