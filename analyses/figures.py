@@ -1554,9 +1554,9 @@ def loss_vs_heads(
     in_context: np.ndarray | None = None,
     loss_label: str = "held-out loss (nats/token)",
 ) -> Figure:
-    """Held-out loss (nats/token) against the number of heads at a fixed width: one dot per seed,
-    the line through the means; log2 x axis. With ``in_context`` (one value per run, nats), a
-    second panel below shows the in-context loss the same way (near -4.5: induction formed; near 0: not)."""
+    """Held-out loss (nats/token) against the number of heads at a fixed width: one hollow ring per
+    seed, the line through the means drawn over them (neither hides the other); log2 x axis. With
+    ``in_context`` (one value per run, nats), a second panel below shows the in-context loss the same way (near -4.5: induction formed; near 0: not)."""
     n_heads, loss = np.asarray(n_heads), np.asarray(loss, dtype=float)
     panels = [(loss, loss_label)] + (
         [] if in_context is None else [(np.asarray(in_context, dtype=float), IN_CONTEXT_LOSS_LABEL)]
@@ -1565,8 +1565,9 @@ def loss_vs_heads(
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
     xs = np.unique(n_heads)
     for ax, (y, label) in zip(axes, panels):
-        ax.plot(xs, [y[n_heads == x].mean() for x in xs], color="#0072B2", lw=1.2, marker="o", ms=3, label="mean")
-        ax.scatter(n_heads, y, color="#E69F00", s=8, zorder=3, label="one seed")
+        means = [y[n_heads == x].mean() for x in xs]  # drawn over the seeds' hollow rings, which never hide it
+        ax.plot(xs, means, color="#0072B2", lw=1.2, marker="o", ms=3, mec="white", mew=0.4, zorder=4, label="mean")
+        ax.scatter(n_heads, y, facecolors="none", edgecolors="#E69F00", s=14, lw=0.8, zorder=3, label="one seed")
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [str(x) for x in xs])
         ax.set_ylabel(label)

@@ -1446,6 +1446,20 @@ def test_the_in_context_loss_axis_says_late_minus_early_in_both_figures():
         assert panel.y0 <= box.y0 and box.y1 <= panel.y1, (box, panel)
 
 
+def test_loss_vs_heads_draws_the_means_over_the_seeds_without_hiding_them():
+    """loss_vs_heads.png drew each seed as a filled dot over the line's mean marker: where the seeds
+    agree (the in-context panel) the means vanished. Seeds are hollow rings under the means."""
+    from matplotlib.lines import Line2D
+
+    fig = figs.loss_vs_heads(np.array([1, 1, 2, 2]), np.array([2.0, 2.1, 1.9, 1.9]), "t", np.array([-4.5] * 4))
+    for ax in fig.axes:
+        (line,) = [a for a in ax.get_children() if isinstance(a, Line2D) and a.get_label() == "mean"]
+        (seeds,) = ax.collections
+        assert line.get_zorder() > seeds.get_zorder()
+        assert seeds.get_facecolors().size == 0 or (seeds.get_facecolors()[:, 3] == 0).all()  # hollow
+        np.testing.assert_allclose(line.get_ydata(), [2.05, 1.9] if ax is fig.axes[0] else [-4.5, -4.5])
+
+
 def test_the_metric_heatmaps_colour_bars_state_formula_and_unit(tmp_path):
     """heatmap_value_share_token0's colour bar read ``share of sum_j |A_ij v_j W_O|`` (ASCII pseudo-math) and
     heatmap_dla's ``logit of the next token`` (no unit). The first is typeset (mathtext that parses, still
