@@ -147,6 +147,13 @@ def test_cli_reports_no_phase_change_without_induction_and_counts_its_files(tmp_
     )
     text = capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
+    # before training, one line says what trains and when the first progress line comes (none did: tens of
+    # silent seconds on a busy CPU before step eval_every's line); its numbers are the run's config
+    c = summary["config"]
+    assert text.splitlines()[0] == (
+        f"training {c['n_layers']} layers x 2 heads (2 KV heads), d_model 16, on {c['corpus']} data: 20 steps of "
+        f"{c['batch_size']} x 33 tokens; a line every 10 steps"
+    )
     assert summary["phase_change_step"] is None and "no phase change yet" in text and "None" not in text
     # the number beside the top head says what it is, and is summary.json's score
     final = summary["final"]

@@ -247,6 +247,18 @@ def _print_eval(row: dict, seconds: float) -> None:
     )
 
 
+def start_line(config: TrainConfig) -> str:
+    """The line ``headprobe train`` prints before training: the layout, the data and how often a
+    progress line follows, e.g. ``training 2 layers x 4 heads (4 KV heads), d_model 64, on copy data:
+    1000 steps of 32 x 96 tokens; a line every 100 steps``."""
+    c = config
+    kv = c.n_heads if c.n_kv_heads is None else c.n_kv_heads
+    return (
+        f"training {c.n_layers} layers x {c.n_heads} heads ({kv} KV head{'s' * (kv != 1)}), d_model {c.d_model}, "
+        f"on {c.corpus} data: {c.steps} steps of {c.batch_size} x {c.seq_len} tokens; a line every {c.eval_every} steps"
+    )
+
+
 def run(config: TrainConfig, progress: bool = False) -> TrainResult:
     """Train the model ``config`` describes (tokenizer from :func:`headprobe.analyses.train.training_tokenizer`).
     ``progress`` prints one line per evaluation. Deterministic given ``config.seed`` on one device.
@@ -257,6 +269,8 @@ def run(config: TrainConfig, progress: bool = False) -> TrainResult:
     """
     config.validate()
     config.model_config()  # layout errors (n_heads vs n_kv_heads, d_model vs n_heads) before any work
+    if progress:  # the first evaluation line comes eval_every steps later (tens of seconds on a busy CPU)
+        print(start_line(config), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = training_tokenizer(config, tmp)
         r = train_model(config, tokenizer, on_eval=_print_eval if progress else None)
