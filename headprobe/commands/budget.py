@@ -28,9 +28,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import redirect_stdout
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
@@ -494,6 +494,8 @@ def report(lay: AttentionLayout, seq_len: int, batch: int) -> dict[str, Any]:
         "kv_numbers_per_token_per_layer_mha": cost.kv_numbers_per_token_per_layer(mha),
         "kv_bytes_per_token": cost.kv_bytes_per_token(lay),
         "kv_bytes_per_token_mha": cost.kv_bytes_per_token(mha),
+        "kv_bytes_per_token_spans": [asdict(x) for x in cost.kv_bytes_per_token_spans(lay)],
+        "kv_bytes_per_token_spans_mha": [asdict(x) for x in cost.kv_bytes_per_token_spans(mha)],
         "kv_bytes_per_request": cost.kv_bytes_per_request(lay, seq_len, batch),
         "kv_bytes_per_request_mha": cost.kv_bytes_per_request(mha, seq_len, batch),
         "flops_projections_per_layer": fl.projections,
@@ -583,12 +585,7 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
             mha(f"{r['kv_numbers_per_token_per_layer_mha']:,}")
             + (f" (keys {lay.d_qk} + values {lay.d_head} wide)" if other and lay.d_qk != lay.d_head else ""),
         ],
-        ["KV cache per token", format_bytes(r["kv_bytes_per_token"]), mha(format_bytes(r["kv_bytes_per_token_mha"]))],
-        [
-            kv_batch_label(B, T),
-            format_bytes(r["kv_bytes_per_request"]),
-            mha(format_bytes(r["kv_bytes_per_request_mha"])),
-        ],
+        *kv_token_rows(r, mha),
         [
             "projection FLOPs per layer",
             format_flops(r["flops_projections_per_layer"]),
@@ -612,10 +609,11 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
             "FlashAttention / SDPA",
         ],
     ]
+    full = len(rows) - 5  # the full-attention rows: scores, quadratic share, crossover, attention matrix
     if lay.windows is not None and lay.n_windowed_layers == lay.n_layers:
-        del rows[6:10]  # the full-attention rows: no layer of this layout is global
+        del rows[full : full + 4]  # no layer of this layout is global
     elif lay.windows is not None:
-        for i in (6, 7, 8, 9):  # the full-attention rows: what a global layer costs
+        for i in range(full, full + 4):  # what a global layer costs
             rows[i][0] += ", global layer"
     for w in r.get("windowed_layers", []):
         cross = (
@@ -642,6 +640,44 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
         )
     head = f"{describe(lay, dtype)}\nworkload: batch {B} x seq_len {T}; 1 KiB = 2^10 bytes, 1 TFLOP = 10^12 FLOPs\n"
     return head + "\n" + _table(rows, ["quantity", "value", "note"], right={1})
+
+
+def _span_label(span: dict[str, Any]) -> str:
+    """``KV cache per token, tokens 1 to 4,096``, ``..., past token 4,096`` or ``KV cache per token``."""
+    first, last = span["first_token"], span["last_token"]
+    if last is not None:
+        return f"KV cache per token, tokens {first:,} to {last:,}"
+    return "KV cache per token" if first == 1 else f"KV cache per token, past token {first - 1:,}"
+
+
+def kv_token_rows(r: dict[str, Any], mha: Callable[[str], str]) -> list[list[str]]:
+    """The report's KV-cache rows: what a token adds to the cache, one row per span of positions
+    (:func:`~headprobe.probe.layout.cost.kv_bytes_per_token_spans`: with sliding windows a token
+    past a window adds nothing to that layer, so the per-token cost is not one number), then the
+    cache of the batch, whose note says it is the sum of the spans' tokens when windows apply."""
+    T, B = r["workload"]["seq_len"], r["workload"]["batch"]
+    spans, spans_mha = r["kv_bytes_per_token_spans"], r["kv_bytes_per_token_spans_mha"]
+    windowed = len(spans) > 1
+    rows = []
+    for span, other in zip(spans, spans_mha):
+        where = ""
+        if windowed and span["last_token"] is None:
+            where = (
+                "every layer windowed: the oldest position is dropped"
+                if span["n_layers"] == 0
+                else f"only the {span['n_layers']:,} layer{'s' if span['n_layers'] != 1 else ''} without a window"
+            )
+        elif windowed:
+            where = f"{span['n_layers']:,} layers cache it"
+        note = "; ".join(x for x in (mha(format_bytes(other["bytes_per_token"])), where) if x)
+        rows.append([_span_label(span), format_bytes(span["bytes_per_token"]), note])
+    total = mha(format_bytes(r["kv_bytes_per_request_mha"]))
+    if windowed:
+        used = [(s["bytes_per_token"], cost.KVTokenSpan(**s).tokens_within(T)) for s in spans]
+        terms = " + ".join(f"{format_bytes(b)} x {n:,}" for b, n in used if n)
+        total = "; ".join(x for x in (total, f"= {terms}" + (f", x {B} sequences" if B > 1 else "")) if x)
+    rows.append([kv_batch_label(B, T), format_bytes(r["kv_bytes_per_request"]), total])
+    return rows
 
 
 def causal_keys_txt(lay: AttentionLayout) -> str:
@@ -1382,7 +1418,17 @@ class BudgetResult(CompactRepr):
                     }
                 ]
             )
-        skip = {"layout", "workload", "check", "windowed_layers", "policy", "policy_file", "beyond_context"}
+        skip = {
+            "layout",
+            "workload",
+            "check",
+            "windowed_layers",
+            "policy",
+            "policy_file",
+            "beyond_context",
+            "kv_bytes_per_token_spans",
+            "kv_bytes_per_token_spans_mha",
+        }
         return pd.DataFrame(
             {
                 "quantity": [k for k in self.data if k not in skip],

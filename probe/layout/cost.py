@@ -239,6 +239,54 @@ def kv_bytes_per_token(layout: AttentionLayout, decompressed: bool = False) -> i
     return kv_numbers_per_token_per_layer(layout, decompressed) * layout.n_attention_layers * layout.bytes_per_element
 
 
+@dataclass(frozen=True)
+class KVTokenSpan:
+    """The KV cache the tokens ``first_token..last_token`` (1-based, inclusive; ``last_token``
+    None: every later token) of a sequence each add: ``bytes_per_token`` bytes, over the layers
+    whose window still has room for them (a global layer always has).
+
+    Attributes:
+        first_token, last_token: token positions, 1-based; ``last_token`` None for no end.
+        bytes_per_token: bytes each of these tokens adds to the cache of one sequence.
+        n_layers: the attention layers that cache these tokens' keys and values (a count).
+    """
+
+    first_token: int
+    last_token: int | None
+    bytes_per_token: int
+    n_layers: int
+
+    def tokens_within(self, seq_len: int) -> int:
+        """How many of the first ``seq_len`` tokens fall in this span (a count, 0 or more)."""
+        last = seq_len if self.last_token is None else min(seq_len, self.last_token)
+        return max(0, last - self.first_token + 1)
+
+
+def kv_bytes_per_token_spans(layout: AttentionLayout, decompressed: bool = False) -> list[KVTokenSpan]:
+    """What each token adds to one sequence's KV cache, span by span of positions: without windows
+    one span, every token :func:`kv_bytes_per_token`; with sliding windows ``W_1 < W_2 < ...`` the
+    tokens 1 to ``W_1`` add the cache of every layer, tokens ``W_1 + 1`` to ``W_2`` that of the
+    layers with a longer window or none, and past the longest window only the global layers' (0
+    bytes when every layer is windowed: Mistral 7B adds 128 KiB a token up to 4,096 tokens, then
+    nothing, since each layer drops its oldest position).
+    ``kv_bytes_per_request(layout, T) == sum(s.bytes_per_token * s.tokens_within(T))``.
+
+    Returns:
+        a list of :class:`KVTokenSpan`, in order of position, covering every token.
+    """
+    per_layer = kv_numbers_per_token_per_layer(layout, decompressed) * layout.bytes_per_element
+    if layout.windows is None:
+        return [KVTokenSpan(1, None, per_layer * layout.n_attention_layers, layout.n_attention_layers)]
+    windows = [layout.windows[l] for l in layout.attention_layers]
+    edges = sorted({w for w in windows if w is not None})
+    spans, first = [], 1
+    for last in [*edges, None]:
+        n = sum(1 for w in windows if w is None or (last is not None and w >= last))
+        spans.append(KVTokenSpan(first, last, per_layer * n, n))
+        first = (last or 0) + 1
+    return spans
+
+
 def kv_positions(layout: AttentionLayout, seq_len: int) -> list[int]:
     """Positions each layer caches for one sequence of ``seq_len`` tokens: ``min(seq_len, window)``
     for a sliding-window layer, ``seq_len`` for a global one, 0 for a hybrid's linear-attention

@@ -1,0 +1,91 @@
+"""The rows of ``headprobe budget``'s one-layout report read as a lecturer would read them: each
+row's label says what it counts (per token up to a window, per layer or over the layers of one
+kind), and the numbers a reader adds up add up. References are worked out here by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from headprobe.cli import main
+from headprobe.probe.layout import cost
+from headprobe.probe.layout.cost import AttentionLayout
+
+KIB, MIB = 2**10, 2**20
+MIXED = [
+    *("--d-model", "4096", "--n-layers", "4", "--n-heads", "32", "--n-kv-heads", "8"),
+    *("--sliding-window", "4096", "--global-every", "2", "--seq-len", "32768"),
+]
+
+
+def run(capsys, *argv):
+    """(the printed table's rows as {label: (value, note)}, the ``--json`` dict)."""
+    assert main(["budget", *argv]) == 0
+    text = capsys.readouterr().out
+    assert main(["budget", *argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    lines = text.split("\n")
+    rule = next(i for i, x in enumerate(lines) if x.startswith("-----"))
+    widths = [len(c) for c in lines[rule].split("  ")]
+    rows = {}
+    for line in lines[rule + 1 :]:
+        if not line.strip():
+            break
+        cells, at = [], 0
+        for w in widths:
+            cells.append(line[at : at + w].strip())
+            at += w + 2
+        rows[cells[0]] = tuple(cells[1:])
+    return rows, data
+
+
+def test_mistral_7b_kv_per_token_says_the_window_caps_it(capsys):
+    """Mistral 7B at 32K: each token adds 2 (K, V) x 8 KV heads x 128 x 2 bytes x 32 layers =
+    128 KiB while it is inside the 4,096 window, and nothing past it (every layer is windowed),
+    so the sequence caches 128 KiB x 4,096 = 512 MiB, not 128 KiB x 32,768 = 4 GiB."""
+    rows, data = run(capsys, "--preset", "mistral-7b", "--seq-len", "32768")
+    per_token = 2 * 8 * 128 * 2 * 32
+    assert per_token == 128 * KIB
+    assert "KV cache per token" not in rows  # no bare per-token figure that reads as linear in T
+    assert rows["KV cache per token, tokens 1 to 4,096"][0] == "128 KiB"
+    assert rows["KV cache per token, past token 4,096"][0] == "0 B"
+    value, note = rows["KV cache, 1 sequence x 32768 tokens"]
+    assert value == "512 MiB" and per_token * 4096 == 512 * MIB
+    assert note.endswith("= 128 KiB x 4,096 + 0 B x 28,672")
+    assert [(s["first_token"], s["last_token"], s["bytes_per_token"]) for s in data["kv_bytes_per_token_spans"]] == [
+        (1, 4096, per_token),
+        (4097, None, 0),
+    ]
+
+
+def test_mixed_windows_kv_per_token_spans_add_up_to_the_sequence(capsys):
+    """4 layers, every second global: tokens 1 to 4,096 add 4 layers' K and V (2 x 8 x 128 x 2
+    bytes each = 4 KiB), later ones only the 2 global layers' (8 KiB); at 32K and batch 3 the
+    cache is 3 x (16 KiB x 4,096 + 8 KiB x 28,672) = 3 x 288 MiB."""
+    rows, data = run(capsys, *MIXED, "--batch", "3")
+    layer = 2 * 8 * 128 * 2
+    assert rows["KV cache per token, tokens 1 to 4,096"][0] == "16 KiB" and 4 * layer == 16 * KIB
+    assert rows["KV cache per token, past token 4,096"][0] == "8 KiB" and 2 * layer == 8 * KIB
+    assert "only the 2 layers without a window" in rows["KV cache per token, past token 4,096"][1]
+    total = 3 * (4 * layer * 4096 + 2 * layer * (32768 - 4096))
+    assert data["kv_bytes_per_request"] == total == 3 * 288 * MIB
+    assert rows["KV cache, 3 sequences x 32768 tokens"][1].endswith("= 16 KiB x 4,096 + 8 KiB x 28,672, x 3 sequences")
+
+
+@pytest.mark.parametrize(
+    "windows", [(4096,) * 3, (None, 8, None, 3, 8), (5, 5, 2), None], ids=["all", "two-sizes", "short", "none"]
+)
+def test_kv_spans_are_a_per_token_loop(windows):
+    """Against a loop over token positions: token t (1-based) is cached by every layer whose
+    window is at least t (a global layer caches every token); per layer 2 x 2 x 16 numbers of 4 bytes."""
+    n = 5 if windows is None else len(windows)
+    lay = AttentionLayout(d_model=64, n_layers=n, n_heads=4, n_kv_heads=2, windows=windows, bytes_per_element=4)
+    spans = cost.kv_bytes_per_token_spans(lay)
+    per_layer = 2 * 2 * 16 * 4
+    for t in range(1, 40):
+        (span,) = [s for s in spans if s.first_token <= t and (s.last_token is None or t <= s.last_token)]
+        cached = sum(1 for w in (windows or (None,) * n) if w is None or t <= w)
+        assert span.bytes_per_token == per_layer * cached
+    for T in (1, 2, 3, 7, 8, 9, 100):
+        assert cost.kv_bytes_per_request(lay, T) == sum(s.bytes_per_token * s.tokens_within(T) for s in spans)
