@@ -89,3 +89,47 @@ def test_kv_spans_are_a_per_token_loop(windows):
         assert span.bytes_per_token == per_layer * cached
     for T in (1, 2, 3, 7, 8, 9, 100):
         assert cost.kv_bytes_per_request(lay, T) == sum(s.bytes_per_token * s.tokens_within(T) for s in spans)
+
+
+@pytest.mark.parametrize(
+    "dtype, cache_bytes, compute, compute_bytes",
+    [
+        ("fp8", 1, "bf16", 2),
+        ("int8", 1, "bf16", 2),
+        ("bf16", 2, "bf16", 2),
+        ("fp16", 2, "fp16", 2),
+        ("fp32", 4, "fp32", 4),
+    ],
+)
+def test_attention_matrix_is_in_the_compute_dtype_not_the_cache_format(
+    capsys, dtype, cache_bytes, compute, compute_bytes
+):
+    """Llama 3 8B at 32K: the KV cache is stored in --dtype (2 x 8 x 128 x 32 layers x 32,768
+    tokens x its bytes), but the materialised softmax (32 heads x T x T) and the fused kernel's Q,
+    K, V and output are in the compute dtype: an fp8 cache leaves them bf16 (64 GiB, not 32)."""
+    T = 32768
+    rows, data = run(capsys, "--preset", "llama3-8b", "--seq-len", str(T), "--dtype", dtype)
+    assert data["kv_bytes_per_request"] == 2 * 8 * 128 * 32 * T * cache_bytes
+    matrix = 32 * T * T * compute_bytes
+    assert data["attention_matrix_bytes_per_layer"] == matrix
+    assert rows[f"attention matrix per layer [batch, head, T, T] in {compute}"][0] == cost.format_bytes(matrix)
+    fused = T * (32 * 128 + 8 * 128 + 8 * 128 + 32 * 128) * compute_bytes + T * 32 * 4  # + one fp32 LSE per row
+    assert data["fused_attention_bytes_per_layer"] == fused
+    assert rows["fused kernel per layer (Q, K, V, out, LSE)"] == (
+        cost.format_bytes(fused),
+        f"FlashAttention / SDPA; {compute}, LSE fp32",
+    )
+
+
+def test_fp8_header_and_windowed_matrix_say_the_attention_is_bf16(capsys):
+    """Mistral 7B, fp8 cache: the banded matrix of a 4,096 window holds 32 heads x
+    (4096 x 4097 / 2 + (T - 4096) x 4096) weights of 2 bytes (bf16), and the header says which
+    format is the cache's and which the attention's."""
+    T, W = 32768, 4096
+    assert main(["budget", "--preset", "mistral-7b", "--seq-len", str(T), "--dtype", "fp8"]) == 0
+    text = capsys.readouterr().out
+    assert "fp8 KV cache (1 byte), attention computed in bf16" in text.split("\n")[0]
+    rows, data = run(capsys, "--preset", "mistral-7b", "--seq-len", str(T), "--dtype", "fp8")
+    banded = 32 * (W * (W + 1) // 2 + (T - W) * W) * 2
+    assert data["windowed_layers"][0]["attention_matrix_bytes_per_layer"] == banded
+    assert rows["attention matrix per layer in bf16, window 4,096"][0] == cost.format_bytes(banded) == "7.5 GiB"

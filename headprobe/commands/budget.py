@@ -132,7 +132,9 @@ class BudgetConfig:
         seq_len: tokens per sequence T (None: :data:`DEFAULT_SEQ_LEN`, 8192; :attr:`workload_seq_len`
             is the one in use). Refused with flops_table, which takes its lengths itself.
         batch: sequences per request (the KV and attention-matrix bytes are the whole batch's).
-        dtype: number format of cache and activations: fp32, bf16, fp16, fp8, int8 or torch's names.
+        dtype: number format of the KV cache: fp32, bf16, fp16, fp8, int8 or torch's names; the attention
+            (its matrix, the fused kernel's tensors) computes in it, or in bf16 for fp8 and int8
+            (:data:`~headprobe.probe.layout.cost.COMPUTE_DTYPE`).
         compare: MHA, every GQA group count and MQA of the same heads (their key and value widths) side by side.
         flops_table: FLOPs of one layer at these lengths (an empty tuple: the lesson's lengths); None: off.
         as_mha: with flops_table, count the K/V projections as MHA (one K/V head per query head; GQA's
@@ -215,7 +217,8 @@ class BudgetConfig:
     )
     dtype: str = setting(
         cost.BUDGET_DTYPE,
-        "number format of cache and activations, sets the bytes per element (default "
+        "number format of the KV cache, sets its bytes per number; the attention matrix and the fused kernel "
+        "are in it too, or in bf16 for fp8 and int8 (storage formats) (default "
         "%(default)s; torch's names bfloat16, float32, float16 accepted)",
         type=budget_dtype,
         metavar="{" + ",".join(cost.DTYPE_BYTES) + "}",
@@ -473,6 +476,8 @@ def describe(lay: AttentionLayout, dtype: str | None = None) -> str:
             heads += f", query/key width {lay.d_qk}"
     size = f"{lay.bytes_per_element} byte{'' if lay.bytes_per_element == 1 else 's'}"
     fmt = f"{dtype} ({size})" if dtype else f"{size} per element"
+    if dtype and cost.COMPUTE_DTYPE[dtype] != dtype:  # a storage format: the KV cache's, not the attention's
+        fmt = f"{dtype} KV cache ({size}), attention computed in {cost.COMPUTE_DTYPE[dtype]}"
     name = f"{lay.name}: " if lay.name else ""
     extra = "".join(
         f", {x}" for x in (f"QK-norm {lay.qk_norm}" if lay.qk_norm != "none" else "", describe_windows(lay)) if x
@@ -507,6 +512,7 @@ def report(lay: AttentionLayout, seq_len: int, batch: int) -> dict[str, Any]:
         "crossover_seq_len_as_mha": fl_mha.crossover_seq_len,
         "attention_matrix_bytes_per_layer": cost.attention_matrix_bytes(lay, seq_len, batch),
         "fused_attention_bytes_per_layer": cost.fused_attention_bytes(lay, seq_len, batch),
+        "activation_bytes_per_element": cost.activation_bytes(lay),
         **windowed_report(lay, seq_len, batch),
     }
 
@@ -576,6 +582,7 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
     assert lay.d_head is not None  # filled by AttentionLayout.__post_init__
     two_d = " = 2D" if lay.n_heads * lay.d_head == lay.d_model else ""
     mha = (lambda s: f"MHA: {s}") if other else (lambda s: "")
+    compute = cost.COMPUTE_DTYPE[dtype]  # the attention matrix's dtype, not the cache's storage format
     rows = [
         ["attention params per layer", f"{r['attn_params_per_layer']:,}", f"bias {lay.bias}"],
         ["attention params, all layers", f"{r['attn_params']:,}", f"{lay.n_layers} layers"],
@@ -599,14 +606,14 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
             mha(format_whole(r["crossover_seq_len_as_mha"]) + two_d) if other else two_d.strip(" ="),
         ],
         [
-            "attention matrix per layer [batch, head, T, T]",
+            f"attention matrix per layer [batch, head, T, T] in {compute}",
             format_bytes(r["attention_matrix_bytes_per_layer"]),
             "naive, materialised",
         ],
         [
             "fused kernel per layer (Q, K, V, out, LSE)",
             format_bytes(r["fused_attention_bytes_per_layer"]),
-            "FlashAttention / SDPA",
+            f"FlashAttention / SDPA; {compute}, LSE fp32",
         ],
     ]
     full = len(rows) - 5  # the full-attention rows: scores, quadratic share, crossover, attention matrix
@@ -625,7 +632,7 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
             [f"quadratic share, window {w['window']:,}", f"{100 * w['quadratic_share']:.0f}%", ""],
             [f"crossover T, window {w['window']:,}", cross, ""],
             [
-                f"attention matrix per layer, window {w['window']:,}",
+                f"attention matrix per layer in {compute}, window {w['window']:,}",
                 format_bytes(w["attention_matrix_bytes_per_layer"]),
                 "banded, materialised",
             ],
@@ -694,7 +701,7 @@ def causal_keys_txt(lay: AttentionLayout) -> str:
     )
 
 
-def format_policy(pc: dict[str, Any], path: str, lay: AttentionLayout) -> str:
+def format_policy(pc: dict[str, Any], path: str, lay: AttentionLayout, dtype: str = cost.BUDGET_DTYPE) -> str:
     """The ``--policy`` rows: the policy's cache, FLOPs and attention matrix next to all-full; the
     notes name the keys the FLOPs count on ``lay`` (its layers' windows apply)."""
     full = causal_keys_txt(lay)
@@ -710,7 +717,11 @@ def format_policy(pc: dict[str, Any], path: str, lay: AttentionLayout) -> str:
             f"causal keys, streaming: {streaming}; full: {full}",
         ],
         ["scores + AV FLOPs, all layers, full", format_flops(pc["flops_scores_full"]), f"causal keys: {full}"],
-        ["attention matrix, largest layer, policy", format_bytes(pc["attention_matrix_bytes_largest_layer"]), ""],
+        [
+            f"attention matrix, largest layer, policy, in {cost.COMPUTE_DTYPE[dtype]}",
+            format_bytes(pc["attention_matrix_bytes_largest_layer"]),
+            "",
+        ],
     ]
     return f"KV policy {path}\n\n" + _table(rows, ["quantity", "value", "note"], right={1})
 
@@ -1295,7 +1306,7 @@ def format_layers_report(d: dict[str, Any], lay: AttentionLayout, dtype: str) ->
         ["projection FLOPs, all layers", *_flops_pair(p["flops_projections"], u["flops_projections"])],
         ["scores + AV FLOPs, all layers", *_flops_pair(p["flops_scores"], u["flops_scores"])],
         [
-            "attention matrix, largest layer",
+            f"attention matrix, largest layer, in {cost.COMPUTE_DTYPE[dtype]}",
             format_bytes(p["attention_matrix_bytes_largest_layer"]),
             format_bytes(u["attention_matrix_bytes_largest_layer"]),
         ],
@@ -1378,7 +1389,7 @@ class BudgetResult(CompactRepr):
         else:
             text = format_report(d, self.layout, c.dtype)
         if self.mode == "policy":
-            text += "\n\n" + format_policy(d["policy"], d["policy_file"], self.layout)
+            text += "\n\n" + format_policy(d["policy"], d["policy_file"], self.layout, c.dtype)
         if "beyond_context" in d:
             b = d["beyond_context"]
             text += (

@@ -72,6 +72,19 @@ DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8"
 BUDGET_DTYPE = "bf16"
 """The number format ``headprobe budget`` costs when no ``--dtype`` is given (kv's report names it)."""
 
+#: The dtype attention computes in for each ``--dtype`` (the KV cache's storage format): its
+#: activations, the materialised attention matrix and the fused kernel's Q, K, V and output. fp32,
+#: bf16 and fp16 are compute formats and stay; fp8 and int8 are storage formats of a quantized cache,
+#: which is dequantized for the attention, and the softmax probabilities are not fp8: bf16.
+COMPUTE_DTYPE: dict[str, str] = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "bf16", "int8": "bf16"}
+
+
+def activation_bytes(layout: AttentionLayout) -> int:
+    """Bytes of one number attention computes with (:data:`COMPUTE_DTYPE`): the layout's
+    ``bytes_per_element`` (the cache's) where it is a compute format's (fp32 4, bf16/fp16 2), and
+    bf16's 2 for a 1-byte storage format (fp8, int8)."""
+    return max(layout.bytes_per_element, DTYPE_BYTES[COMPUTE_DTYPE["fp8"]])
+
 
 MAX_WINDOWED_LAYERS = 100_000
 """The most layers :func:`sliding_windows` makes: a layout with windows is costed layer by layer
@@ -543,8 +556,9 @@ def attention_flops_by_window(
 def attention_matrix_bytes(layout: AttentionLayout, seq_len: int, batch: int = 1, window: int | None = None) -> int:
     """Bytes of one layer's materialised attention weights ``[batch, head, q_pos, k_pos]``.
 
-    ``batch * n_heads * T * T * bytes_per_element`` (lesson 003, ``score_matrix_bytes``): Llama 3
-    8B in bf16, 32 heads: 4 GiB at T = 8192, 1 TiB at T = 131072. A naive implementation holds
+    ``batch * n_heads * T * T * activation_bytes`` (lesson 003, ``score_matrix_bytes``): Llama 3
+    8B in bf16, 32 heads: 4 GiB at T = 8192, 1 TiB at T = 131072. The matrix is in the compute
+    dtype (:func:`activation_bytes`), not the KV cache's storage format: an fp8 cache leaves it bf16. A naive implementation holds
     several such matrices at once (scores, masked scores, weights). With ``window`` (a
     sliding-window layer) only the weights each query reads are stored (a banded matrix,
     ``min(W, pos + 1)`` per query, :func:`visible_keys`): Mistral 7B at 32768 tokens, 7.5 GiB
@@ -554,7 +568,7 @@ def attention_matrix_bytes(layout: AttentionLayout, seq_len: int, batch: int = 1
         HeadprobeError: ``seq_len`` or ``batch`` is not a positive integer.
     """
     _check_workload(seq_len, batch)
-    return batch * layout.n_heads * visible_keys(seq_len, window) * layout.bytes_per_element
+    return batch * layout.n_heads * visible_keys(seq_len, window) * activation_bytes(layout)
 
 
 def fused_attention_bytes(layout: AttentionLayout, seq_len: int, batch: int = 1) -> int:
@@ -565,6 +579,7 @@ def fused_attention_bytes(layout: AttentionLayout, seq_len: int, batch: int = 1)
     for the backward pass, one float32 log-sum-exp per (batch, head, q_pos) (Dao 2023,
     arXiv:2307.08691, algorithm 1). Score tiles live in on-chip SRAM and are never stored, so the
     memory is O(T), not O(T**2). For MLA the keys and values are the decompressed per-head ones.
+    Q, K, V and the output are in the compute dtype (:func:`activation_bytes`: bf16 for an fp8 cache).
 
     Returns:
         bytes.
@@ -574,7 +589,7 @@ def fused_attention_bytes(layout: AttentionLayout, seq_len: int, batch: int = 1)
     kv_heads = H if layout.is_mla else layout.n_kv_heads  # MLA: decompressed keys and values, one per head
     assert kv_heads is not None and d_v is not None  # filled by AttentionLayout.__post_init__
     numbers = n * (H * d_qk + kv_heads * d_qk + kv_heads * d_v + H * d_v)
-    return numbers * layout.bytes_per_element + n * H * 4
+    return numbers * activation_bytes(layout) + n * H * 4
 
 
 MLP_WIDTH_RATIO = 4
@@ -847,7 +862,7 @@ def policy_cost(layout: AttentionLayout, policy: KVPolicy, seq_len: int, batch: 
         costs = [_group_keys(layout, g, layer, seq_len) for g in row]
         kv.append(sum(c[0] for c in costs) * per_pos)
         flops.append(sum(c[2] for c in costs) * per_key)
-        matrix.append(sum(c[1] for c in costs) * batch * heads * layout.bytes_per_element)
+        matrix.append(sum(c[1] for c in costs) * batch * heads * activation_bytes(layout))
     full = [_group_keys(layout, None, layer, seq_len) for layer in range(policy.n_layers)]
     kv_full = sum(c[0] for c in full) * policy.n_kv_groups * per_pos
     flops_full = sum(c[2] for c in full) * policy.n_kv_groups * per_key
