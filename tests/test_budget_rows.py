@@ -133,3 +133,61 @@ def test_fp8_header_and_windowed_matrix_say_the_attention_is_bf16(capsys):
     banded = 32 * (W * (W + 1) // 2 + (T - W) * W) * 2
     assert data["windowed_layers"][0]["attention_matrix_bytes_per_layer"] == banded
     assert rows["attention matrix per layer in bf16, window 4,096"][0] == cost.format_bytes(banded) == "7.5 GiB"
+
+
+def test_mixed_windows_flops_rows_say_per_layer_or_per_kind_and_add_up(capsys):
+    """4 layers, every second global, T = 32,768, W = 4,096. Per layer, a global layer scores all
+    T^2 (17.6 TFLOP; causal pos+1 keys: T(T+1)/2, 8.80), a windowed one W(W+1)/2 + (T-W)W keys
+    (2.06). Over the layers of each kind (x2): 2 x 8.80 and 2 x 2.06, and the all-layers row is
+    their sum (21.7), not 2 x 17.6 + 2 x 2.06 = 39.3."""
+    T, W = 32768, 4096
+    rows, data = run(capsys, *MIXED)
+    per_key = 2 * 32 * (128 + 128)  # QK^T and AV, 32 query heads, multiply-add = 2 FLOPs
+    full, causal, band = per_key * T * T, per_key * T * (T + 1) // 2, per_key * (W * (W + 1) // 2 + (T - W) * W)
+    assert rows["scores + AV FLOPs per layer, global layer"][0] == cost.format_flops(full) == "17.6 TFLOP"
+    assert "each of 2 of 4 layers" in rows["scores + AV FLOPs per layer, global layer"][1]
+    assert f"causal: {cost.format_flops(causal)}" in rows["scores + AV FLOPs per layer, global layer"][1]
+    assert rows["scores + AV FLOPs per layer, window 4,096"] == (
+        cost.format_flops(band),
+        "each of 2 of 4 layers; min(W, pos+1) keys per query",
+    )
+    kinds = {k["window"]: k for k in data["flops_scores_by_kind"]}
+    assert kinds[None]["flops_scores"] == 2 * causal and kinds[W]["flops_scores"] == 2 * band
+    # the identity: the all-layers total is the sum of the per-kind rows the table shows
+    assert data["flops_scores_all_layers"] == sum(k["flops_scores"] for k in data["flops_scores_by_kind"])
+    assert data["flops_scores_all_layers"] == 2 * causal + 2 * band
+    g = rows["scores + AV FLOPs, global layers (x2)"]
+    b = rows["scores + AV FLOPs, window 4,096 layers (x2)"]
+    assert g[0] == cost.format_flops(2 * causal) and g[1].startswith(f"2 x {cost.format_flops(causal)}")
+    assert b[0] == cost.format_flops(2 * band) and b[1].startswith(f"2 x {cost.format_flops(band)}")
+    total = rows["scores + AV FLOPs, all 4 layers"]
+    assert total[0] == cost.format_flops(2 * causal + 2 * band) == "21.7 TFLOP"
+    assert total[1].startswith(f"= {g[0]} + {b[0]};")
+    assert "scores + AV FLOPs, all layers" not in rows  # the old label, read as 2 x 17.6 + 2 x 2.06
+
+
+@pytest.mark.parametrize(
+    "argv, windowed, n_layers",
+    [
+        (["--preset", "mistral-7b"], 32, 32),
+        (
+            ["--d-model", "256", "--n-layers", "6", "--n-heads", "4", "--sliding-window", "64", "--global-every", "3"],
+            4,
+            6,
+        ),
+        (
+            ["--d-model", "256", "--n-layers", "5", "--n-heads", "4", "--sliding-window", "64", "--global-every", "2"],
+            3,
+            5,
+        ),
+    ],
+)
+def test_window_row_counts_the_models_own_layers(capsys, argv, windowed, n_layers):
+    """The per-layer window row names how many of the model's layers have the window (with
+    --global-every N, layer l is global when (l + 1) % N == 0: 6 layers, N = 3: 2 global, 4
+    windowed), and the all-layers row counts the model's layers."""
+    rows, data = run(capsys, *argv, "--seq-len", "8192")
+    window_rows = [v for k, v in rows.items() if k.startswith("scores + AV FLOPs per layer, window")]
+    assert [v[1].split(";")[0] for v in window_rows] == [f"each of {windowed} of {n_layers} layers"]
+    assert f"scores + AV FLOPs, all {n_layers} layers" in rows
+    assert sum(k["n_layers"] for k in data["flops_scores_by_kind"]) == n_layers

@@ -170,4 +170,5 @@ def test_mistral_7b_preset_is_its_published_layout_and_prints_no_global_layer(ca
     assert "window 4,096" in text and "512 MiB" in text
     # a layout with global layers keeps them, named as such
     assert main(["budget", *MISTRAL, "--sliding-window", "4096", "--global-every", "2", "--seq-len", "32768"]) == 0
-    assert capsys.readouterr().out.count("global layer") == 4
+    labels = [line.split("  ")[0] for line in capsys.readouterr().out.splitlines()]
+    assert sum(label.endswith(", global layer") for label in labels) == 4  # per layer; then "global layers (x16)"

@@ -541,10 +541,14 @@ def windowed_report(lay: AttentionLayout, seq_len: int, batch: int) -> dict[str,
             }
         )
     # one count on every layer: the causal keys (a global layer is a window of T), as the windowed rows
-    total = sum(cost.score_flops(lay, seq_len, batch, window=seq_len if w is None else w) for w in lay.windows)
+    kinds = []
+    for w, n in cost.layer_windows(lay):
+        per_layer = cost.score_flops(lay, seq_len, batch, window=seq_len if w is None else w)
+        kinds.append({"window": w, "n_layers": n, "flops_scores_per_layer": per_layer, "flops_scores": n * per_layer})
     return {
         "windowed_layers": rows,
-        "flops_scores_all_layers": total,
+        "flops_scores_by_kind": kinds,
+        "flops_scores_all_layers": sum(k["flops_scores"] for k in kinds),
         "n_global_layers": lay.n_layers - lay.n_windowed_layers,
     }
 
@@ -622,11 +626,25 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
     elif lay.windows is not None:
         for i in range(full, full + 4):  # what a global layer costs
             rows[i][0] += ", global layer"
+        n_global = r["n_global_layers"]
+        causal = format_flops(r["flops_scores_by_kind"][0]["flops_scores_per_layer"])
+        rows[full][2] = (
+            f"each of {n_global} of {lay.n_layers} layers; all T^2 scores, causal mask not used (causal: {causal})"
+        )
+    head = f"{describe(lay, dtype)}\nworkload: batch {B} x seq_len {T}; 1 KiB = 2^10 bytes, 1 TFLOP = 10^12 FLOPs\n"
+    return head + "\n" + _table([*rows, *windowed_rows(r, lay, compute)], ["quantity", "value", "note"], right={1})
+
+
+def windowed_rows(r: dict[str, Any], lay: AttentionLayout, compute: str) -> list[list[str]]:
+    """The report's rows of a layout with windows: each window's per-layer rows (the note says how
+    many of the model's layers have it), then the scores + AV FLOPs over the layers of each kind
+    (``x n``, causal keys) and their sum, all layers, which is what the rows above it add up to."""
+    rows = []
     for w in r.get("windowed_layers", []):
         cross = (
             "never (projections dominate)" if w["crossover_seq_len"] is None else format_whole(w["crossover_seq_len"])
         )
-        note = f"{w['n_layers']} layers, min(W, pos+1) keys per query"
+        note = f"each of {w['n_layers']} of {lay.n_layers} layers; min(W, pos+1) keys per query"
         rows += [
             [f"scores + AV FLOPs per layer, window {w['window']:,}", format_flops(w["flops_scores_per_layer"]), note],
             [f"quadratic share, window {w['window']:,}", f"{100 * w['quadratic_share']:.0f}%", ""],
@@ -637,16 +655,32 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
                 "banded, materialised",
             ],
         ]
-    if "flops_scores_all_layers" in r:
+    kinds = r.get("flops_scores_by_kind", [])
+    if len(kinds) > 1:  # one row per kind of layer, which the total adds up
+        for k in kinds:
+            what = "global layers" if k["window"] is None else f"window {k['window']:,} layers"
+            keys = "pos+1" if k["window"] is None else "min(W, pos+1)"
+            rows.append(
+                [
+                    f"scores + AV FLOPs, {what} (x{k['n_layers']})",
+                    format_flops(k["flops_scores"]),
+                    f"{k['n_layers']} x {format_flops(k['flops_scores_per_layer'])}, causal: {keys} keys per query",
+                ]
+            )
+    if kinds:
+        terms = (
+            " + ".join(format_flops(k["flops_scores"]) for k in kinds)
+            if len(kinds) > 1
+            else f"{kinds[0]['n_layers']} x {format_flops(kinds[0]['flops_scores_per_layer'])}"
+        )
         rows.append(
             [
-                "scores + AV FLOPs, all layers",
+                f"scores + AV FLOPs, all {lay.n_layers} layers",
                 format_flops(r["flops_scores_all_layers"]),
-                "windows applied; causal keys on every layer (a global one: pos+1)",
+                f"= {terms}; windows applied, causal keys on every layer",
             ]
         )
-    head = f"{describe(lay, dtype)}\nworkload: batch {B} x seq_len {T}; 1 KiB = 2^10 bytes, 1 TFLOP = 10^12 FLOPs\n"
-    return head + "\n" + _table(rows, ["quantity", "value", "note"], right={1})
+    return rows
 
 
 def _span_label(span: dict[str, Any]) -> str:
