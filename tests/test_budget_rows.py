@@ -191,3 +191,23 @@ def test_window_row_counts_the_models_own_layers(capsys, argv, windowed, n_layer
     assert [v[1].split(";")[0] for v in window_rows] == [f"each of {windowed} of {n_layers} layers"]
     assert f"scores + AV FLOPs, all {n_layers} layers" in rows
     assert sum(k["n_layers"] for k in data["flops_scores_by_kind"]) == n_layers
+
+
+def test_recommend_case_1_says_how_it_differs_from_llama_3_8b():
+    """docs/budget.md's case 1 (--params 8B at 8K in 2 GiB) proposes Llama 3 8B's heads but not its
+    depth: 8e9 / (12 x 4096^2) = 39.7 -> 40 layers, where Llama 3 8B (config.json: vocab 128,256,
+    untied embeddings, intermediate 14,336, 32 layers) has 32 and 8,030,261,248 parameters. The
+    page must say so, with these numbers, instead of calling the answer "Llama 3 8B's own choice"."""
+    from pathlib import Path
+
+    rec = cost.recommend(n_params=8 * 10**9, seq_len=8192, kv_limit_bytes=2 * 2**30, target="gpu-server")
+    assert round(8e9 / (12 * 4096**2)) == 40 == rec.layout.n_layers != cost.preset("llama3-8b").n_layers == 32
+    d, vocab, mlp = 4096, 128256, 14336
+    layer = (2 * d * d + 2 * d * 1024) + 3 * d * mlp + 2 * d  # attention (GQA-8), gated MLP, two RMSNorms
+    assert layer == 218_112_000 and 32 * layer + d + 2 * vocab * d == 8_030_261_248
+    assert rec.kv_bytes_per_request == 40 * 8192 * 2 * 8 * 128 * 2 == 1.25 * 2**30
+    page = (Path(__file__).parents[1] / "docs" / "budget.md").read_text(encoding="utf-8")
+    case = page[page.index("**Case 1") : page.index("```", page.index("**Case 1"))]
+    assert "own choice" not in case
+    for fact in ("40 layers", "Llama 3 8B has 32", "8,030,261,248", "1,050,673,152", "218,112,000", "1.25 GiB"):
+        assert fact.replace("\n", " ") in case.replace("\n", " "), fact
