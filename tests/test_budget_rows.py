@@ -211,3 +211,75 @@ def test_recommend_case_1_says_how_it_differs_from_llama_3_8b():
     assert "own choice" not in case
     for fact in ("40 layers", "Llama 3 8B has 32", "8,030,261,248", "1,050,673,152", "218,112,000", "1.25 GiB"):
         assert fact.replace("\n", " ") in case.replace("\n", " "), fact
+
+
+def _dense_params(d, layers, heads, kv_heads, d_mlp, vocab, *, gated=True, tied=False, qkv_bias=False, gpt2=False):
+    """A dense decoder's parameters from its config.json, written out: attention, MLP, norms, embeddings."""
+    dh = d // heads
+    attention = d * heads * dh + 2 * d * kv_heads * dh + heads * dh * d
+    if qkv_bias:
+        attention += heads * dh + 2 * kv_heads * dh
+    if gpt2:  # c_attn and c_proj biases, MLP biases, LayerNorm weight + bias, learned positions
+        attention += 3 * d + d
+        mlp, norm, positions = 2 * d * d_mlp + d_mlp + d, 2 * d, 1024 * d
+    else:
+        mlp, norm, positions = (3 if gated else 2) * d * d_mlp, d, 0
+    embeddings = vocab * d * (1 if tied else 2) + positions
+    return layers * (attention + mlp + 2 * norm) + norm + embeddings, embeddings
+
+
+@pytest.mark.parametrize(
+    "preset, expected, shape",
+    [
+        ("llama3-8b", 8_030_261_248, dict(d=4096, layers=32, heads=32, kv_heads=8, d_mlp=14336, vocab=128256)),
+        ("mistral-7b", 7_241_732_096, dict(d=4096, layers=32, heads=32, kv_heads=8, d_mlp=14336, vocab=32000)),
+        (
+            "qwen2.5-7b",
+            7_615_616_512,
+            dict(d=3584, layers=28, heads=28, kv_heads=4, d_mlp=18944, vocab=152064, qkv_bias=True),
+        ),
+        (
+            "smollm2-135m",
+            134_515_008,
+            dict(d=576, layers=30, heads=9, kv_heads=3, d_mlp=1536, vocab=49152, tied=True),
+        ),
+        (
+            "gpt2-small",
+            124_439_808,
+            dict(d=768, layers=12, heads=12, kv_heads=12, d_mlp=3072, vocab=50257, tied=True, gpt2=True),
+        ),
+    ],
+)
+def test_whole_model_parameters_and_forward_flops_per_token_by_hand(capsys, preset, expected, shape):
+    """The whole-model row against the published totals worked out from each config.json (Llama 3
+    8B: 8,030,261,248), and the forward FLOPs of a token attending to T = 32,768 keys: 2 x the
+    non-embedding parameters (Kaplan et al. 2020) + 2 x heads x (d_qk + d_head) per key and layer,
+    min(T, 4096) keys on Mistral's windowed layers."""
+    T = 32768
+    total, embeddings = _dense_params(**shape)
+    assert total == expected
+    rows, data = run(capsys, "--preset", preset, "--seq-len", str(T))
+    assert data["model_params"] == total and data["model_params_non_embedding"] == total - embeddings
+    assert rows["parameters, whole model"][0] == f"{total:,}"
+    keys = min(T, 4096) if preset == "mistral-7b" else T
+    d, heads = shape["d"], shape["heads"]
+    flops = 2 * (total - embeddings) + shape["layers"] * keys * 2 * heads * 2 * (d // heads)
+    assert data["forward_flops_per_token"] == flops
+    assert rows["forward FLOPs per token, whole model"][0] == cost.format_flops(flops)
+    assert rows["forward FLOPs per token, whole model"][1].startswith(f"2 x {total - embeddings:,} non-embedding")
+
+
+def test_attention_only_rows_say_so(capsys):
+    """Every report says its rows count attention only; a preset's whole-model rows are the
+    exceptions, absent for an MoE preset and when --d-model or --n-layers replaces the preset's shape."""
+    for argv, whole in (
+        (["--preset", "llama3-8b"], True),
+        (["--preset", "deepseek-v3"], False),
+        (["--preset", "llama3-8b", "--n-layers", "16"], False),
+        (["--d-model", "512", "--n-layers", "2", "--n-heads", "8"], False),
+    ):
+        assert main(["budget", *argv]) == 0
+        text = capsys.readouterr().out
+        assert text.split("\n")[2].startswith("rows count attention only (no MLP, embeddings or norms)")
+        assert ("parameters, whole model" in text) == whole
+        assert "attention projection FLOPs per layer" in text

@@ -485,8 +485,10 @@ def describe(lay: AttentionLayout, dtype: str | None = None) -> str:
     return f"{name}{lay.kind}, d_model {lay.d_model}, {lay.n_layers} layers, {heads}, bias {lay.bias}{extra}, {fmt}"
 
 
-def report(lay: AttentionLayout, seq_len: int, batch: int) -> dict[str, Any]:
-    """Every number of one layout at one workload, as plain integers and floats (bytes, FLOPs, counts)."""
+def report(lay: AttentionLayout, seq_len: int, batch: int, shape: cost.ModelShape | None = None) -> dict[str, Any]:
+    """Every number of one layout at one workload, as plain integers and floats (bytes, FLOPs, counts);
+    with a preset's ``shape`` (:data:`~headprobe.probe.layout.cost.MODEL_SHAPES`) the whole model's
+    parameters and forward FLOPs per token too (:func:`whole_model_report`)."""
     mha = lay.as_mha()
     fl = cost.attention_flops(lay, seq_len, batch)
     fl_mha = cost.attention_flops(lay, seq_len, batch, as_mha=True)
@@ -513,8 +515,54 @@ def report(lay: AttentionLayout, seq_len: int, batch: int) -> dict[str, Any]:
         "attention_matrix_bytes_per_layer": cost.attention_matrix_bytes(lay, seq_len, batch),
         "fused_attention_bytes_per_layer": cost.fused_attention_bytes(lay, seq_len, batch),
         "activation_bytes_per_element": cost.activation_bytes(lay),
+        **(whole_model_report(lay, shape, seq_len) if shape is not None else {}),
         **windowed_report(lay, seq_len, batch),
     }
+
+
+def whole_model_report(lay: AttentionLayout, shape: cost.ModelShape, seq_len: int) -> dict[str, Any]:
+    """The whole model's parameters by part (:func:`~headprobe.probe.layout.cost.model_params`) and
+    the forward FLOPs of a token that attends to ``seq_len`` keys
+    (:func:`~headprobe.probe.layout.cost.forward_flops_per_token`, Kaplan et al. 2020's 2N plus
+    the scores and AV), with the attention part of the latter (FLOPs, counts)."""
+    params = cost.model_params(lay, shape)
+    return {
+        "model_params": params.total,
+        "model_params_by_part": {
+            "attention": params.attention,
+            "mlp": params.mlp,
+            "norms": params.norms,
+            "embeddings": params.embeddings,
+        },
+        "model_params_non_embedding": params.non_embedding,
+        "tied_embeddings": shape.tied_embeddings,
+        "forward_flops_per_token": cost.forward_flops_per_token(lay, shape, seq_len),
+        "forward_flops_per_token_attention_context": cost.score_flops(lay, 1, 1)
+        * cost.kv_positions_total(lay, seq_len),
+    }
+
+
+def whole_model_rows(r: dict[str, Any], seq_len: int) -> list[list[str]]:
+    """The report's whole-model rows (:func:`whole_model_report`), empty without a preset's shape."""
+    if "model_params" not in r:
+        return []
+    part = r["model_params_by_part"]
+    tied = "tied" if r["tied_embeddings"] else "untied"
+    context = r["forward_flops_per_token_attention_context"]
+    return [
+        [
+            "parameters, whole model",
+            f"{r['model_params']:,}",
+            f"attention {part['attention']:,} + MLP {part['mlp']:,} + norms {part['norms']:,} "
+            f"+ embeddings {part['embeddings']:,} ({tied})",
+        ],
+        [
+            "forward FLOPs per token, whole model",
+            format_flops(r["forward_flops_per_token"]),
+            f"2 x {r['model_params_non_embedding']:,} non-embedding params + {format_flops(context)} scores + AV "
+            f"against {seq_len:,} keys (Kaplan et al. 2020; output layer not counted)",
+        ],
+    ]
 
 
 def windowed_report(lay: AttentionLayout, seq_len: int, batch: int) -> dict[str, Any]:
@@ -590,6 +638,7 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
     rows = [
         ["attention params per layer", f"{r['attn_params_per_layer']:,}", f"bias {lay.bias}"],
         ["attention params, all layers", f"{r['attn_params']:,}", f"{lay.n_layers} layers"],
+        *whole_model_rows(r, T),
         [
             "KV numbers per token per layer",
             f"{r['kv_numbers_per_token_per_layer']:,}",
@@ -598,7 +647,7 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
         ],
         *kv_token_rows(r, mha),
         [
-            "projection FLOPs per layer",
+            "attention projection FLOPs per layer",
             format_flops(r["flops_projections_per_layer"]),
             mha(format_flops(r["flops_projections_per_layer_as_mha"])),
         ],
@@ -631,7 +680,11 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
         rows[full][2] = (
             f"each of {n_global} of {lay.n_layers} layers; all T^2 scores, causal mask not used (causal: {causal})"
         )
-    head = f"{describe(lay, dtype)}\nworkload: batch {B} x seq_len {T}; 1 KiB = 2^10 bytes, 1 TFLOP = 10^12 FLOPs\n"
+    only = ", except the rows marked whole model" if "model_params" in r else ""
+    head = (
+        f"{describe(lay, dtype)}\nworkload: batch {B} x seq_len {T}; 1 KiB = 2^10 bytes, 1 TFLOP = 10^12 FLOPs\n"
+        f"rows count attention only (no MLP, embeddings or norms){only}\n"
+    )
     return head + "\n" + _table([*rows, *windowed_rows(r, lay, compute)], ["quantity", "value", "note"], right={1})
 
 
@@ -1337,7 +1390,7 @@ def format_layers_report(d: dict[str, Any], lay: AttentionLayout, dtype: str) ->
             format_bytes(p["kv_bytes_per_request"]),
             format_bytes(u["kv_bytes_per_request"]),
         ],
-        ["projection FLOPs, all layers", *_flops_pair(p["flops_projections"], u["flops_projections"])],
+        ["attention projection FLOPs, all layers", *_flops_pair(p["flops_projections"], u["flops_projections"])],
         ["scores + AV FLOPs, all layers", *_flops_pair(p["flops_scores"], u["flops_scores"])],
         [
             f"attention matrix, largest layer, in {cost.COMPUTE_DTYPE[dtype]}",
@@ -1354,6 +1407,7 @@ def format_layers_report(d: dict[str, Any], lay: AttentionLayout, dtype: str) ->
         f"{describe(lay, dtype)}; pruned: {sum(u['heads_per_layer']) - sum(p['heads_per_layer'])} of "
         f"{sum(u['heads_per_layer'])} query heads removed\n"
         f"workload: batch {B} x seq_len {T}; 1 KiB = 2^10 bytes, 1 TFLOP = 10^12 FLOPs\n"
+        "rows count attention only (no MLP, embeddings or norms)\n"
     )
     return head + "\n" + _table(rows, ["quantity", "pruned", "unpruned"], right={1, 2})
 
@@ -1598,7 +1652,7 @@ def _report(config: BudgetConfig, base: AttentionLayout | None, check: dict[str,
             "compare": rows,
         }
     else:
-        mode, out = "report", report(lay, config.workload_seq_len, config.batch)
+        mode, out = "report", report(lay, config.workload_seq_len, config.batch, model_shape(config))
     if config.policy is not None:
         from headprobe.analyses.exchange import read_kv_policy
 
@@ -1617,6 +1671,15 @@ def _report(config: BudgetConfig, base: AttentionLayout | None, check: dict[str,
     if check is not None:
         out = {"check": check, **out}
     return BudgetResult(config, mode, lay, out, check=check)
+
+
+def model_shape(config: BudgetConfig) -> cost.ModelShape | None:
+    """The preset's MLP, vocabulary and embeddings (:data:`~headprobe.probe.layout.cost.MODEL_SHAPES`)
+    for the whole-model rows, or None: no preset, a preset without one (MoE, encoder-decoder), or
+    ``--d-model`` / ``--n-layers`` given (the preset's MLP width and depth would no longer be its own)."""
+    if config.preset is None or config.model or config.d_model is not None or config.n_layers is not None:
+        return None
+    return cost.MODEL_SHAPES.get(config.preset.lower())
 
 
 def _run_headprobe_dir(config: BudgetConfig) -> BudgetResult:

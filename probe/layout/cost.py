@@ -968,6 +968,104 @@ PRESETS: dict[str, AttentionLayout] = {
 }
 
 
+@dataclass(frozen=True)
+class ModelShape:
+    """What a preset's model has besides attention, for its whole-model parameters and FLOPs
+    (:func:`model_params`, :func:`forward_flops_per_token`).
+
+    Attributes:
+        vocab_size: tokens of the vocabulary (rows of the embedding).
+        d_mlp: the MLP's hidden width.
+        gated_mlp: three MLP matrices (SwiGLU: gate, up, down) rather than two.
+        tied_embeddings: the output layer reuses the input embedding (counted once).
+        mlp_bias: the MLP's matrices carry biases (GPT-2).
+        layer_norm: LayerNorm (a weight and a bias per feature) rather than RMSNorm (a weight).
+        n_positions: learned absolute position embeddings (GPT-2: 1,024), 0 for rotary.
+    """
+
+    vocab_size: int
+    d_mlp: int
+    gated_mlp: bool = True
+    tied_embeddings: bool = False
+    mlp_bias: bool = False
+    layer_norm: bool = False
+    n_positions: int = 0
+
+
+#: The dense presets' MLP, vocabulary and embeddings, from the same config.json files as
+#: :data:`PRESETS` (vocab_size, intermediate_size / n_inner, tie_word_embeddings); the MoE presets
+#: (DeepSeek-V3, Kimi K2) and the encoder-decoder transformer-base have none, and get no whole-model rows.
+MODEL_SHAPES: dict[str, ModelShape] = {
+    # openai-community/gpt2: vocab 50257, n_positions 1024, n_inner 4*768, biases, LayerNorm, tied.
+    "gpt2-small": ModelShape(
+        vocab_size=50257,
+        d_mlp=3072,
+        gated_mlp=False,
+        tied_embeddings=True,
+        mlp_bias=True,
+        layer_norm=True,
+        n_positions=1024,
+    ),
+    # meta-llama/Meta-Llama-3-8B: vocab_size 128256, intermediate_size 14336, tie_word_embeddings false.
+    "llama3-8b": ModelShape(vocab_size=128256, d_mlp=14336),
+    # mistralai/Mistral-7B-v0.1: vocab_size 32000, intermediate_size 14336, tie_word_embeddings false.
+    "mistral-7b": ModelShape(vocab_size=32000, d_mlp=14336),
+    # Qwen/Qwen2.5-7B: vocab_size 152064, intermediate_size 18944, tie_word_embeddings false.
+    "qwen2.5-7b": ModelShape(vocab_size=152064, d_mlp=18944),
+    # HuggingFaceTB/SmolLM2-135M: vocab_size 49152, intermediate_size 1536, tie_word_embeddings true.
+    "smollm2-135m": ModelShape(vocab_size=49152, d_mlp=1536, tied_embeddings=True),
+}
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    """A dense decoder's parameters by part (counts): ``attention`` (:func:`attention_params`),
+    ``mlp``, ``norms`` (two per layer and a final one), ``embeddings`` (the input embedding, the
+    output layer unless tied, learned positions); ``total`` their sum, ``non_embedding`` Kaplan et
+    al.'s N (arXiv:2001.08361, section 2.1: without embeddings and positions)."""
+
+    attention: int
+    mlp: int
+    norms: int
+    embeddings: int
+
+    @property
+    def total(self) -> int:
+        return self.attention + self.mlp + self.norms + self.embeddings
+
+    @property
+    def non_embedding(self) -> int:
+        return self.total - self.embeddings
+
+
+def model_params(layout: AttentionLayout, shape: ModelShape) -> ModelParams:
+    """The whole model's parameters: Llama 3 8B 1,342,177,280 (attention) + 32 x 3 x 4096 x 14336
+    (MLP) + (2 x 32 + 1) x 4096 (RMSNorms) + 2 x 128256 x 4096 (untied embeddings) = 8,030,261,248.
+    Counts."""
+    D, L = layout.d_model, layout.n_layers
+    mlp = (3 if shape.gated_mlp else 2) * D * shape.d_mlp + ((shape.d_mlp + D) if shape.mlp_bias else 0)
+    per_norm = 2 * D if shape.layer_norm else D
+    embeddings = shape.vocab_size * D * (1 if shape.tied_embeddings else 2) + shape.n_positions * D
+    return ModelParams(attention_params(layout), L * mlp, (2 * L + 1) * per_norm, embeddings)
+
+
+def forward_flops_per_token(layout: AttentionLayout, shape: ModelShape, seq_len: int) -> int:
+    """Forward FLOPs of one token that attends to ``seq_len`` keys (the last token of a sequence
+    of ``seq_len``; a sliding-window layer reads at most its window): ``2 N`` (N the non-embedding
+    parameters, one multiply-add each) plus the scores and AV of every attention layer,
+    ``2 n_heads (d_qk + d_head) min(seq_len, window)`` (Kaplan et al. 2020, arXiv:2001.08361,
+    table 1: ``C_forward = 2N + 2 n_layer n_ctx d_attn``, whose context term counts QK^T only; here
+    AV too, as :func:`score_flops`). The embedding lookups and the output layer
+    (``2 d_model vocab``) are not counted, as in Kaplan et al. FLOPs.
+
+    Raises:
+        HeadprobeError: ``seq_len`` is not a positive integer.
+    """
+    return 2 * model_params(layout, shape).non_embedding + score_flops(layout, 1, 1) * kv_positions_total(
+        layout, seq_len
+    )
+
+
 def preset(name: str, bytes_per_element: int | None = None) -> AttentionLayout:
     """The layout of a published model by preset name (see :data:`PRESETS`).
 
