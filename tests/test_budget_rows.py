@@ -283,3 +283,17 @@ def test_attention_only_rows_say_so(capsys):
         assert text.split("\n")[2].startswith("rows count attention only (no MLP, embeddings or norms)")
         assert ("parameters, whole model" in text) == whole
         assert "attention projection FLOPs per layer" in text
+
+
+def test_compare_kv_per_token_column_says_up_to_the_window(capsys):
+    """--compare on Mistral 7B: the per-token column is the cost of tokens 1 to 4,096 (GQA-8:
+    2 x 8 x 128 x 2 bytes x 32 layers = 128 KiB), not a cost per token at any length; without
+    windows it stays KV/token (Llama 3 8B)."""
+    assert main(["budget", "--preset", "mistral-7b", "--compare", "--seq-len", "32768"]) == 0
+    lines = capsys.readouterr().out.split("\n")
+    header = next(x for x in lines if x.startswith("layout "))
+    assert "KV/token, tokens 1 to 4,096" in header
+    gqa8 = next(x for x in lines if x.split()[:2] == ["GQA", "8"])
+    assert cost.format_bytes(2 * 8 * 128 * 2 * 32) == "128 KiB" and " 128 KiB " in gqa8
+    assert main(["budget", "--preset", "llama3-8b", "--compare"]) == 0
+    assert "  KV/token  " in capsys.readouterr().out

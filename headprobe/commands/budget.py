@@ -838,6 +838,15 @@ def distinct_flops(values: list[int]) -> list[str]:
     return texts
 
 
+def kv_token_header(lay: AttentionLayout) -> str:
+    """``--compare``'s per-token KV column: ``KV/token``, or with windows ``KV/token, tokens 1 to
+    4,096``: a token past the smallest window adds less (nothing when every layer is windowed;
+    the one-layout report gives every span, :func:`kv_token_rows`)."""
+    if lay.windows is None or lay.n_windowed_layers == 0:
+        return "KV/token"
+    return f"KV/token, tokens 1 to {min(w for w in lay.windows if w is not None):,}"
+
+
 def format_compare(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: str, seq_len: int, batch: int) -> str:
     """The ``--compare`` table: one row per layout, one FLOPs column per kind of layer (global,
     each window; :func:`~headprobe.probe.layout.cost.attention_flops_by_window`)."""
@@ -868,7 +877,7 @@ def format_compare(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: str,
         "key/value width",
         "attn params/layer",
         "KV numbers/token/layer",
-        "KV/token",
+        kv_token_header(lay),
         f"KV/batch ({batch} x {seq_len})",
         "KV vs MHA",
         *(f"FLOPs/layer, {k}" if k else "FLOPs/layer" for k in kinds),
