@@ -28,9 +28,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import redirect_stdout
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
@@ -132,7 +132,9 @@ class BudgetConfig:
         seq_len: tokens per sequence T (None: :data:`DEFAULT_SEQ_LEN`, 8192; :attr:`workload_seq_len`
             is the one in use). Refused with flops_table, which takes its lengths itself.
         batch: sequences per request (the KV and attention-matrix bytes are the whole batch's).
-        dtype: number format of cache and activations: fp32, bf16, fp16, fp8, int8 or torch's names.
+        dtype: number format of the KV cache: fp32, bf16, fp16, fp8, int8 or torch's names; the attention
+            (its matrix, the fused kernel's tensors) computes in it, or in bf16 for fp8 and int8
+            (:data:`~headprobe.probe.layout.cost.COMPUTE_DTYPE`).
         compare: MHA, every GQA group count and MQA of the same heads (their key and value widths) side by side.
         flops_table: FLOPs of one layer at these lengths (an empty tuple: the lesson's lengths); None: off.
         as_mha: with flops_table, count the K/V projections as MHA (one K/V head per query head; GQA's
@@ -215,7 +217,8 @@ class BudgetConfig:
     )
     dtype: str = setting(
         cost.BUDGET_DTYPE,
-        "number format of cache and activations, sets the bytes per element (default "
+        "number format of the KV cache, sets its bytes per number; the attention matrix and the fused kernel "
+        "are in it too, or in bf16 for fp8 and int8 (storage formats) (default "
         "%(default)s; torch's names bfloat16, float32, float16 accepted)",
         type=budget_dtype,
         metavar="{" + ",".join(cost.DTYPE_BYTES) + "}",
@@ -473,6 +476,8 @@ def describe(lay: AttentionLayout, dtype: str | None = None) -> str:
             heads += f", query/key width {lay.d_qk}"
     size = f"{lay.bytes_per_element} byte{'' if lay.bytes_per_element == 1 else 's'}"
     fmt = f"{dtype} ({size})" if dtype else f"{size} per element"
+    if dtype and cost.COMPUTE_DTYPE[dtype] != dtype:  # a storage format: the KV cache's, not the attention's
+        fmt = f"{dtype} KV cache ({size}), attention computed in {cost.COMPUTE_DTYPE[dtype]}"
     name = f"{lay.name}: " if lay.name else ""
     extra = "".join(
         f", {x}" for x in (f"QK-norm {lay.qk_norm}" if lay.qk_norm != "none" else "", describe_windows(lay)) if x
@@ -480,8 +485,10 @@ def describe(lay: AttentionLayout, dtype: str | None = None) -> str:
     return f"{name}{lay.kind}, d_model {lay.d_model}, {lay.n_layers} layers, {heads}, bias {lay.bias}{extra}, {fmt}"
 
 
-def report(lay: AttentionLayout, seq_len: int, batch: int) -> dict[str, Any]:
-    """Every number of one layout at one workload, as plain integers and floats (bytes, FLOPs, counts)."""
+def report(lay: AttentionLayout, seq_len: int, batch: int, shape: cost.ModelShape | None = None) -> dict[str, Any]:
+    """Every number of one layout at one workload, as plain integers and floats (bytes, FLOPs, counts);
+    with a preset's ``shape`` (:data:`~headprobe.probe.layout.cost.MODEL_SHAPES`) the whole model's
+    parameters and forward FLOPs per token too (:func:`whole_model_report`)."""
     mha = lay.as_mha()
     fl = cost.attention_flops(lay, seq_len, batch)
     fl_mha = cost.attention_flops(lay, seq_len, batch, as_mha=True)
@@ -494,6 +501,8 @@ def report(lay: AttentionLayout, seq_len: int, batch: int) -> dict[str, Any]:
         "kv_numbers_per_token_per_layer_mha": cost.kv_numbers_per_token_per_layer(mha),
         "kv_bytes_per_token": cost.kv_bytes_per_token(lay),
         "kv_bytes_per_token_mha": cost.kv_bytes_per_token(mha),
+        "kv_bytes_per_token_spans": [asdict(x) for x in cost.kv_bytes_per_token_spans(lay)],
+        "kv_bytes_per_token_spans_mha": [asdict(x) for x in cost.kv_bytes_per_token_spans(mha)],
         "kv_bytes_per_request": cost.kv_bytes_per_request(lay, seq_len, batch),
         "kv_bytes_per_request_mha": cost.kv_bytes_per_request(mha, seq_len, batch),
         "flops_projections_per_layer": fl.projections,
@@ -505,8 +514,55 @@ def report(lay: AttentionLayout, seq_len: int, batch: int) -> dict[str, Any]:
         "crossover_seq_len_as_mha": fl_mha.crossover_seq_len,
         "attention_matrix_bytes_per_layer": cost.attention_matrix_bytes(lay, seq_len, batch),
         "fused_attention_bytes_per_layer": cost.fused_attention_bytes(lay, seq_len, batch),
+        "activation_bytes_per_element": cost.activation_bytes(lay),
+        **(whole_model_report(lay, shape, seq_len) if shape is not None else {}),
         **windowed_report(lay, seq_len, batch),
     }
+
+
+def whole_model_report(lay: AttentionLayout, shape: cost.ModelShape, seq_len: int) -> dict[str, Any]:
+    """The whole model's parameters by part (:func:`~headprobe.probe.layout.cost.model_params`) and
+    the forward FLOPs of a token that attends to ``seq_len`` keys
+    (:func:`~headprobe.probe.layout.cost.forward_flops_per_token`, Kaplan et al. 2020's 2N plus
+    the scores and AV), with the attention part of the latter (FLOPs, counts)."""
+    params = cost.model_params(lay, shape)
+    return {
+        "model_params": params.total,
+        "model_params_by_part": {
+            "attention": params.attention,
+            "mlp": params.mlp,
+            "norms": params.norms,
+            "embeddings": params.embeddings,
+        },
+        "model_params_non_embedding": params.non_embedding,
+        "tied_embeddings": shape.tied_embeddings,
+        "forward_flops_per_token": cost.forward_flops_per_token(lay, shape, seq_len),
+        "forward_flops_per_token_attention_context": cost.score_flops(lay, 1, 1)
+        * cost.kv_positions_total(lay, seq_len),
+    }
+
+
+def whole_model_rows(r: dict[str, Any], seq_len: int) -> list[list[str]]:
+    """The report's whole-model rows (:func:`whole_model_report`), empty without a preset's shape."""
+    if "model_params" not in r:
+        return []
+    part = r["model_params_by_part"]
+    tied = "tied" if r["tied_embeddings"] else "untied"
+    context = r["forward_flops_per_token_attention_context"]
+    return [
+        [
+            "parameters, whole model",
+            f"{r['model_params']:,}",
+            f"attention {part['attention']:,} + MLP {part['mlp']:,} + norms {part['norms']:,} "
+            f"+ embeddings {part['embeddings']:,} ({tied})",
+        ],
+        [
+            "forward FLOPs per token, whole model",
+            format_flops(r["forward_flops_per_token"]),
+            f"2 x {r['model_params_non_embedding']:,} non-embedding params + {format_flops(context)} scores + AV "
+            f"against {seq_len:,} keys (Kaplan et al. 2020; output layer not counted)",
+        ],
+    ]
 
 
 def windowed_report(lay: AttentionLayout, seq_len: int, batch: int) -> dict[str, Any]:
@@ -533,10 +589,14 @@ def windowed_report(lay: AttentionLayout, seq_len: int, batch: int) -> dict[str,
             }
         )
     # one count on every layer: the causal keys (a global layer is a window of T), as the windowed rows
-    total = sum(cost.score_flops(lay, seq_len, batch, window=seq_len if w is None else w) for w in lay.windows)
+    kinds = []
+    for w, n in cost.layer_windows(lay):
+        per_layer = cost.score_flops(lay, seq_len, batch, window=seq_len if w is None else w)
+        kinds.append({"window": w, "n_layers": n, "flops_scores_per_layer": per_layer, "flops_scores": n * per_layer})
     return {
         "windowed_layers": rows,
-        "flops_scores_all_layers": total,
+        "flops_scores_by_kind": kinds,
+        "flops_scores_all_layers": sum(k["flops_scores"] for k in kinds),
         "n_global_layers": lay.n_layers - lay.n_windowed_layers,
     }
 
@@ -574,23 +634,20 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
     assert lay.d_head is not None  # filled by AttentionLayout.__post_init__
     two_d = " = 2D" if lay.n_heads * lay.d_head == lay.d_model else ""
     mha = (lambda s: f"MHA: {s}") if other else (lambda s: "")
+    compute = cost.COMPUTE_DTYPE[dtype]  # the attention matrix's dtype, not the cache's storage format
     rows = [
         ["attention params per layer", f"{r['attn_params_per_layer']:,}", f"bias {lay.bias}"],
         ["attention params, all layers", f"{r['attn_params']:,}", f"{lay.n_layers} layers"],
+        *whole_model_rows(r, T),
         [
             "KV numbers per token per layer",
             f"{r['kv_numbers_per_token_per_layer']:,}",
             mha(f"{r['kv_numbers_per_token_per_layer_mha']:,}")
             + (f" (keys {lay.d_qk} + values {lay.d_head} wide)" if other and lay.d_qk != lay.d_head else ""),
         ],
-        ["KV cache per token", format_bytes(r["kv_bytes_per_token"]), mha(format_bytes(r["kv_bytes_per_token_mha"]))],
+        *kv_token_rows(r, mha),
         [
-            kv_batch_label(B, T),
-            format_bytes(r["kv_bytes_per_request"]),
-            mha(format_bytes(r["kv_bytes_per_request_mha"])),
-        ],
-        [
-            "projection FLOPs per layer",
+            "attention projection FLOPs per layer",
             format_flops(r["flops_projections_per_layer"]),
             mha(format_flops(r["flops_projections_per_layer_as_mha"])),
         ],
@@ -602,46 +659,119 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
             mha(format_whole(r["crossover_seq_len_as_mha"]) + two_d) if other else two_d.strip(" ="),
         ],
         [
-            "attention matrix per layer [batch, head, T, T]",
+            f"attention matrix per layer [batch, head, T, T] in {compute}",
             format_bytes(r["attention_matrix_bytes_per_layer"]),
             "naive, materialised",
         ],
         [
             "fused kernel per layer (Q, K, V, out, LSE)",
             format_bytes(r["fused_attention_bytes_per_layer"]),
-            "FlashAttention / SDPA",
+            f"FlashAttention / SDPA; {compute}, LSE fp32",
         ],
     ]
+    full = len(rows) - 5  # the full-attention rows: scores, quadratic share, crossover, attention matrix
     if lay.windows is not None and lay.n_windowed_layers == lay.n_layers:
-        del rows[6:10]  # the full-attention rows: no layer of this layout is global
+        del rows[full : full + 4]  # no layer of this layout is global
     elif lay.windows is not None:
-        for i in (6, 7, 8, 9):  # the full-attention rows: what a global layer costs
+        for i in range(full, full + 4):  # what a global layer costs
             rows[i][0] += ", global layer"
+        n_global = r["n_global_layers"]
+        causal = format_flops(r["flops_scores_by_kind"][0]["flops_scores_per_layer"])
+        rows[full][2] = (
+            f"each of {n_global} of {lay.n_layers} layers; all T^2 scores, causal mask not used (causal: {causal})"
+        )
+    only = ", except the rows marked whole model" if "model_params" in r else ""
+    head = (
+        f"{describe(lay, dtype)}\nworkload: batch {B} x seq_len {T}; 1 KiB = 2^10 bytes, 1 TFLOP = 10^12 FLOPs\n"
+        f"rows count attention only (no MLP, embeddings or norms){only}\n"
+    )
+    return head + "\n" + _table([*rows, *windowed_rows(r, lay, compute)], ["quantity", "value", "note"], right={1})
+
+
+def windowed_rows(r: dict[str, Any], lay: AttentionLayout, compute: str) -> list[list[str]]:
+    """The report's rows of a layout with windows: each window's per-layer rows (the note says how
+    many of the model's layers have it), then the scores + AV FLOPs over the layers of each kind
+    (``x n``, causal keys) and their sum, all layers, which is what the rows above it add up to."""
+    rows = []
     for w in r.get("windowed_layers", []):
         cross = (
             "never (projections dominate)" if w["crossover_seq_len"] is None else format_whole(w["crossover_seq_len"])
         )
-        note = f"{w['n_layers']} layers, min(W, pos+1) keys per query"
+        note = f"each of {w['n_layers']} of {lay.n_layers} layers; min(W, pos+1) keys per query"
         rows += [
             [f"scores + AV FLOPs per layer, window {w['window']:,}", format_flops(w["flops_scores_per_layer"]), note],
             [f"quadratic share, window {w['window']:,}", f"{100 * w['quadratic_share']:.0f}%", ""],
             [f"crossover T, window {w['window']:,}", cross, ""],
             [
-                f"attention matrix per layer, window {w['window']:,}",
+                f"attention matrix per layer in {compute}, window {w['window']:,}",
                 format_bytes(w["attention_matrix_bytes_per_layer"]),
                 "banded, materialised",
             ],
         ]
-    if "flops_scores_all_layers" in r:
+    kinds = r.get("flops_scores_by_kind", [])
+    if len(kinds) > 1:  # one row per kind of layer, which the total adds up
+        for k in kinds:
+            what = "global layers" if k["window"] is None else f"window {k['window']:,} layers"
+            keys = "pos+1" if k["window"] is None else "min(W, pos+1)"
+            rows.append(
+                [
+                    f"scores + AV FLOPs, {what} (x{k['n_layers']})",
+                    format_flops(k["flops_scores"]),
+                    f"{k['n_layers']} x {format_flops(k['flops_scores_per_layer'])}, causal: {keys} keys per query",
+                ]
+            )
+    if kinds:
+        terms = (
+            " + ".join(format_flops(k["flops_scores"]) for k in kinds)
+            if len(kinds) > 1
+            else f"{kinds[0]['n_layers']} x {format_flops(kinds[0]['flops_scores_per_layer'])}"
+        )
         rows.append(
             [
-                "scores + AV FLOPs, all layers",
+                f"scores + AV FLOPs, all {lay.n_layers} layers",
                 format_flops(r["flops_scores_all_layers"]),
-                "windows applied; causal keys on every layer (a global one: pos+1)",
+                f"= {terms}; windows applied, causal keys on every layer",
             ]
         )
-    head = f"{describe(lay, dtype)}\nworkload: batch {B} x seq_len {T}; 1 KiB = 2^10 bytes, 1 TFLOP = 10^12 FLOPs\n"
-    return head + "\n" + _table(rows, ["quantity", "value", "note"], right={1})
+    return rows
+
+
+def _span_label(span: dict[str, Any]) -> str:
+    """``KV cache per token, tokens 1 to 4,096``, ``..., past token 4,096`` or ``KV cache per token``."""
+    first, last = span["first_token"], span["last_token"]
+    if last is not None:
+        return f"KV cache per token, tokens {first:,} to {last:,}"
+    return "KV cache per token" if first == 1 else f"KV cache per token, past token {first - 1:,}"
+
+
+def kv_token_rows(r: dict[str, Any], mha: Callable[[str], str]) -> list[list[str]]:
+    """The report's KV-cache rows: what a token adds to the cache, one row per span of positions
+    (:func:`~headprobe.probe.layout.cost.kv_bytes_per_token_spans`: with sliding windows a token
+    past a window adds nothing to that layer, so the per-token cost is not one number), then the
+    cache of the batch, whose note says it is the sum of the spans' tokens when windows apply."""
+    T, B = r["workload"]["seq_len"], r["workload"]["batch"]
+    spans, spans_mha = r["kv_bytes_per_token_spans"], r["kv_bytes_per_token_spans_mha"]
+    windowed = len(spans) > 1
+    rows = []
+    for span, other in zip(spans, spans_mha):
+        where = ""
+        if windowed and span["last_token"] is None:
+            where = (
+                "every layer windowed: the oldest position is dropped"
+                if span["n_layers"] == 0
+                else f"only the {span['n_layers']:,} layer{'s' if span['n_layers'] != 1 else ''} without a window"
+            )
+        elif windowed:
+            where = f"{span['n_layers']:,} layers cache it"
+        note = "; ".join(x for x in (mha(format_bytes(other["bytes_per_token"])), where) if x)
+        rows.append([_span_label(span), format_bytes(span["bytes_per_token"]), note])
+    total = mha(format_bytes(r["kv_bytes_per_request_mha"]))
+    if windowed:
+        used = [(s["bytes_per_token"], cost.KVTokenSpan(**s).tokens_within(T)) for s in spans]
+        terms = " + ".join(f"{format_bytes(b)} x {n:,}" for b, n in used if n)
+        total = "; ".join(x for x in (total, f"= {terms}" + (f", x {B} sequences" if B > 1 else "")) if x)
+    rows.append([kv_batch_label(B, T), format_bytes(r["kv_bytes_per_request"]), total])
+    return rows
 
 
 def causal_keys_txt(lay: AttentionLayout) -> str:
@@ -658,7 +788,7 @@ def causal_keys_txt(lay: AttentionLayout) -> str:
     )
 
 
-def format_policy(pc: dict[str, Any], path: str, lay: AttentionLayout) -> str:
+def format_policy(pc: dict[str, Any], path: str, lay: AttentionLayout, dtype: str = cost.BUDGET_DTYPE) -> str:
     """The ``--policy`` rows: the policy's cache, FLOPs and attention matrix next to all-full; the
     notes name the keys the FLOPs count on ``lay`` (its layers' windows apply)."""
     full = causal_keys_txt(lay)
@@ -674,7 +804,11 @@ def format_policy(pc: dict[str, Any], path: str, lay: AttentionLayout) -> str:
             f"causal keys, streaming: {streaming}; full: {full}",
         ],
         ["scores + AV FLOPs, all layers, full", format_flops(pc["flops_scores_full"]), f"causal keys: {full}"],
-        ["attention matrix, largest layer, policy", format_bytes(pc["attention_matrix_bytes_largest_layer"]), ""],
+        [
+            f"attention matrix, largest layer, policy, in {cost.COMPUTE_DTYPE[dtype]}",
+            format_bytes(pc["attention_matrix_bytes_largest_layer"]),
+            "",
+        ],
     ]
     return f"KV policy {path}\n\n" + _table(rows, ["quantity", "value", "note"], right={1})
 
@@ -702,6 +836,15 @@ def distinct_flops(values: list[int]) -> list[str]:
             for v, (number, unit) in zip(values, shown)
         ]
     return texts
+
+
+def kv_token_header(lay: AttentionLayout) -> str:
+    """``--compare``'s per-token KV column: ``KV/token``, or with windows ``KV/token, tokens 1 to
+    4,096``: a token past the smallest window adds less (nothing when every layer is windowed;
+    the one-layout report gives every span, :func:`kv_token_rows`)."""
+    if lay.windows is None or lay.n_windowed_layers == 0:
+        return "KV/token"
+    return f"KV/token, tokens 1 to {min(w for w in lay.windows if w is not None):,}"
 
 
 def format_compare(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: str, seq_len: int, batch: int) -> str:
@@ -734,7 +877,7 @@ def format_compare(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: str,
         "key/value width",
         "attn params/layer",
         "KV numbers/token/layer",
-        "KV/token",
+        kv_token_header(lay),
         f"KV/batch ({batch} x {seq_len})",
         "KV vs MHA",
         *(f"FLOPs/layer, {k}" if k else "FLOPs/layer" for k in kinds),
@@ -1256,10 +1399,10 @@ def format_layers_report(d: dict[str, Any], lay: AttentionLayout, dtype: str) ->
             format_bytes(p["kv_bytes_per_request"]),
             format_bytes(u["kv_bytes_per_request"]),
         ],
-        ["projection FLOPs, all layers", *_flops_pair(p["flops_projections"], u["flops_projections"])],
+        ["attention projection FLOPs, all layers", *_flops_pair(p["flops_projections"], u["flops_projections"])],
         ["scores + AV FLOPs, all layers", *_flops_pair(p["flops_scores"], u["flops_scores"])],
         [
-            "attention matrix, largest layer",
+            f"attention matrix, largest layer, in {cost.COMPUTE_DTYPE[dtype]}",
             format_bytes(p["attention_matrix_bytes_largest_layer"]),
             format_bytes(u["attention_matrix_bytes_largest_layer"]),
         ],
@@ -1273,6 +1416,7 @@ def format_layers_report(d: dict[str, Any], lay: AttentionLayout, dtype: str) ->
         f"{describe(lay, dtype)}; pruned: {sum(u['heads_per_layer']) - sum(p['heads_per_layer'])} of "
         f"{sum(u['heads_per_layer'])} query heads removed\n"
         f"workload: batch {B} x seq_len {T}; 1 KiB = 2^10 bytes, 1 TFLOP = 10^12 FLOPs\n"
+        "rows count attention only (no MLP, embeddings or norms)\n"
     )
     return head + "\n" + _table(rows, ["quantity", "pruned", "unpruned"], right={1, 2})
 
@@ -1342,7 +1486,7 @@ class BudgetResult(CompactRepr):
         else:
             text = format_report(d, self.layout, c.dtype)
         if self.mode == "policy":
-            text += "\n\n" + format_policy(d["policy"], d["policy_file"], self.layout)
+            text += "\n\n" + format_policy(d["policy"], d["policy_file"], self.layout, c.dtype)
         if "beyond_context" in d:
             b = d["beyond_context"]
             text += (
@@ -1382,7 +1526,17 @@ class BudgetResult(CompactRepr):
                     }
                 ]
             )
-        skip = {"layout", "workload", "check", "windowed_layers", "policy", "policy_file", "beyond_context"}
+        skip = {
+            "layout",
+            "workload",
+            "check",
+            "windowed_layers",
+            "policy",
+            "policy_file",
+            "beyond_context",
+            "kv_bytes_per_token_spans",
+            "kv_bytes_per_token_spans_mha",
+        }
         return pd.DataFrame(
             {
                 "quantity": [k for k in self.data if k not in skip],
@@ -1507,7 +1661,7 @@ def _report(config: BudgetConfig, base: AttentionLayout | None, check: dict[str,
             "compare": rows,
         }
     else:
-        mode, out = "report", report(lay, config.workload_seq_len, config.batch)
+        mode, out = "report", report(lay, config.workload_seq_len, config.batch, model_shape(config))
     if config.policy is not None:
         from headprobe.analyses.exchange import read_kv_policy
 
@@ -1526,6 +1680,15 @@ def _report(config: BudgetConfig, base: AttentionLayout | None, check: dict[str,
     if check is not None:
         out = {"check": check, **out}
     return BudgetResult(config, mode, lay, out, check=check)
+
+
+def model_shape(config: BudgetConfig) -> cost.ModelShape | None:
+    """The preset's MLP, vocabulary and embeddings (:data:`~headprobe.probe.layout.cost.MODEL_SHAPES`)
+    for the whole-model rows, or None: no preset, a preset without one (MoE, encoder-decoder), or
+    ``--d-model`` / ``--n-layers`` given (the preset's MLP width and depth would no longer be its own)."""
+    if config.preset is None or config.model or config.d_model is not None or config.n_layers is not None:
+        return None
+    return cost.MODEL_SHAPES.get(config.preset.lower())
 
 
 def _run_headprobe_dir(config: BudgetConfig) -> BudgetResult:

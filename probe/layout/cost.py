@@ -72,6 +72,19 @@ DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8"
 BUDGET_DTYPE = "bf16"
 """The number format ``headprobe budget`` costs when no ``--dtype`` is given (kv's report names it)."""
 
+#: The dtype attention computes in for each ``--dtype`` (the KV cache's storage format): its
+#: activations, the materialised attention matrix and the fused kernel's Q, K, V and output. fp32,
+#: bf16 and fp16 are compute formats and stay; fp8 and int8 are storage formats of a quantized cache,
+#: which is dequantized for the attention, and the softmax probabilities are not fp8: bf16.
+COMPUTE_DTYPE: dict[str, str] = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "bf16", "int8": "bf16"}
+
+
+def activation_bytes(layout: AttentionLayout) -> int:
+    """Bytes of one number attention computes with (:data:`COMPUTE_DTYPE`): the layout's
+    ``bytes_per_element`` (the cache's) where it is a compute format's (fp32 4, bf16/fp16 2), and
+    bf16's 2 for a 1-byte storage format (fp8, int8)."""
+    return max(layout.bytes_per_element, DTYPE_BYTES[COMPUTE_DTYPE["fp8"]])
+
 
 MAX_WINDOWED_LAYERS = 100_000
 """The most layers :func:`sliding_windows` makes: a layout with windows is costed layer by layer
@@ -237,6 +250,54 @@ def kv_bytes_per_token(layout: AttentionLayout, decompressed: bool = False) -> i
     layer's window (see :func:`kv_bytes_per_request` for a whole sequence).
     """
     return kv_numbers_per_token_per_layer(layout, decompressed) * layout.n_attention_layers * layout.bytes_per_element
+
+
+@dataclass(frozen=True)
+class KVTokenSpan:
+    """The KV cache the tokens ``first_token..last_token`` (1-based, inclusive; ``last_token``
+    None: every later token) of a sequence each add: ``bytes_per_token`` bytes, over the layers
+    whose window still has room for them (a global layer always has).
+
+    Attributes:
+        first_token, last_token: token positions, 1-based; ``last_token`` None for no end.
+        bytes_per_token: bytes each of these tokens adds to the cache of one sequence.
+        n_layers: the attention layers that cache these tokens' keys and values (a count).
+    """
+
+    first_token: int
+    last_token: int | None
+    bytes_per_token: int
+    n_layers: int
+
+    def tokens_within(self, seq_len: int) -> int:
+        """How many of the first ``seq_len`` tokens fall in this span (a count, 0 or more)."""
+        last = seq_len if self.last_token is None else min(seq_len, self.last_token)
+        return max(0, last - self.first_token + 1)
+
+
+def kv_bytes_per_token_spans(layout: AttentionLayout, decompressed: bool = False) -> list[KVTokenSpan]:
+    """What each token adds to one sequence's KV cache, span by span of positions: without windows
+    one span, every token :func:`kv_bytes_per_token`; with sliding windows ``W_1 < W_2 < ...`` the
+    tokens 1 to ``W_1`` add the cache of every layer, tokens ``W_1 + 1`` to ``W_2`` that of the
+    layers with a longer window or none, and past the longest window only the global layers' (0
+    bytes when every layer is windowed: Mistral 7B adds 128 KiB a token up to 4,096 tokens, then
+    nothing, since each layer drops its oldest position).
+    ``kv_bytes_per_request(layout, T) == sum(s.bytes_per_token * s.tokens_within(T))``.
+
+    Returns:
+        a list of :class:`KVTokenSpan`, in order of position, covering every token.
+    """
+    per_layer = kv_numbers_per_token_per_layer(layout, decompressed) * layout.bytes_per_element
+    if layout.windows is None:
+        return [KVTokenSpan(1, None, per_layer * layout.n_attention_layers, layout.n_attention_layers)]
+    windows = [layout.windows[l] for l in layout.attention_layers]
+    edges = sorted({w for w in windows if w is not None})
+    spans, first = [], 1
+    for last in [*edges, None]:
+        n = sum(1 for w in windows if w is None or (last is not None and w >= last))
+        spans.append(KVTokenSpan(first, last, per_layer * n, n))
+        first = (last or 0) + 1
+    return spans
 
 
 def kv_positions(layout: AttentionLayout, seq_len: int) -> list[int]:
@@ -495,8 +556,9 @@ def attention_flops_by_window(
 def attention_matrix_bytes(layout: AttentionLayout, seq_len: int, batch: int = 1, window: int | None = None) -> int:
     """Bytes of one layer's materialised attention weights ``[batch, head, q_pos, k_pos]``.
 
-    ``batch * n_heads * T * T * bytes_per_element`` (lesson 003, ``score_matrix_bytes``): Llama 3
-    8B in bf16, 32 heads: 4 GiB at T = 8192, 1 TiB at T = 131072. A naive implementation holds
+    ``batch * n_heads * T * T * activation_bytes`` (lesson 003, ``score_matrix_bytes``): Llama 3
+    8B in bf16, 32 heads: 4 GiB at T = 8192, 1 TiB at T = 131072. The matrix is in the compute
+    dtype (:func:`activation_bytes`), not the KV cache's storage format: an fp8 cache leaves it bf16. A naive implementation holds
     several such matrices at once (scores, masked scores, weights). With ``window`` (a
     sliding-window layer) only the weights each query reads are stored (a banded matrix,
     ``min(W, pos + 1)`` per query, :func:`visible_keys`): Mistral 7B at 32768 tokens, 7.5 GiB
@@ -506,7 +568,7 @@ def attention_matrix_bytes(layout: AttentionLayout, seq_len: int, batch: int = 1
         HeadprobeError: ``seq_len`` or ``batch`` is not a positive integer.
     """
     _check_workload(seq_len, batch)
-    return batch * layout.n_heads * visible_keys(seq_len, window) * layout.bytes_per_element
+    return batch * layout.n_heads * visible_keys(seq_len, window) * activation_bytes(layout)
 
 
 def fused_attention_bytes(layout: AttentionLayout, seq_len: int, batch: int = 1) -> int:
@@ -517,6 +579,7 @@ def fused_attention_bytes(layout: AttentionLayout, seq_len: int, batch: int = 1)
     for the backward pass, one float32 log-sum-exp per (batch, head, q_pos) (Dao 2023,
     arXiv:2307.08691, algorithm 1). Score tiles live in on-chip SRAM and are never stored, so the
     memory is O(T), not O(T**2). For MLA the keys and values are the decompressed per-head ones.
+    Q, K, V and the output are in the compute dtype (:func:`activation_bytes`: bf16 for an fp8 cache).
 
     Returns:
         bytes.
@@ -526,7 +589,7 @@ def fused_attention_bytes(layout: AttentionLayout, seq_len: int, batch: int = 1)
     kv_heads = H if layout.is_mla else layout.n_kv_heads  # MLA: decompressed keys and values, one per head
     assert kv_heads is not None and d_v is not None  # filled by AttentionLayout.__post_init__
     numbers = n * (H * d_qk + kv_heads * d_qk + kv_heads * d_v + H * d_v)
-    return numbers * layout.bytes_per_element + n * H * 4
+    return numbers * activation_bytes(layout) + n * H * 4
 
 
 MLP_WIDTH_RATIO = 4
@@ -799,7 +862,7 @@ def policy_cost(layout: AttentionLayout, policy: KVPolicy, seq_len: int, batch: 
         costs = [_group_keys(layout, g, layer, seq_len) for g in row]
         kv.append(sum(c[0] for c in costs) * per_pos)
         flops.append(sum(c[2] for c in costs) * per_key)
-        matrix.append(sum(c[1] for c in costs) * batch * heads * layout.bytes_per_element)
+        matrix.append(sum(c[1] for c in costs) * batch * heads * activation_bytes(layout))
     full = [_group_keys(layout, None, layer, seq_len) for layer in range(policy.n_layers)]
     kv_full = sum(c[0] for c in full) * policy.n_kv_groups * per_pos
     flops_full = sum(c[2] for c in full) * policy.n_kv_groups * per_key
@@ -903,6 +966,104 @@ PRESETS: dict[str, AttentionLayout] = {
     # num_attention_heads 9, num_key_value_heads 3 (d_head 64), no attention bias.
     "smollm2-135m": AttentionLayout(d_model=576, n_layers=30, n_heads=9, n_kv_heads=3, name="SmolLM2-135M"),
 }
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What a preset's model has besides attention, for its whole-model parameters and FLOPs
+    (:func:`model_params`, :func:`forward_flops_per_token`).
+
+    Attributes:
+        vocab_size: tokens of the vocabulary (rows of the embedding).
+        d_mlp: the MLP's hidden width.
+        gated_mlp: three MLP matrices (SwiGLU: gate, up, down) rather than two.
+        tied_embeddings: the output layer reuses the input embedding (counted once).
+        mlp_bias: the MLP's matrices carry biases (GPT-2).
+        layer_norm: LayerNorm (a weight and a bias per feature) rather than RMSNorm (a weight).
+        n_positions: learned absolute position embeddings (GPT-2: 1,024), 0 for rotary.
+    """
+
+    vocab_size: int
+    d_mlp: int
+    gated_mlp: bool = True
+    tied_embeddings: bool = False
+    mlp_bias: bool = False
+    layer_norm: bool = False
+    n_positions: int = 0
+
+
+#: The dense presets' MLP, vocabulary and embeddings, from the same config.json files as
+#: :data:`PRESETS` (vocab_size, intermediate_size / n_inner, tie_word_embeddings); the MoE presets
+#: (DeepSeek-V3, Kimi K2) and the encoder-decoder transformer-base have none, and get no whole-model rows.
+MODEL_SHAPES: dict[str, ModelShape] = {
+    # openai-community/gpt2: vocab 50257, n_positions 1024, n_inner 4*768, biases, LayerNorm, tied.
+    "gpt2-small": ModelShape(
+        vocab_size=50257,
+        d_mlp=3072,
+        gated_mlp=False,
+        tied_embeddings=True,
+        mlp_bias=True,
+        layer_norm=True,
+        n_positions=1024,
+    ),
+    # meta-llama/Meta-Llama-3-8B: vocab_size 128256, intermediate_size 14336, tie_word_embeddings false.
+    "llama3-8b": ModelShape(vocab_size=128256, d_mlp=14336),
+    # mistralai/Mistral-7B-v0.1: vocab_size 32000, intermediate_size 14336, tie_word_embeddings false.
+    "mistral-7b": ModelShape(vocab_size=32000, d_mlp=14336),
+    # Qwen/Qwen2.5-7B: vocab_size 152064, intermediate_size 18944, tie_word_embeddings false.
+    "qwen2.5-7b": ModelShape(vocab_size=152064, d_mlp=18944),
+    # HuggingFaceTB/SmolLM2-135M: vocab_size 49152, intermediate_size 1536, tie_word_embeddings true.
+    "smollm2-135m": ModelShape(vocab_size=49152, d_mlp=1536, tied_embeddings=True),
+}
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    """A dense decoder's parameters by part (counts): ``attention`` (:func:`attention_params`),
+    ``mlp``, ``norms`` (two per layer and a final one), ``embeddings`` (the input embedding, the
+    output layer unless tied, learned positions); ``total`` their sum, ``non_embedding`` Kaplan et
+    al.'s N (arXiv:2001.08361, section 2.1: without embeddings and positions)."""
+
+    attention: int
+    mlp: int
+    norms: int
+    embeddings: int
+
+    @property
+    def total(self) -> int:
+        return self.attention + self.mlp + self.norms + self.embeddings
+
+    @property
+    def non_embedding(self) -> int:
+        return self.total - self.embeddings
+
+
+def model_params(layout: AttentionLayout, shape: ModelShape) -> ModelParams:
+    """The whole model's parameters: Llama 3 8B 1,342,177,280 (attention) + 32 x 3 x 4096 x 14336
+    (MLP) + (2 x 32 + 1) x 4096 (RMSNorms) + 2 x 128256 x 4096 (untied embeddings) = 8,030,261,248.
+    Counts."""
+    D, L = layout.d_model, layout.n_layers
+    mlp = (3 if shape.gated_mlp else 2) * D * shape.d_mlp + ((shape.d_mlp + D) if shape.mlp_bias else 0)
+    per_norm = 2 * D if shape.layer_norm else D
+    embeddings = shape.vocab_size * D * (1 if shape.tied_embeddings else 2) + shape.n_positions * D
+    return ModelParams(attention_params(layout), L * mlp, (2 * L + 1) * per_norm, embeddings)
+
+
+def forward_flops_per_token(layout: AttentionLayout, shape: ModelShape, seq_len: int) -> int:
+    """Forward FLOPs of one token that attends to ``seq_len`` keys (the last token of a sequence
+    of ``seq_len``; a sliding-window layer reads at most its window): ``2 N`` (N the non-embedding
+    parameters, one multiply-add each) plus the scores and AV of every attention layer,
+    ``2 n_heads (d_qk + d_head) min(seq_len, window)`` (Kaplan et al. 2020, arXiv:2001.08361,
+    table 1: ``C_forward = 2N + 2 n_layer n_ctx d_attn``, whose context term counts QK^T only; here
+    AV too, as :func:`score_flops`). The embedding lookups and the output layer
+    (``2 d_model vocab``) are not counted, as in Kaplan et al. FLOPs.
+
+    Raises:
+        HeadprobeError: ``seq_len`` is not a positive integer.
+    """
+    return 2 * model_params(layout, shape).non_embedding + score_flops(layout, 1, 1) * kv_positions_total(
+        layout, seq_len
+    )
 
 
 def preset(name: str, bytes_per_element: int | None = None) -> AttentionLayout:
