@@ -560,7 +560,7 @@ def whole_model_rows(r: dict[str, Any], seq_len: int) -> list[list[str]]:
             "forward FLOPs per token, whole model",
             format_flops(r["forward_flops_per_token"]),
             f"2 x {r['model_params_non_embedding']:,} non-embedding params + {format_flops(context)} scores + AV "
-            f"against {seq_len:,} keys (Kaplan et al. 2020; output layer not counted)",
+            f"against {seq_len:,} keys (Kaplan et al. 2020, AV added; output layer not counted)",
         ],
     ]
 
