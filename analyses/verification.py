@@ -504,8 +504,23 @@ def make_plan(
             }
             for x, n, r in zip(family, sizes, reach)
         ],
-        "max_sets": len(tests) * len(settings.kinds)
-        + sum(len(s) + min(n_secondary, len(s)) * (len(settings.kinds) - 1) for s in streams),
+        **_planned_sets(tests, streams, len(settings.kinds), n_secondary),
+    }
+
+
+def _planned_sets(tests: list[_Test], streams: list[list[list[Head]]], n_kinds: int, n_secondary: int) -> dict:
+    """The most sets a verification ablates (``max_sets``) and what they are: ``top_sets`` (every
+    test's top-k set, each kind) and ``untested_sets``, the control sets of the streams only tests
+    without a verdict draw from (``untested``: those types, reported, not in the family); the rest
+    are the family's control sets."""
+    per_stream = [len(s) + min(n_secondary, len(s)) * (n_kinds - 1) for s in streams]
+    untested = [x for x in tests if x.no_verdict is not None]
+    only_untested = {x.stream for x in untested} - {x.stream for x in tests if x.no_verdict is None}
+    return {
+        "max_sets": len(tests) * n_kinds + sum(per_stream),
+        "top_sets": len(tests) * n_kinds,
+        "untested": [x.head_type for x in untested],
+        "untested_sets": sum(per_stream[s] for s in only_untested),
     }
 
 
@@ -880,12 +895,16 @@ def plan_lines(plan: dict) -> list[str]:
         line += f"--n-random {n} kept (--keep-n-random); "
     else:
         line += f"--n-random {n}; "
-    line += f"at most {plan['max_sets']} sets" + (
-        f", about {est:.0f} s at {plan['seconds_per_set']:.2f} s a set"
-        if est is not None and est >= 0.5
-        else f", under a second ({plan['seconds_per_set'] * 1e3:.2g} ms a set)"
-        if est is not None
-        else ""
+    line += (
+        f"at most {plan['max_sets']} sets"
+        + _sets_breakdown(plan)
+        + (
+            f", about {est:.0f} s at {plan['seconds_per_set']:.2f} s a set"
+            if est is not None and est >= 0.5
+            else f", under a second ({plan['seconds_per_set'] * 1e3:.2g} ms a set)"
+            if est is not None
+            else ""
+        )
     )
     out = [line]
     if short_draws(plan):  # every verdict held back by the draws alone: one line, not one per type
@@ -921,6 +940,22 @@ def plan_lines(plan: dict) -> list[str]:
     ):
         out.append(f"NOTE: no verdict of this run can be CONFIRMED on its own; use --n-random {need} or more")
     return out
+
+
+def _sets_breakdown(plan: dict) -> str:
+    """What the plan's ``max_sets`` are, where some are not the family's: `` (10 top-k sets, 0 control
+    sets for the 1 test, 32 for the 4 types reported without a verdict: previous-token, ...)``. The
+    plan line named only the family, so a family whose one test was not run read "at most 42 sets"
+    over sets that were the untested types'. Empty where every type is in the family."""
+    untested = plan.get("untested") or []
+    if not untested:
+        return ""
+    m, top, rest = plan["family_size"], plan["top_sets"], plan["untested_sets"]
+    names = ", ".join(t.replace("_", "-") for t in untested)
+    return (
+        f" ({top} top-k sets, {plan['max_sets'] - top - rest} control sets for the {_tests(m)}, {rest} for the "
+        f"{len(untested)} type{'' if len(untested) == 1 else 's'} reported without a verdict: {names})"
+    )
 
 
 def _clean_residuals(

@@ -1102,3 +1102,65 @@ def test_a_scan_remarks_shared_top_k_sets_and_scores_no_higher_than_uniform_atte
         "induction": det.induction_score(uniform(T), S, start).item(),
     }
     assert baselines == pytest.approx(ref, rel=1e-6)
+
+
+def _untrusted_task_run(tiny_llama_gqa, monkeypatch, k: int = 4):
+    """A newcomer's toy-model scan in miniature (a scripted engine on the tiny Llama, 2 layers x 8
+    heads): induction on the repeated task, its 4 top heads in layer 1, where 4 heads are left:
+    C(4, 4) = 1 distinct layer-matched set, never CONFIRMED, not run. Three types on the natural
+    task, untrusted (no verdict), their top-k sets holding 12 of the 16 heads: each draws from
+    outside its own top-k set only; their top-k sets raise the loss by 0, every control set by
+    0-0.7, so their sequential draws settle above alpha at once. Returns ``(rows by (type, kind),
+    design, the plan's lines as said)``."""
+    import headprobe.analyses.verification as verif
+    from headprobe.analyses.data import repeated_random_tokens
+
+    top = {
+        "previous_token": [(0, 0), (0, 1), (1, 4), (1, 5)],
+        "duplicate_token": [(0, 2), (0, 3), (1, 6), (1, 7)],
+        "first_token": [(0, 4), (0, 5), (0, 6), (0, 7)],
+        "induction": [(1, 0), (1, 1), (1, 2), (1, 3)],
+    }
+    tops = {tuple(hs): 8.0 if t == "induction" else 0.0 for t, hs in top.items()}
+
+    def scripted(backend, tokens, sets, kind, *a, **kw):
+        return torch.stack(
+            [torch.full((tokens.shape[0],), tops.get(tuple(map(tuple, s)), _noise(s, 0.7))) for s in sets]
+        )
+
+    monkeypatch.setattr(verif, "set_ablation_losses", scripted)
+    rep = repeated_random_tokens(tiny_llama_gqa, 3, 8, 0)
+    said: list[str] = []
+    out, design = verif.verify_heads(
+        tiny_llama_gqa,
+        top,
+        {t: "repeated" if t == "induction" else "natural" for t in top},
+        {"repeated": rep, "natural": rep},
+        {"repeated": torch.zeros(3), "natural": torch.zeros(3)},
+        torch.zeros(1),
+        VerificationSettings(k=k, n_random=20),
+        untrusted={"natural": "100% of the text's tokens are unknown to the tokenizer"},
+        say=said.append,
+    )
+    return {(v.head_type, v.kind): v for v in out}, design, said
+
+
+def test_the_plan_line_says_which_sets_are_not_the_familys(tiny_llama_gqa, monkeypatch):
+    """The plan line named the family only ("1 test (induction) ... at most 42 sets") while its one
+    test was not run and every control set ablated was an untested type's: it now splits its most
+    sets into the top-k sets, the family's control sets and the untested types'."""
+    rows, design, said = _untrusted_task_run(tiny_llama_gqa, monkeypatch)
+    plan = design["plan"]
+    assert rows["induction", "mean"].stop_reason == "not run: cannot reach alpha"  # the premise
+    # 20 draws + 5 zero-ablation draws for previous- and duplicate-token, 1 + 1 for first-token
+    assert (plan["top_sets"], plan["untested_sets"], plan["max_sets"]) == (8, 25 + 25 + 2, 8 + 52)
+    assert (
+        said[0]
+        .split("; ")[-1]
+        .startswith(
+            "at most 60 sets (8 top-k sets, 0 control sets for the 1 test, 52 for the 3 types reported without a "
+            "verdict: previous-token, duplicate-token, first-token)"
+        )
+    ), said[0]
+    control_ablated = sum(v.draws for v in rows.values())
+    assert design["sets_ablated"] == 8 + control_ablated and control_ablated <= plan["untested_sets"]
