@@ -245,6 +245,13 @@ def stop_text(row: Mapping) -> str | None:
     return None
 
 
+def stopped_early(row: Mapping) -> bool:
+    """Whether a row's sequential draws ended before its stream's last set: settled above alpha or
+    curtailed (the mean-ablation row of a type without a verdict too: its draws stop by the same
+    rule); not a test whose control sets were not ablated at all (:data:`NOT_RUN`, no draws to stop)."""
+    return row.get("stop_reason") in ("settled above alpha", "futile under the correction")
+
+
 def reached_text(row: Mapping) -> str:
     """``0 of 2 control sets reached the effect`` (``no control set ablated`` where none was)."""
     g = row.get("exceedances")
