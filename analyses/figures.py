@@ -27,6 +27,7 @@ from headprobe.analyses.verdicts import (
     VerdictRule,
     decided,
     evidence_text,
+    own_pool_text,
     p_text,
     stopped_early,
 )
@@ -1207,7 +1208,8 @@ def ablation_caption(rows: Sequence[dict], design: dict, rule: VerdictRule | Non
     n = design.get("family_size")
     lines = [
         f"Ablation check: the top-{k} heads of each head type against random control sets of {k} heads "
-        f"({design.get('control')}, drawn outside every top-{k} set of the task), {design.get('primary_kind')} "
+        f"({design.get('control')}, drawn outside every top-{k} set of the task{own_pool_text(rows, k)}), "
+        f"{design.get('primary_kind')} "
         f"ablation tested, at most {design.get('max_draws')} sets per test; a test stops early only once it "
         f"cannot be significant (Besag & Clifford 1991): {_stop_counts(rows, design.get('primary_kind'))}; "
         f"{n} test{'' if n == 1 else 's'}"

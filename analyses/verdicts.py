@@ -245,6 +245,27 @@ def stop_text(row: Mapping) -> str | None:
     return None
 
 
+def own_pool_text(rows: Sequence[Mapping], k: int) -> str:
+    """What to add to "control sets drawn outside every top-k set of the task" where a task's rows
+    drew outside their own top-k set only (a tiny model: the task's top-k sets leave fewer than 2k
+    heads, verification.control_pools; a row's ``control_excludes`` short of its task's top heads):
+    ``; on the natural task outside the type's own top-2 set only, as the task's top-2 sets leave
+    fewer than 4 heads``; "" where none did. The caption stated the shared pool of every run."""
+    union: dict[str, set] = {}
+    for r in rows:
+        union.setdefault(r.get("task"), set()).update(r.get("top_heads") or ())
+    own = sorted(
+        {r.get("task") for r in rows if r.get("control_excludes") is not None}
+        & {r.get("task") for r in rows if set(r.get("control_excludes") or ()) < union[r.get("task")]}
+    )
+    if not own:
+        return ""
+    return (
+        f"; on the {' and '.join(map(str, own))} task{'s' if len(own) > 1 else ''} outside the type's own top-{k} "
+        f"set only, as the task's top-{k} sets leave fewer than {2 * k} heads"
+    )
+
+
 def stopped_early(row: Mapping) -> bool:
     """Whether a row's sequential draws ended before its stream's last set: settled above alpha or
     curtailed (the mean-ablation row of a type without a verdict too: its draws stop by the same

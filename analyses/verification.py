@@ -317,6 +317,7 @@ class _Test:
     capped: bool = False  # its stream cut: more sets could decide nothing (_cap_undecidable)
     not_run: bool = False  # its stream emptied: no control set of it is ablated (_cap_undecidable)
     n_sets: int = 0  # control sets its stream held before any cut
+    own_pool: bool = False  # its pool excludes only its own top-k set (ControlPool.shared False: a tiny model)
     # (control, k) -> (distinct sets, confirmable) of a rerun of it so (_rerun_reach; tests that cannot be CONFIRMED)
     rerun: dict[tuple[str, int], tuple[int, str]] = field(default_factory=dict)
 
@@ -399,7 +400,9 @@ def _draw_controls(
             if pool.shared:
                 uniform_stream[pool.task] = len(streams) - 1
         stream = uniform_stream[pool.task] if settings.control == "uniform" and pool.shared else len(streams) - 1
-        tests.append(_Test(t, pool.task, list(top[t]), stream, effects={k: [] for k in settings.kinds}))
+        tests.append(
+            _Test(t, pool.task, list(top[t]), stream, effects={k: [] for k in settings.kinds}, own_pool=not pool.shared)
+        )
     return tests, streams, {t: pool.excluded for t, pool in pools.items()}, notes
 
 
@@ -687,7 +690,7 @@ def verify_heads(
     settings, tests, streams, excluded, notes = _drawn_tests(top, task_of, spec, untrusted, removed, settings)
     plan, n_secondary = _capped_plan(tests, streams, settings, requested)
     _rerun_reach(tests, top, task_of, _all_heads(spec), removed, settings, ranked)
-    notes += _pool_notes(tests, streams, settings)
+    at = len(notes)  # the pool notes go here, once the draws say how many sets were ablated
     run = _Ablator(
         model,
         tokens,
@@ -706,6 +709,7 @@ def verify_heads(
         (say or (lambda _: None))(line)
     run.controls(tests, streams, settings, n_secondary)
     run.bar.close()
+    notes[at:at] = _pool_notes(tests, streams, settings)
     out, design = _verdicts(tests, streams, excluded, settings, metric, clean, plan, notes, run.ablated)
     design["timings_s"] = {f"plan_{k}": v for k, v in estimate.items()}
     return out, design
@@ -837,20 +841,42 @@ def no_verdict_warnings(verifications: Sequence[Verification]) -> list[verdicts.
 
 
 def _pool_notes(tests: list[_Test], streams: list, settings: VerificationSettings) -> list[str]:
-    """A note per test whose stream is shorter than ``n_random`` (fewer distinct sets exist)."""
+    """A note per test whose stream is shorter than ``n_random`` (fewer distinct sets exist): which
+    heads its pool leaves out (the task's top-k sets, or its own where those leave too few,
+    :func:`control_pools`) and, once its draws are done, how many of the sets were ablated where
+    not all (its row's ``draws``). It said "9 distinct control sets exist (the heads outside the
+    task's top-k sets allow no more)" of a pool outside its own top-k set, beside a row of 1 set."""
     out = []
     for x in tests:
         if (n := x.judged_sets(streams)) < settings.n_random:
+            pool = (
+                f"the heads outside its own top-{settings.k} set allow no more: the task's top-{settings.k} sets "
+                f"leave fewer than {2 * settings.k} heads"
+                if x.own_pool
+                else f"the heads outside the task's top-{settings.k} sets allow no more"
+            )
             out.append(
                 f"{x.head_type.replace('_', '-')}: only {n} distinct {settings.control} control "
-                f"{'set exists' if n == 1 else 'sets exist'} (the heads outside the task's top-k sets allow no "
-                f"more), so its smallest possible p-value is 1/{n + 1}"
+                f"{'set exists' if n == 1 else 'sets exist'} ({pool}), so its smallest possible p-value is 1/{n + 1}"
                 + {
                     "never": ": it cannot be CONFIRMED",
                     "with others": ": it can be CONFIRMED only together with other tests",
                 }.get(x.reach or "", "")
+                + _ablated_of(x, n, settings.primary_kind)
             )
     return out
+
+
+def _ablated_of(x: _Test, n: int, primary: str) -> str:
+    """``; 1 of them was ablated: its draws settled above alpha`` where its tested kind's draws
+    ended before its ``n`` sets (its row's ``draws``, ``stop_reason``); "" where all were."""
+    done = len(x.effects[primary])
+    if done >= n:
+        return ""
+    if done == 0:
+        return "; none of them was ablated: not run" if x.not_run else "; none of them was ablated"
+    why = {SETTLED: "its draws settled above alpha", FUTILE: "its test was curtailed (futile under the correction)"}
+    return f"; {done} of them {'was' if done == 1 else 'were'} ablated: {why.get(stop_reason(x.mc), 'its draws stopped')}"
 
 
 def _non_finite_top(tests: list[_Test], primary: str = PRIMARY_KIND) -> list[str]:

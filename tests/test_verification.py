@@ -1104,22 +1104,23 @@ def test_a_scan_remarks_shared_top_k_sets_and_scores_no_higher_than_uniform_atte
     assert baselines == pytest.approx(ref, rel=1e-6)
 
 
-def _untrusted_task_run(tiny_llama_gqa, monkeypatch, k: int = 4):
+def _untrusted_task_run(tiny_llama_gqa, monkeypatch):
     """A newcomer's toy-model scan in miniature (a scripted engine on the tiny Llama, 2 layers x 8
-    heads): induction on the repeated task, its 4 top heads in layer 1, where 4 heads are left:
-    C(4, 4) = 1 distinct layer-matched set, never CONFIRMED, not run. Three types on the natural
-    task, untrusted (no verdict), their top-k sets holding 12 of the 16 heads: each draws from
-    outside its own top-k set only; their top-k sets raise the loss by 0, every control set by
-    0-0.7, so their sequential draws settle above alpha at once. Returns ``(rows by (type, kind),
-    design, the plan's lines as said)``."""
+    heads, k = 3): induction on the repeated task, its top heads in layer 1, where 5 are left:
+    C(5, 3) = 10 distinct layer-matched sets, p >= 1/11, never CONFIRMED, not run. Four types on the
+    natural task, untrusted (no verdict), their top-k sets holding 12 of the 16 heads, fewer than 2k
+    left: each draws outside its own top-k set only. Their top-k sets raise the loss by 0, every
+    control set by 0-0.7, so their sequential draws settle above alpha at the h-th set. Returns
+    ``(rows by (type, kind), design, the plan's lines as said)``."""
     import headprobe.analyses.verification as verif
     from headprobe.analyses.data import repeated_random_tokens
 
     top = {
-        "previous_token": [(0, 0), (0, 1), (1, 4), (1, 5)],
-        "duplicate_token": [(0, 2), (0, 3), (1, 6), (1, 7)],
-        "first_token": [(0, 4), (0, 5), (0, 6), (0, 7)],
-        "induction": [(1, 0), (1, 1), (1, 2), (1, 3)],
+        "previous_token": [(0, 0), (0, 1), (0, 2)],
+        "duplicate_token": [(0, 3), (0, 4), (1, 4)],
+        "first_token": [(0, 5), (0, 6), (0, 7)],
+        "positional": [(1, 5), (1, 6), (1, 7)],
+        "induction": [(1, 0), (1, 1), (1, 2)],
     }
     tops = {tuple(hs): 8.0 if t == "induction" else 0.0 for t, hs in top.items()}
 
@@ -1138,7 +1139,7 @@ def _untrusted_task_run(tiny_llama_gqa, monkeypatch, k: int = 4):
         {"repeated": rep, "natural": rep},
         {"repeated": torch.zeros(3), "natural": torch.zeros(3)},
         torch.zeros(1),
-        VerificationSettings(k=k, n_random=20),
+        VerificationSettings(k=3, n_random=20),
         untrusted={"natural": "100% of the text's tokens are unknown to the tokenizer"},
         say=said.append,
     )
@@ -1152,15 +1153,50 @@ def test_the_plan_line_says_which_sets_are_not_the_familys(tiny_llama_gqa, monke
     rows, design, said = _untrusted_task_run(tiny_llama_gqa, monkeypatch)
     plan = design["plan"]
     assert rows["induction", "mean"].stop_reason == "not run: cannot reach alpha"  # the premise
-    # 20 draws + 5 zero-ablation draws for previous- and duplicate-token, 1 + 1 for first-token
-    assert (plan["top_sets"], plan["untested_sets"], plan["max_sets"]) == (8, 25 + 25 + 2, 8 + 52)
+    # 5 types x 2 kinds top-k sets; each untested stream's sets + its first 5 for the zero rows:
+    # 10 sets (C(5, 3)) for previous-token, first-token and positional, 20 drawn for duplicate-token
+    assert (plan["top_sets"], plan["untested_sets"], plan["max_sets"]) == (10, 3 * 15 + 25, 10 + 70)
     assert (
         said[0]
         .split("; ")[-1]
         .startswith(
-            "at most 60 sets (8 top-k sets, 0 control sets for the 1 test, 52 for the 3 types reported without a "
-            "verdict: previous-token, duplicate-token, first-token)"
+            "at most 80 sets (10 top-k sets, 0 control sets for the 1 test, 70 for the 4 types reported without a "
+            "verdict: previous-token, duplicate-token, first-token, positional)"
         )
     ), said[0]
     control_ablated = sum(v.draws for v in rows.values())
-    assert design["sets_ablated"] == 8 + control_ablated and control_ablated <= plan["untested_sets"]
+    assert design["sets_ablated"] == 10 + control_ablated and control_ablated <= plan["untested_sets"]
+
+
+def test_a_pool_note_names_its_pool_and_the_sets_its_row_ablated(tiny_llama_gqa, monkeypatch):
+    """A toy model's NOTE said previous-token "only 9 distinct control sets exist (the heads outside the
+    task's top-k sets allow no more)" beside a row of 1 set: its pool was outside its own top-k set (the
+    task's top-k sets left too few heads) and its draws settled above alpha at the first. The note now
+    names the pool the sets came from and how many of them its row ablated, counted here by hand."""
+    rows, design, _ = _untrusted_task_run(tiny_llama_gqa, monkeypatch)
+    notes = {n.split(":")[0]: n for n in design["notes"]}
+    prev = rows["previous_token", "mean"]
+    # its own pool: layer 0 less its 3 heads, C(5, 3) = 10 sets; h = floor(0.05 x 10) + 1 = 1: settled at the first
+    assert prev.control_excludes == ["0.0", "0.1", "0.2"] and prev.draws == 1
+    assert prev.stop_reason == "settled above alpha"
+    assert notes["previous-token"] == (
+        "previous-token: only 10 distinct layer-matched control sets exist (the heads outside its own top-3 set "
+        "allow no more: the task's top-3 sets leave fewer than 6 heads), so its smallest possible p-value is 1/11; "
+        "1 of them was ablated: its draws settled above alpha"
+    )
+    assert "duplicate-token" not in notes  # C(6, 2) x 7 = 105 sets: its 20 drawn, no "only n exist" note
+    # induction, the only type on its task: its pool is outside the task's top-k sets (its own); not run
+    assert rows["induction", "mean"].control_excludes == ["1.0", "1.1", "1.2"]
+    assert notes["induction"] == (
+        "induction: only 10 distinct layer-matched control sets exist (the heads outside the task's top-3 sets "
+        "allow no more), so its smallest possible p-value is 1/11: it cannot be CONFIRMED; none of them was "
+        "ablated: not run"
+    )
+    # the caption said "drawn outside every top-3 set of the task" of them all
+    from headprobe.analyses import figures as figs
+
+    caption = figs.ablation_caption([v.to_dict() for v in rows.values()], design).splitlines()[0]
+    assert (
+        "(layer-matched, drawn outside every top-3 set of the task; on the natural task outside the type's own "
+        "top-3 set only, as the task's top-3 sets leave fewer than 6 heads)" in caption
+    ), caption

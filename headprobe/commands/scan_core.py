@@ -52,6 +52,7 @@ from headprobe.analyses.verdicts import (
     effect_digits,
     evidence_text,
     ordered_rows,
+    own_pool_text,
     p_cell,
     verdict_counts,
 )
@@ -1054,7 +1055,8 @@ def format_report(result: ScanResult) -> str:
     units = f"losses in {metric.unit}" if metric is LOSS_METRIC else f"Δ in {metric.unit}: {metric.definition}"
     m = design.get("family_size")
     lines.append(
-        f"({units}. control: {design.get('control')} sets of k heads outside the task's top-k, at most "
+        f"({units}. control: {design.get('control')} sets of k heads outside the task's top-k"
+        f"{own_pool_text([v.to_dict() for v in result.verifications], result.verifications[0].k)}, at most "
         f"{design.get('max_draws')} per test, stopped early only once it cannot be significant (sets: ablated). p: sequential Monte Carlo "
         f"(Besag & Clifford; ≤: a curtailed test's bound, its range on the lines below); p adj: {design.get('correction')} over the {m} tested "
         f"verdict{'' if m == 1 else 's'}. "
