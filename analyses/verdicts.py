@@ -253,15 +253,18 @@ def own_pool_text(rows: Sequence[Mapping], k: int) -> str:
     fewer than 4 heads``; "" where none did. The caption stated the shared pool of every run."""
     union: dict[str, set] = {}
     for r in rows:
-        union.setdefault(r.get("task"), set()).update(r.get("top_heads") or ())
+        union.setdefault(str(r.get("task")), set()).update(r.get("top_heads") or ())
     own = sorted(
-        {r.get("task") for r in rows if r.get("control_excludes") is not None}
-        & {r.get("task") for r in rows if set(r.get("control_excludes") or ()) < union[r.get("task")]}
+        {
+            str(r.get("task"))
+            for r in rows
+            if r.get("control_excludes") is not None and set(r["control_excludes"]) < union[str(r.get("task"))]
+        }
     )
     if not own:
         return ""
     return (
-        f"; on the {' and '.join(map(str, own))} task{'s' if len(own) > 1 else ''} outside the type's own top-{k} "
+        f"; on the {' and '.join(own)} task{'s' if len(own) > 1 else ''} outside the type's own top-{k} "
         f"set only, as the task's top-{k} sets leave fewer than {2 * k} heads"
     )
 

@@ -876,7 +876,9 @@ def _ablated_of(x: _Test, n: int, primary: str) -> str:
     if done == 0:
         return "; none of them was ablated: not run" if x.not_run else "; none of them was ablated"
     why = {SETTLED: "its draws settled above alpha", FUTILE: "its test was curtailed (futile under the correction)"}
-    return f"; {done} of them {'was' if done == 1 else 'were'} ablated: {why.get(stop_reason(x.mc), 'its draws stopped')}"
+    return (
+        f"; {done} of them {'was' if done == 1 else 'were'} ablated: {why.get(stop_reason(x.mc), 'its draws stopped')}"
+    )
 
 
 def _non_finite_top(tests: list[_Test], primary: str = PRIMARY_KIND) -> list[str]:

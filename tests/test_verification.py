@@ -1200,3 +1200,22 @@ def test_a_pool_note_names_its_pool_and_the_sets_its_row_ablated(tiny_llama_gqa,
         "(layer-matched, drawn outside every top-3 set of the task; on the natural task outside the type's own "
         "top-3 set only, as the task's top-3 sets leave fewer than 6 heads)" in caption
     ), caption
+
+
+@pytest.mark.parametrize("k, own", [(3, False), (5, True)])
+def test_the_reports_control_line_names_a_task_drawn_outside_each_types_own_top_k(tiny_llama_gqa, text_file, k, own):
+    """The report said "control: ... sets of k heads outside the task's top-k" also where the natural
+    task's top-k sets leave fewer than 2k of the tiny Llama's 16 heads (at -k 5), so that each type drew
+    outside its own top-k set only (its rows' ``control_excludes``): it says so then, naming the task,
+    and reads as before where they leave enough (-k 3)."""
+    result = _scan(tiny_llama_gqa, text_file, n_random=3, k=k)
+    natural = [v for v in result.verifications if v.task == "natural"]
+    union = sorted({h for v in natural for h in v.top_heads})
+    assert (16 - len(union) < 2 * k) == own  # the premise, by the documented rule
+    assert all(sorted(v.control_excludes) == (sorted(v.top_heads) if own else union) for v in natural)
+    (line,) = [ln for ln in result.report().splitlines() if "control: layer-matched" in ln]
+    said = (
+        f"sets of k heads outside the task's top-k (on the natural task outside the type's own top-{k} set only, "
+        f"as the task's top-{k} sets leave fewer than {2 * k} heads), at most"
+    )
+    assert (said in line) == own and ("outside the task's top-k, at most" in line) != own, line

@@ -1056,7 +1056,7 @@ def format_report(result: ScanResult) -> str:
     m = design.get("family_size")
     lines.append(
         f"({units}. control: {design.get('control')} sets of k heads outside the task's top-k"
-        f"{own_pool_text([v.to_dict() for v in result.verifications], result.verifications[0].k)}, at most "
+        f"{_own_pool_words(result.verifications)}, at most "
         f"{design.get('max_draws')} per test, stopped early only once it cannot be significant (sets: ablated). p: sequential Monte Carlo "
         f"(Besag & Clifford; ≤: a curtailed test's bound, its range on the lines below); p adj: {design.get('correction')} over the {m} tested "
         f"verdict{'' if m == 1 else 's'}. "
@@ -1067,6 +1067,13 @@ def format_report(result: ScanResult) -> str:
     lines += [f"NOTE: {n}" for n in wide_interval_notes(result.verifications)]
     lines += [f"NOTE: {n}" for said in verdict_remarks(result).values() for n in said]
     return "\n".join(lines)
+
+
+def _own_pool_words(verifications: Sequence[Verification]) -> str:
+    """`` (on the natural task outside the type's own top-2 set only, ...)`` after the report's "outside
+    the task's top-k" where a task's types drew outside their own top-k set only (:func:`own_pool_text`)."""
+    own = own_pool_text([v.to_dict() for v in verifications], verifications[0].k) if verifications else ""
+    return f" ({own.removeprefix('; ')})" if own else ""
 
 
 def _p_cell(v: Verification) -> str:
