@@ -11,7 +11,7 @@ bound, so it is written ``p in [0.059, 0.75]`` with why the test stopped, never 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -390,7 +390,10 @@ def uniform_baselines(tokens: Mapping) -> dict[str, float]:
 
 
 def verdict_remarks(
-    top: Mapping[str, Sequence[str]], scores: Mapping[str, Mapping[str, float]], baselines: Mapping[str, float]
+    top: Mapping[str, Sequence[str]],
+    scores: Mapping[str, Mapping[str, float]],
+    baselines: Mapping[str, float],
+    no_verdict: Collection[str] = (),
 ) -> dict[str, list[str]]:
     """Type -> remarks on what its verdict tests (summary.json's ``verdict_remarks``, the report's
     NOTE lines; the verdict rule does not read them), only for types that have one:
@@ -401,17 +404,23 @@ def verdict_remarks(
       uniformly over its causal context scores (:func:`uniform_baselines`): the type's pattern is
       not shown by them more than by no pattern at all.
 
-    ``top``: type -> its top-k heads (``"L.H"``, the ablated set); ``scores``: type -> head -> score."""
+    ``top``: type -> its top-k heads (``"L.H"``, the ablated set); ``scores``: type -> head -> score;
+    ``no_verdict``: the types whose test gives no verdict (an untrusted task, too few control sets):
+    their remarks speak of the ablation, not of a verdict (a toy model's untrusted duplicate-token
+    read "the verdict says ablating them matters" beside its "no verdict")."""
     out: dict[str, list[str]] = {}
     sets = {t: set(heads) for t, heads in top.items()}
     for t, heads in top.items():
         said, k, name = [], len(heads), t.replace("_", "-")
+        none = t in no_verdict
         for u, other in sets.items():
             shared = [h for h in heads if h in other]
             if u != t and 2 * len(shared) > k:
                 said.append(
                     f"{name}: {len(shared)} of its {k} top heads ({', '.join(shared)}) are also "
-                    f"{u.replace('_', '-')}'s top heads, so its verdict re-tests much of that set"
+                    f"{u.replace('_', '-')}'s top heads, so its "
+                    + ("ablation (no verdict here) re-tests" if none else "verdict re-tests")
+                    + " much of that set"
                 )
         base = baselines.get(t)
         known = scores.get(t, {})
@@ -422,7 +431,11 @@ def verdict_remarks(
                 said.append(
                     f"{name}: {low} of its {k} top heads score at or below {base:.3g}, the {name} score of a head "
                     f"attending uniformly over its causal context (the highest, {best:.3g}, is {best / base:.2g}x it): "
-                    f"the verdict says ablating them matters, not that they attend as {name} heads do"
+                    + (
+                        f"their ablation (no verdict here) tests these heads, not heads that attend as {name} heads do"
+                        if none
+                        else f"the verdict says ablating them matters, not that they attend as {name} heads do"
+                    )
                 )
         if said:
             out[t] = said

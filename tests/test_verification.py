@@ -1075,7 +1075,7 @@ def test_a_scan_remarks_shared_top_k_sets_and_scores_no_higher_than_uniform_atte
 
     seen = []
 
-    def scripted(top, scores, baselines):
+    def scripted(top, scores, baselines, no_verdict=()):
         seen.append((top, scores, baselines))
         return {"induction": ["induction: a remark"]}
 
@@ -1219,3 +1219,39 @@ def test_the_reports_control_line_names_a_task_drawn_outside_each_types_own_top_
         f"as the task's top-{k} sets leave fewer than {2 * k} heads), at most"
     )
     assert (said in line) == own and ("outside the task's top-k, at most" in line) != own, line
+
+
+def test_a_remark_on_a_type_without_verdict_speaks_of_its_ablation_not_a_verdict(
+    tiny_llama_gqa, text_file, monkeypatch
+):
+    """A toy model's untrusted duplicate-token (no verdict) got the NOTE "... the verdict says ablating them
+    matters, not that they attend as duplicate-token heads do". scan hands verdicts.verdict_remarks the
+    types without a verdict (their tested row's ``confirmed`` null); their remarks speak of the ablation."""
+    from headprobe.analyses import verdicts
+
+    top = {"previous_token": ["0.0", "0.1"], "induction": ["0.0", "0.1"]}
+    scores = {"previous_token": {"0.0": 0.01, "0.1": 0.02}, "induction": {"0.0": 0.01, "0.1": 0.02}}
+    said = verdicts.verdict_remarks(
+        top, scores, {"previous_token": 0.05, "induction": 0.05}, no_verdict={"previous_token"}
+    )
+    assert said["previous_token"] == [
+        "previous-token: 2 of its 2 top heads (0.0, 0.1) are also induction's top heads, so its ablation (no verdict "
+        "here) re-tests much of that set",
+        "previous-token: 2 of its 2 top heads score at or below 0.05, the previous-token score of a head attending "
+        "uniformly over its causal context (the highest, 0.02, is 0.4x it): their ablation (no verdict here) tests "
+        "these heads, not heads that attend as previous-token heads do",
+    ]
+    assert said["induction"][0].endswith("so its verdict re-tests much of that set")  # a type with a verdict: as before
+    assert said["induction"][1].endswith(
+        "the verdict says ablating them matters, not that they attend as induction heads do"
+    )
+
+    import headprobe.commands.scan_core as core
+
+    result = _scan(tiny_llama_gqa, text_file, n_random=3, types="previous_token,induction")
+    rows = {v.head_type: v for v in result.verifications if v.kind == "mean"}
+    assert rows["previous_token"].confirmed is None  # the premise: the random model's natural task is untrusted
+    seen: dict = {}
+    monkeypatch.setattr(verdicts, "verdict_remarks", lambda *a, **kw: seen.update(kw) or {})
+    core.verdict_remarks(result)
+    assert seen["no_verdict"] == {t for t, v in rows.items() if v.confirmed is None}

@@ -1172,7 +1172,8 @@ def verdict_remarks(result: ScanResult) -> dict[str, list[str]]:
             "bos": bool(result.repeated.start),
         },
     }
-    return remarks(top, scores, uniform_baselines(tokens) if result.spec.causal else {})
+    no_verdict = {v.head_type for v in result.verifications if v.kind == primary and v.confirmed is None}
+    return remarks(top, scores, uniform_baselines(tokens) if result.spec.causal else {}, no_verdict=no_verdict)
 
 
 def wide_interval_notes(verifications) -> list[str]:
