@@ -1255,3 +1255,13 @@ def test_a_remark_on_a_type_without_verdict_speaks_of_its_ablation_not_a_verdict
     monkeypatch.setattr(verdicts, "verdict_remarks", lambda *a, **kw: seen.update(kw) or {})
     core.verdict_remarks(result)
     assert seen["no_verdict"] == {t for t, v in rows.items() if v.confirmed is None}
+
+
+def test_the_control_rule_states_the_own_pool_of_a_tiny_model(tiny_llama_gqa, text_file):
+    """summary.json's control_rule said "from the heads outside the top-k of every type judged on the same
+    task" in every run; at -k 5 the tiny Llama's natural types draw outside their own top-5 set only (their
+    rows' control_excludes), which the rule now states."""
+    result = _scan(tiny_llama_gqa, text_file, n_random=3, k=5)
+    assert all(sorted(v.control_excludes) == sorted(v.top_heads) for v in result.verifications if v.task == "natural")
+    rule = result.summary()["verification"]["control_rule"]
+    assert "or, where those leave fewer than 2k heads (a tiny model), outside its own top-k" in rule, rule

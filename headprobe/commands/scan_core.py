@@ -792,7 +792,8 @@ def verification_rules(spec: ModelSpec, rule: VerdictRule | None = None) -> dict
     return {
         "confirmation_rule": rule.description(),
         "control_rule": "per type, control sets of k heads from the heads outside the top-k of every type judged on the "
-        "same task (never a removed head); layer-matched: as many heads in each layer as the top-k set; "
+        "same task, or, where those leave fewer than 2k heads (a tiny model), outside its own top-k (its rows' "
+        "control_excludes; never a removed head); layer-matched: as many heads in each layer as the top-k set; "
         f"uniform: any of those heads; drawn {verif.BATCH} per test a round, a test stopping when settled; the "
         f"zero-ablation rows use the first {verif.SECONDARY_DRAWS} of the same sets",
         "p_value_rule": "sequential Monte Carlo p (Besag & Clifford 1991): a test stops at the draw at which h = "
