@@ -868,17 +868,16 @@ def _pool_notes(tests: list[_Test], streams: list, settings: VerificationSetting
 
 
 def _ablated_of(x: _Test, n: int, primary: str) -> str:
-    """``; 1 of them was ablated: its draws settled above alpha`` where its tested kind's draws
-    ended before its ``n`` sets (its row's ``draws``, ``stop_reason``); "" where all were."""
+    """``; its mean-ablation draws stopped after 1 of them: settled above alpha`` where its tested
+    kind's draws ended before its ``n`` sets (its row's ``draws``, ``stop_reason``; the other kind's
+    rows use the first sets of the same stream); ``; none of them was ablated: not run``; "" where all were."""
     done = len(x.effects[primary])
     if done >= n:
         return ""
     if done == 0:
         return "; none of them was ablated: not run" if x.not_run else "; none of them was ablated"
-    why = {SETTLED: "its draws settled above alpha", FUTILE: "its test was curtailed (futile under the correction)"}
-    return (
-        f"; {done} of them {'was' if done == 1 else 'were'} ablated: {why.get(stop_reason(x.mc), 'its draws stopped')}"
-    )
+    why = {SETTLED: "settled above alpha", FUTILE: "curtailed (futile under the correction)"}
+    return f"; its {primary}-ablation draws stopped after {done} of them: {why.get(stop_reason(x.mc), 'stopped')}"
 
 
 def _non_finite_top(tests: list[_Test], primary: str = PRIMARY_KIND) -> list[str]:

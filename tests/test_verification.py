@@ -1182,7 +1182,7 @@ def test_a_pool_note_names_its_pool_and_the_sets_its_row_ablated(tiny_llama_gqa,
     assert notes["previous-token"] == (
         "previous-token: only 10 distinct layer-matched control sets exist (the heads outside its own top-3 set "
         "allow no more: the task's top-3 sets leave fewer than 6 heads), so its smallest possible p-value is 1/11; "
-        "1 of them was ablated: its draws settled above alpha"
+        "its mean-ablation draws stopped after 1 of them: settled above alpha"
     )
     assert "duplicate-token" not in notes  # C(6, 2) x 7 = 105 sets: its 20 drawn, no "only n exist" note
     # induction, the only type on its task: its pool is outside the task's top-k sets (its own); not run
