@@ -27,8 +27,9 @@ from headprobe.analyses.verdicts import (
     VerdictRule,
     decided,
     evidence_text,
+    own_pool_text,
     p_text,
-    stop_text,
+    stopped_early,
 )
 from headprobe.analyses.verdicts import label as verdict_label
 from headprobe.analyses.vocabulary import FIGURE_FORMATS, figure_formats
@@ -1068,8 +1069,11 @@ def _ablation_panel(ax, kind: str, rows: Sequence[dict], types: list[str], rng: 
 
 
 STOPPED_MARK = "†"
-""":func:`ablation_plot`'s mark after a p-value whose test stopped early (or was not run): why, and the
-range in full, are in the caption (:func:`ablation_caption`), not above the column."""
+""":func:`ablation_plot`'s mark after a p-value whose draws stopped early
+(:func:`~headprobe.analyses.verdicts.stopped_early`, a row without a verdict too): why, and the range
+in full, are in the caption (:func:`ablation_caption`), not above the column. Not after a test that
+was not run (its column says "no control set", "p n/a"): it sat there, its legend saying "the test
+stopped early", and was missing from an untested row whose caption line said "stopped"."""
 
 
 def _ablation_p(r: dict) -> str:
@@ -1078,7 +1082,7 @@ def _ablation_p(r: dict) -> str:
     text = p_text(r)
     if r.get("p_value") is not None and r.get("p_value_is_bound") and r.get("p_value_min") is not None:
         text = f"p {r['p_value_min']:.3g}–{r['p_value']:.3g}"
-    return text + (STOPPED_MARK if r.get("tested") and stop_text(r) is not None else "")
+    return text + (STOPPED_MARK if stopped_early(r) else "")
 
 
 def _stopped_legend(stopped: Sequence[dict]) -> str:
@@ -1136,7 +1140,7 @@ def _ablation_handles(rows: Sequence[dict], k: int, rule: VerdictRule | None) ->
     ]
     unit = UNITS[effect_metric(rows)]
     within = unit.removesuffix("/token") if unit.endswith("/token") else f"({unit})"  # ±0.1 nats, ±0.1 (1 - cos)
-    if stopped := [r for r in rows if r.get("tested") and stop_text(r) is not None]:
+    if stopped := [r for r in rows if stopped_early(r)]:
         handles.append(Line2D([], [], ls="", label=_stopped_legend(stopped)))
     if rule is not None:
         handles.append(Line2D([], [], ls="", label=rule_legend(rule)))
@@ -1159,6 +1163,37 @@ def format_ci(ci: Sequence[float] | None, spec: str) -> str:
     return format_interval(None, None, spec) if ci is None else format_interval(ci[0], ci[1], spec)
 
 
+def _stop_counts(rows: Sequence[dict], primary: str | None) -> str:
+    """How the sequential draws of ``rows`` ended, for :func:`ablation_caption`: ``2 of 5 did, the
+    others ran all their sets``, with the tests not run, and then the rows of ``primary`` kind
+    reported without a verdict (their draws stop by the same rule): ``0 of 1 did, 1 was not run (...);
+    of the 4 mean-ablation rows reported without a verdict, 2 did, the others ran all their sets``.
+    It counted the tested rows only, so "0 of 1 did" stood over untested rows saying "stopped"."""
+
+    def counts(group: list[dict], of: bool = True) -> str:
+        early = sum(stopped_early(r) for r in group)
+        not_run = sum(r.get("stop_reason") == NOT_RUN for r in group)
+        return (
+            f"{early}{f' of {len(group)}' if of else ''} did"
+            + (
+                f", {not_run} {'was' if not_run == 1 else 'were'} not run (its control sets cannot reach alpha: none ablated)"
+                if not_run
+                else ""
+            )
+            + (", the others ran all their sets" if early + not_run < len(group) else "")
+        )
+
+    tested = [r for r in rows if r.get("tested")]
+    untested = [r for r in rows if not r.get("tested") and r.get("stop_reason") is not None]
+    if not untested:
+        return counts(tested)
+    kind = primary or untested[0].get("kind")
+    return (
+        f"{counts(tested)}; of the {len(untested)} {kind}-ablation row{'' if len(untested) == 1 else 's'} "
+        f"reported without a verdict, {counts(untested, of=False)}"
+    )
+
+
 def ablation_caption(rows: Sequence[dict], design: dict, rule: VerdictRule | None = None) -> str:
     """The numbers a paper's caption of ``ablation.png`` needs, as plain text: the design (k, the
     control, draws, the family), the verdict rule (``rule``; None: the design's ``verdict_rule``, else
@@ -1171,20 +1206,13 @@ def ablation_caption(rows: Sequence[dict], design: dict, rule: VerdictRule | Non
     k = rows[0]["k"]
     rule = rule or VerdictRule.from_rows(rows, design.get("verdict_rule"))
     n = design.get("family_size")
-    tested = [r for r in rows if r.get("tested")]
-    not_run = sum(r.get("stop_reason") == NOT_RUN for r in tested)
-    early = sum(stop_text(r) is not None for r in tested) - not_run
     lines = [
         f"Ablation check: the top-{k} heads of each head type against random control sets of {k} heads "
-        f"({design.get('control')}, drawn outside every top-{k} set of the task), {design.get('primary_kind')} "
+        f"({design.get('control')}, drawn outside every top-{k} set of the task{own_pool_text(rows, k)}), "
+        f"{design.get('primary_kind')} "
         f"ablation tested, at most {design.get('max_draws')} sets per test; a test stops early only once it "
-        f"cannot be significant (Besag & Clifford 1991): {early} of {len(tested)} did, "
-        + (
-            f"{not_run} {'was' if not_run == 1 else 'were'} not run (its control sets cannot reach alpha: none ablated), "
-            if not_run
-            else ""
-        )
-        + f"the others ran all their sets; {n} test{'' if n == 1 else 's'}"
+        f"cannot be significant (Besag & Clifford 1991): {_stop_counts(rows, design.get('primary_kind'))}; "
+        f"{n} test{'' if n == 1 else 's'}"
         + (f". CONFIRMED: {rule.condition()}" if rule is not None else "")
         + f". Effects in {UNITS[effect_metric(rows)]} ({EFFECT_MEANINGS[effect_metric(rows)]}) unless stated."
     ]

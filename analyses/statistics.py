@@ -24,10 +24,13 @@ from headprobe.analyses.vocabulary import MIN_N_FOR_CI, exact_level, within_leve
 LEVEL = 0.95
 
 
-def interval_rule(units: str = "sequences") -> str:
-    """The one-line statement of :func:`mean_ci` that outputs carry (``units``: what is averaged over)."""
+def interval_rule(units: str = "sequences", over: str | None = None) -> str:
+    """The one-line statement of :func:`mean_ci` that outputs carry: ``units``, a plural noun, what
+    is averaged over; ``over`` (default ``units``) what the mean is said to be over, where that names
+    them (``the 64 held-out copy sequences``). train passed that phrase as ``units`` and its summary
+    read "none from fewer than 2 the 64 held-out copy sequences"."""
     return (
-        f"95% Student-t interval of the mean over {units} (mean +- t(n-1) sd / sqrt(n)); none from fewer "
+        f"95% Student-t interval of the mean over {over or units} (mean +- t(n-1) sd / sqrt(n)); none from fewer "
         f"than {MIN_N_FOR_CI} {units}"
     )
 

@@ -11,7 +11,7 @@ bound, so it is written ``p in [0.059, 0.75]`` with why the test stopped, never 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -245,6 +245,37 @@ def stop_text(row: Mapping) -> str | None:
     return None
 
 
+def own_pool_text(rows: Sequence[Mapping], k: int) -> str:
+    """What to add to "control sets drawn outside every top-k set of the task" where a task's rows
+    drew outside their own top-k set only (a tiny model: the task's top-k sets leave fewer than 2k
+    heads, verification.control_pools; a row's ``control_excludes`` short of its task's top heads):
+    ``; on the natural task outside the type's own top-2 set only, as the task's top-2 sets leave
+    fewer than 4 heads``; "" where none did. The caption stated the shared pool of every run."""
+    union: dict[str, set] = {}
+    for r in rows:
+        union.setdefault(str(r.get("task")), set()).update(r.get("top_heads") or ())
+    own = sorted(
+        {
+            str(r.get("task"))
+            for r in rows
+            if r.get("control_excludes") is not None and set(r["control_excludes"]) < union[str(r.get("task"))]
+        }
+    )
+    if not own:
+        return ""
+    return (
+        f"; on the {' and '.join(own)} task{'s' if len(own) > 1 else ''} outside the type's own top-{k} "
+        f"set only, as the task's top-{k} sets leave fewer than {2 * k} heads"
+    )
+
+
+def stopped_early(row: Mapping) -> bool:
+    """Whether a row's sequential draws ended before its stream's last set: settled above alpha or
+    curtailed (the mean-ablation row of a type without a verdict too: its draws stop by the same
+    rule); not a test whose control sets were not ablated at all (:data:`NOT_RUN`, no draws to stop)."""
+    return row.get("stop_reason") in ("settled above alpha", "futile under the correction")
+
+
 def reached_text(row: Mapping) -> str:
     """``0 of 2 control sets reached the effect`` (``no control set ablated`` where none was)."""
     g = row.get("exceedances")
@@ -359,7 +390,10 @@ def uniform_baselines(tokens: Mapping) -> dict[str, float]:
 
 
 def verdict_remarks(
-    top: Mapping[str, Sequence[str]], scores: Mapping[str, Mapping[str, float]], baselines: Mapping[str, float]
+    top: Mapping[str, Sequence[str]],
+    scores: Mapping[str, Mapping[str, float]],
+    baselines: Mapping[str, float],
+    no_verdict: Collection[str] = (),
 ) -> dict[str, list[str]]:
     """Type -> remarks on what its verdict tests (summary.json's ``verdict_remarks``, the report's
     NOTE lines; the verdict rule does not read them), only for types that have one:
@@ -370,17 +404,23 @@ def verdict_remarks(
       uniformly over its causal context scores (:func:`uniform_baselines`): the type's pattern is
       not shown by them more than by no pattern at all.
 
-    ``top``: type -> its top-k heads (``"L.H"``, the ablated set); ``scores``: type -> head -> score."""
+    ``top``: type -> its top-k heads (``"L.H"``, the ablated set); ``scores``: type -> head -> score;
+    ``no_verdict``: the types whose test gives no verdict (an untrusted task, too few control sets):
+    their remarks speak of the ablation, not of a verdict (a toy model's untrusted duplicate-token
+    read "the verdict says ablating them matters" beside its "no verdict")."""
     out: dict[str, list[str]] = {}
     sets = {t: set(heads) for t, heads in top.items()}
     for t, heads in top.items():
         said, k, name = [], len(heads), t.replace("_", "-")
+        none = t in no_verdict
         for u, other in sets.items():
             shared = [h for h in heads if h in other]
             if u != t and 2 * len(shared) > k:
                 said.append(
                     f"{name}: {len(shared)} of its {k} top heads ({', '.join(shared)}) are also "
-                    f"{u.replace('_', '-')}'s top heads, so its verdict re-tests much of that set"
+                    f"{u.replace('_', '-')}'s top heads, so its "
+                    + ("ablation (no verdict here) re-tests" if none else "verdict re-tests")
+                    + " much of that set"
                 )
         base = baselines.get(t)
         known = scores.get(t, {})
@@ -391,7 +431,11 @@ def verdict_remarks(
                 said.append(
                     f"{name}: {low} of its {k} top heads score at or below {base:.3g}, the {name} score of a head "
                     f"attending uniformly over its causal context (the highest, {best:.3g}, is {best / base:.2g}x it): "
-                    f"the verdict says ablating them matters, not that they attend as {name} heads do"
+                    + (
+                        f"their ablation (no verdict here) tests these heads, not heads that attend as {name} heads do"
+                        if none
+                        else f"the verdict says ablating them matters, not that they attend as {name} heads do"
+                    )
                 )
         if said:
             out[t] = said

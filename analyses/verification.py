@@ -317,6 +317,7 @@ class _Test:
     capped: bool = False  # its stream cut: more sets could decide nothing (_cap_undecidable)
     not_run: bool = False  # its stream emptied: no control set of it is ablated (_cap_undecidable)
     n_sets: int = 0  # control sets its stream held before any cut
+    own_pool: bool = False  # its pool excludes only its own top-k set (ControlPool.shared False: a tiny model)
     # (control, k) -> (distinct sets, confirmable) of a rerun of it so (_rerun_reach; tests that cannot be CONFIRMED)
     rerun: dict[tuple[str, int], tuple[int, str]] = field(default_factory=dict)
 
@@ -399,7 +400,9 @@ def _draw_controls(
             if pool.shared:
                 uniform_stream[pool.task] = len(streams) - 1
         stream = uniform_stream[pool.task] if settings.control == "uniform" and pool.shared else len(streams) - 1
-        tests.append(_Test(t, pool.task, list(top[t]), stream, effects={k: [] for k in settings.kinds}))
+        tests.append(
+            _Test(t, pool.task, list(top[t]), stream, effects={k: [] for k in settings.kinds}, own_pool=not pool.shared)
+        )
     return tests, streams, {t: pool.excluded for t, pool in pools.items()}, notes
 
 
@@ -504,8 +507,23 @@ def make_plan(
             }
             for x, n, r in zip(family, sizes, reach)
         ],
-        "max_sets": len(tests) * len(settings.kinds)
-        + sum(len(s) + min(n_secondary, len(s)) * (len(settings.kinds) - 1) for s in streams),
+        **_planned_sets(tests, streams, len(settings.kinds), n_secondary),
+    }
+
+
+def _planned_sets(tests: list[_Test], streams: list[list[list[Head]]], n_kinds: int, n_secondary: int) -> dict:
+    """The most sets a verification ablates (``max_sets``) and what they are: ``top_sets`` (every
+    test's top-k set, each kind) and ``untested_sets``, the control sets of the streams only tests
+    without a verdict draw from (``untested``: those types, reported, not in the family); the rest
+    are the family's control sets."""
+    per_stream = [len(s) + min(n_secondary, len(s)) * (n_kinds - 1) for s in streams]
+    untested = [x for x in tests if x.no_verdict is not None]
+    only_untested = {x.stream for x in untested} - {x.stream for x in tests if x.no_verdict is None}
+    return {
+        "max_sets": len(tests) * n_kinds + sum(per_stream),
+        "top_sets": len(tests) * n_kinds,
+        "untested": [x.head_type for x in untested],
+        "untested_sets": sum(per_stream[s] for s in only_untested),
     }
 
 
@@ -672,7 +690,7 @@ def verify_heads(
     settings, tests, streams, excluded, notes = _drawn_tests(top, task_of, spec, untrusted, removed, settings)
     plan, n_secondary = _capped_plan(tests, streams, settings, requested)
     _rerun_reach(tests, top, task_of, _all_heads(spec), removed, settings, ranked)
-    notes += _pool_notes(tests, streams, settings)
+    at = len(notes)  # the pool notes go here, once the draws say how many sets were ablated
     run = _Ablator(
         model,
         tokens,
@@ -691,6 +709,7 @@ def verify_heads(
         (say or (lambda _: None))(line)
     run.controls(tests, streams, settings, n_secondary)
     run.bar.close()
+    notes[at:at] = _pool_notes(tests, streams, settings)
     out, design = _verdicts(tests, streams, excluded, settings, metric, clean, plan, notes, run.ablated)
     design["timings_s"] = {f"plan_{k}": v for k, v in estimate.items()}
     return out, design
@@ -822,20 +841,43 @@ def no_verdict_warnings(verifications: Sequence[Verification]) -> list[verdicts.
 
 
 def _pool_notes(tests: list[_Test], streams: list, settings: VerificationSettings) -> list[str]:
-    """A note per test whose stream is shorter than ``n_random`` (fewer distinct sets exist)."""
+    """A note per test whose stream is shorter than ``n_random`` (fewer distinct sets exist): which
+    heads its pool leaves out (the task's top-k sets, or its own where those leave too few,
+    :func:`control_pools`) and, once its draws are done, how many of the sets were ablated where
+    not all (its row's ``draws``). It said "9 distinct control sets exist (the heads outside the
+    task's top-k sets allow no more)" of a pool outside its own top-k set, beside a row of 1 set."""
     out = []
     for x in tests:
         if (n := x.judged_sets(streams)) < settings.n_random:
+            pool = (
+                f"the heads outside its own top-{settings.k} set allow no more: the task's top-{settings.k} sets "
+                f"leave fewer than {2 * settings.k} heads"
+                if x.own_pool
+                else f"the heads outside the task's top-{settings.k} sets allow no more"
+            )
             out.append(
                 f"{x.head_type.replace('_', '-')}: only {n} distinct {settings.control} control "
-                f"{'set exists' if n == 1 else 'sets exist'} (the heads outside the task's top-k sets allow no "
-                f"more), so its smallest possible p-value is 1/{n + 1}"
+                f"{'set exists' if n == 1 else 'sets exist'} ({pool}), so its smallest possible p-value is 1/{n + 1}"
                 + {
                     "never": ": it cannot be CONFIRMED",
                     "with others": ": it can be CONFIRMED only together with other tests",
                 }.get(x.reach or "", "")
+                + _ablated_of(x, n, settings.primary_kind)
             )
     return out
+
+
+def _ablated_of(x: _Test, n: int, primary: str) -> str:
+    """``; its mean-ablation draws stopped after 1 of them: settled above alpha`` where its tested
+    kind's draws ended before its ``n`` sets (its row's ``draws``, ``stop_reason``; the other kind's
+    rows use the first sets of the same stream); ``; none of them was ablated: not run``; "" where all were."""
+    done = len(x.effects[primary])
+    if done >= n:
+        return ""
+    if done == 0:
+        return "; none of them was ablated: not run" if x.not_run else "; none of them was ablated"
+    why = {SETTLED: "settled above alpha", FUTILE: "curtailed (futile under the correction)"}
+    return f"; its {primary}-ablation draws stopped after {done} of them: {why.get(stop_reason(x.mc), 'stopped')}"
 
 
 def _non_finite_top(tests: list[_Test], primary: str = PRIMARY_KIND) -> list[str]:
@@ -880,12 +922,16 @@ def plan_lines(plan: dict) -> list[str]:
         line += f"--n-random {n} kept (--keep-n-random); "
     else:
         line += f"--n-random {n}; "
-    line += f"at most {plan['max_sets']} sets" + (
-        f", about {est:.0f} s at {plan['seconds_per_set']:.2f} s a set"
-        if est is not None and est >= 0.5
-        else f", under a second ({plan['seconds_per_set'] * 1e3:.2g} ms a set)"
-        if est is not None
-        else ""
+    line += (
+        f"at most {plan['max_sets']} sets"
+        + _sets_breakdown(plan)
+        + (
+            f", about {est:.0f} s at {plan['seconds_per_set']:.2f} s a set"
+            if est is not None and est >= 0.5
+            else f", under a second ({plan['seconds_per_set'] * 1e3:.2g} ms a set)"
+            if est is not None
+            else ""
+        )
     )
     out = [line]
     if short_draws(plan):  # every verdict held back by the draws alone: one line, not one per type
@@ -921,6 +967,22 @@ def plan_lines(plan: dict) -> list[str]:
     ):
         out.append(f"NOTE: no verdict of this run can be CONFIRMED on its own; use --n-random {need} or more")
     return out
+
+
+def _sets_breakdown(plan: dict) -> str:
+    """What the plan's ``max_sets`` are, where some are not the family's: `` (10 top-k sets, 0 control
+    sets for the 1 test, 32 for the 4 types reported without a verdict: previous-token, ...)``. The
+    plan line named only the family, so a family whose one test was not run read "at most 42 sets"
+    over sets that were the untested types'. Empty where every type is in the family."""
+    untested = plan.get("untested") or []
+    if not untested:
+        return ""
+    m, top, rest = plan["family_size"], plan["top_sets"], plan["untested_sets"]
+    names = ", ".join(t.replace("_", "-") for t in untested)
+    return (
+        f" ({top} top-k sets, {plan['max_sets'] - top - rest} control sets for the {_tests(m)}, {rest} for the "
+        f"{len(untested)} type{'' if len(untested) == 1 else 's'} reported without a verdict: {names})"
+    )
 
 
 def _clean_residuals(

@@ -1715,3 +1715,57 @@ def test_a_short_patching_grid_is_laid_out_once_finished(shape):
     import matplotlib.pyplot as plt
 
     plt.close(fig)
+
+
+def _toy_scan_rows() -> tuple[list[dict], dict]:
+    """A trained toy model's scan (2 layers x 4 heads, ``headprobe train`` defaults) by hand: the natural
+    task untrusted (no verdict), previous-token's mean row settled above alpha after 1 of its sets,
+    first-token's ran its 1 set; induction, the family's one test, not run (1 distinct control set)."""
+    base = {
+        "k": 2, "top_effect_ci95": [0.0, 0.0], "alpha": 0.05, "metric": "loss", "min_effect": 0.05,
+        "confirmed": None, "p_adjusted": None, "random_effects": [1e-6], "random_mean": 1e-6, "random_max": 1e-6,
+    }  # fmt: skip
+    untrusted = {**base, "task": "natural", "no_verdict": "100% of the text's tokens are unknown to the tokenizer"}
+    rows = [
+        {**untrusted, "head_type": "previous_token", "kind": "mean", "top_effect": 1e-6, "draws": 1, "exceedances": 1,
+         "p_value": 1.0, "tested": False, "correction": None, "stop_reason": "settled above alpha"},
+        {**untrusted, "head_type": "previous_token", "kind": "zero", "top_effect": -0.04, "draws": 1,
+         "exceedances": 0, "p_value": 0.5, "tested": False, "correction": None, "stop_reason": None},
+        {**untrusted, "head_type": "first_token", "kind": "mean", "top_effect": 1e-6, "draws": 1, "exceedances": 1,
+         "p_value": 1.0, "tested": False, "correction": None, "stop_reason": "ran to the end"},
+        {**base, "head_type": "induction", "kind": "mean", "task": "repeated", "top_effect": 3.2, "draws": 0,
+         "exceedances": 0, "random_effects": [], "random_mean": float("nan"), "random_max": float("nan"),
+         "p_value": None, "tested": True, "correction": "bh", "stop_reason": "not run: cannot reach alpha",
+         "no_verdict": "only 1 distinct control set exists"},
+    ]  # fmt: skip
+    design = {"correction": "bh", "control": "layer-matched", "primary_kind": "mean", "max_draws": 50,
+              "alpha": 0.05, "family_size": 1}  # fmt: skip
+    return rows, design
+
+
+def test_the_stopped_mark_and_the_captions_counts_agree_with_each_rows_stop():
+    """A toy model's ablation caption said "a test stops early ...: 0 of 1 did, 1 was not run, the others
+    ran all their sets" over previous-token lines saying "stopped: settled above alpha", and ablation.png
+    put its † ("the test stopped early") on induction, not run. The † now marks the rows whose draws
+    stopped early, with or without a verdict, never a test not run, and the caption counts both groups."""
+    rows, design = _toy_scan_rows()
+    marks = {(r["head_type"], r["kind"]): figs._ablation_p(r) for r in rows}
+    assert marks == {
+        ("previous_token", "mean"): "p = 1" + figs.STOPPED_MARK,
+        ("previous_token", "zero"): "p = 0.5",
+        ("first_token", "mean"): "p = 1",
+        ("induction", "mean"): "p n/a",
+    }
+    caption = figs.ablation_caption(rows, design)
+    first, lines = caption.splitlines()[0], caption.splitlines()[1:]
+    assert (
+        "cannot be significant (Besag & Clifford 1991): 0 of 1 did, 1 was not run (its control sets cannot reach "
+        "alpha: none ablated); of the 2 mean-ablation rows reported without a verdict, 1 did, the others ran all "
+        "their sets; 1 test." in first
+    ), first
+    # each count is the number of caption lines that say so
+    assert sum("stopped:" in line for line in lines) == 1 and sum("not run:" in line for line in lines) == 1
+    handles = figs._ablation_handles(rows, 2, None)
+    assert any(figs.STOPPED_MARK in h.get_label() for h in handles)
+    # no row stopped early: no legend entry for a mark no column carries
+    assert not any(figs.STOPPED_MARK in h.get_label() for h in figs._ablation_handles(rows[1:], 2, None))

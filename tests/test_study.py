@@ -110,6 +110,27 @@ def test_study_rejects_bad_input(tmp_path, capsys, which, extra, message):
     assert "--max-period" not in err and "qk_rope_head_dim" not in err  # no setting study does not take
 
 
+@pytest.mark.parametrize("which", ["heads", "layouts"])
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--steps", "0", "--steps must be a positive integer, got 0"),
+        ("--steps", "-3", "--steps must be a positive integer, got -3"),
+        ("--eval-every", "0", "--eval-every must be a positive integer, got 0"),
+        ("--batch-size", "0", "--batch-size must be a positive integer, got 0"),
+        ("--d-model", "0", "--d-model must be a positive integer, got 0"),
+        ("--lr", "0", "--lr must be a positive number, got 0.0"),
+    ],
+)
+def test_a_shared_setting_is_refused_as_its_flag_not_as_a_variant(tmp_path, capsys, which, flag, value, message):
+    """``study heads --steps 0`` said "the 1 heads variant cannot be built: --steps must be a positive
+    integer": --steps is every variant's, not a property of one; it is refused as a bad flag value,
+    one line, exit 2, before any variant is built and before the output folder."""
+    assert _tiny(which, tmp_path / "o", [flag, value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"headprobe: error: {message}" and not (tmp_path / "o").exists(), err
+
+
 def test_api_study_matches_cli_and_trains_what_it_says(tmp_path, capsys):
     import dataclasses
 

@@ -791,3 +791,22 @@ def test_evaluate_reads_each_layers_induction_diagonal_once_with_the_logged_numb
         ref /= len(queries)  # [batch, head]
         torch.testing.assert_close(ev["induction_per_sequence"][layer].double(), ref.T, rtol=0, atol=1e-6)
         torch.testing.assert_close(ev["induction"][layer].double(), ref.mean(0), rtol=0, atol=1e-6)
+
+
+def test_the_interval_rule_reads_as_a_sentence():
+    """train's summary said "...; none from fewer than 2 the 64 held-out copy sequences": the phrase
+    naming the sequences went where the helper puts its plural noun. Every command's interval_rule
+    built by the helper ends "fewer than 2 <plural noun>", never with an article or a count."""
+    import re
+
+    import headprobe
+
+    s = headprobe.train(steps=2, eval_every=2, d_model=16, n_eval=4, device="cpu").summary()
+    assert s["interval_rule"].startswith(
+        "95% Student-t interval of the mean over the 4 held-out copy sequences (mean +- t(n-1) sd / sqrt(n)); "
+        "none from fewer than 2 held-out copy sequences: final.in_context_loss_ci95"
+    ), s["interval_rule"]
+    from headprobe.analyses.statistics import interval_rule
+
+    for units in ("sequences", "prompt pairs", "seeds", "long-range sequences", "long-range sequences of the distance"):
+        assert not re.search(r"fewer than \d+ (the|a|an|\d)", interval_rule(units)), interval_rule(units)

@@ -1075,7 +1075,7 @@ def test_a_scan_remarks_shared_top_k_sets_and_scores_no_higher_than_uniform_atte
 
     seen = []
 
-    def scripted(top, scores, baselines):
+    def scripted(top, scores, baselines, no_verdict=()):
         seen.append((top, scores, baselines))
         return {"induction": ["induction: a remark"]}
 
@@ -1102,3 +1102,166 @@ def test_a_scan_remarks_shared_top_k_sets_and_scores_no_higher_than_uniform_atte
         "induction": det.induction_score(uniform(T), S, start).item(),
     }
     assert baselines == pytest.approx(ref, rel=1e-6)
+
+
+def _untrusted_task_run(tiny_llama_gqa, monkeypatch):
+    """A newcomer's toy-model scan in miniature (a scripted engine on the tiny Llama, 2 layers x 8
+    heads, k = 3): induction on the repeated task, its top heads in layer 1, where 5 are left:
+    C(5, 3) = 10 distinct layer-matched sets, p >= 1/11, never CONFIRMED, not run. Four types on the
+    natural task, untrusted (no verdict), their top-k sets holding 12 of the 16 heads, fewer than 2k
+    left: each draws outside its own top-k set only. Their top-k sets raise the loss by 0, every
+    control set by 0-0.7, so their sequential draws settle above alpha at the h-th set. Returns
+    ``(rows by (type, kind), design, the plan's lines as said)``."""
+    import headprobe.analyses.verification as verif
+    from headprobe.analyses.data import repeated_random_tokens
+
+    top = {
+        "previous_token": [(0, 0), (0, 1), (0, 2)],
+        "duplicate_token": [(0, 3), (0, 4), (1, 4)],
+        "first_token": [(0, 5), (0, 6), (0, 7)],
+        "positional": [(1, 5), (1, 6), (1, 7)],
+        "induction": [(1, 0), (1, 1), (1, 2)],
+    }
+    tops = {tuple(hs): 8.0 if t == "induction" else 0.0 for t, hs in top.items()}
+
+    def scripted(backend, tokens, sets, kind, *a, **kw):
+        return torch.stack(
+            [torch.full((tokens.shape[0],), tops.get(tuple(map(tuple, s)), _noise(s, 0.7))) for s in sets]
+        )
+
+    monkeypatch.setattr(verif, "set_ablation_losses", scripted)
+    rep = repeated_random_tokens(tiny_llama_gqa, 3, 8, 0)
+    said: list[str] = []
+    out, design = verif.verify_heads(
+        tiny_llama_gqa,
+        top,
+        {t: "repeated" if t == "induction" else "natural" for t in top},
+        {"repeated": rep, "natural": rep},
+        {"repeated": torch.zeros(3), "natural": torch.zeros(3)},
+        torch.zeros(1),
+        VerificationSettings(k=3, n_random=20),
+        untrusted={"natural": "100% of the text's tokens are unknown to the tokenizer"},
+        say=said.append,
+    )
+    return {(v.head_type, v.kind): v for v in out}, design, said
+
+
+def test_the_plan_line_says_which_sets_are_not_the_familys(tiny_llama_gqa, monkeypatch):
+    """The plan line named the family only ("1 test (induction) ... at most 42 sets") while its one
+    test was not run and every control set ablated was an untested type's: it now splits its most
+    sets into the top-k sets, the family's control sets and the untested types'."""
+    rows, design, said = _untrusted_task_run(tiny_llama_gqa, monkeypatch)
+    plan = design["plan"]
+    assert rows["induction", "mean"].stop_reason == "not run: cannot reach alpha"  # the premise
+    # 5 types x 2 kinds top-k sets; each untested stream's sets + its first 5 for the zero rows:
+    # 10 sets (C(5, 3)) for previous-token, first-token and positional, 20 drawn for duplicate-token
+    assert (plan["top_sets"], plan["untested_sets"], plan["max_sets"]) == (10, 3 * 15 + 25, 10 + 70)
+    assert (
+        said[0]
+        .split("; ")[-1]
+        .startswith(
+            "at most 80 sets (10 top-k sets, 0 control sets for the 1 test, 70 for the 4 types reported without a "
+            "verdict: previous-token, duplicate-token, first-token, positional)"
+        )
+    ), said[0]
+    control_ablated = sum(v.draws for v in rows.values())
+    assert design["sets_ablated"] == 10 + control_ablated and control_ablated <= plan["untested_sets"]
+
+
+def test_a_pool_note_names_its_pool_and_the_sets_its_row_ablated(tiny_llama_gqa, monkeypatch):
+    """A toy model's NOTE said previous-token "only 9 distinct control sets exist (the heads outside the
+    task's top-k sets allow no more)" beside a row of 1 set: its pool was outside its own top-k set (the
+    task's top-k sets left too few heads) and its draws settled above alpha at the first. The note now
+    names the pool the sets came from and how many of them its row ablated, counted here by hand."""
+    rows, design, _ = _untrusted_task_run(tiny_llama_gqa, monkeypatch)
+    notes = {n.split(":")[0]: n for n in design["notes"]}
+    prev = rows["previous_token", "mean"]
+    # its own pool: layer 0 less its 3 heads, C(5, 3) = 10 sets; h = floor(0.05 x 10) + 1 = 1: settled at the first
+    assert prev.control_excludes == ["0.0", "0.1", "0.2"] and prev.draws == 1
+    assert prev.stop_reason == "settled above alpha"
+    assert notes["previous-token"] == (
+        "previous-token: only 10 distinct layer-matched control sets exist (the heads outside its own top-3 set "
+        "allow no more: the task's top-3 sets leave fewer than 6 heads), so its smallest possible p-value is 1/11; "
+        "its mean-ablation draws stopped after 1 of them: settled above alpha"
+    )
+    assert "duplicate-token" not in notes  # C(6, 2) x 7 = 105 sets: its 20 drawn, no "only n exist" note
+    # induction, the only type on its task: its pool is outside the task's top-k sets (its own); not run
+    assert rows["induction", "mean"].control_excludes == ["1.0", "1.1", "1.2"]
+    assert notes["induction"] == (
+        "induction: only 10 distinct layer-matched control sets exist (the heads outside the task's top-3 sets "
+        "allow no more), so its smallest possible p-value is 1/11: it cannot be CONFIRMED; none of them was "
+        "ablated: not run"
+    )
+    # the caption said "drawn outside every top-3 set of the task" of them all
+    from headprobe.analyses import figures as figs
+
+    caption = figs.ablation_caption([v.to_dict() for v in rows.values()], design).splitlines()[0]
+    assert (
+        "(layer-matched, drawn outside every top-3 set of the task; on the natural task outside the type's own "
+        "top-3 set only, as the task's top-3 sets leave fewer than 6 heads)" in caption
+    ), caption
+
+
+@pytest.mark.parametrize("k, own", [(3, False), (5, True)])
+def test_the_reports_control_line_names_a_task_drawn_outside_each_types_own_top_k(tiny_llama_gqa, text_file, k, own):
+    """The report said "control: ... sets of k heads outside the task's top-k" also where the natural
+    task's top-k sets leave fewer than 2k of the tiny Llama's 16 heads (at -k 5), so that each type drew
+    outside its own top-k set only (its rows' ``control_excludes``): it says so then, naming the task,
+    and reads as before where they leave enough (-k 3)."""
+    result = _scan(tiny_llama_gqa, text_file, n_random=3, k=k)
+    natural = [v for v in result.verifications if v.task == "natural"]
+    union = sorted({h for v in natural for h in v.top_heads})
+    assert (16 - len(union) < 2 * k) == own  # the premise, by the documented rule
+    assert all(sorted(v.control_excludes) == (sorted(v.top_heads) if own else union) for v in natural)
+    (line,) = [ln for ln in result.report().splitlines() if "control: layer-matched" in ln]
+    said = (
+        f"sets of k heads outside the task's top-k (on the natural task outside the type's own top-{k} set only, "
+        f"as the task's top-{k} sets leave fewer than {2 * k} heads), at most"
+    )
+    assert (said in line) == own and ("outside the task's top-k, at most" in line) != own, line
+
+
+def test_a_remark_on_a_type_without_verdict_speaks_of_its_ablation_not_a_verdict(
+    tiny_llama_gqa, text_file, monkeypatch
+):
+    """A toy model's untrusted duplicate-token (no verdict) got the NOTE "... the verdict says ablating them
+    matters, not that they attend as duplicate-token heads do". scan hands verdicts.verdict_remarks the
+    types without a verdict (their tested row's ``confirmed`` null); their remarks speak of the ablation."""
+    from headprobe.analyses import verdicts
+
+    top = {"previous_token": ["0.0", "0.1"], "induction": ["0.0", "0.1"]}
+    scores = {"previous_token": {"0.0": 0.01, "0.1": 0.02}, "induction": {"0.0": 0.01, "0.1": 0.02}}
+    said = verdicts.verdict_remarks(
+        top, scores, {"previous_token": 0.05, "induction": 0.05}, no_verdict={"previous_token"}
+    )
+    assert said["previous_token"] == [
+        "previous-token: 2 of its 2 top heads (0.0, 0.1) are also induction's top heads, so its ablation (no verdict "
+        "here) re-tests much of that set",
+        "previous-token: 2 of its 2 top heads score at or below 0.05, the previous-token score of a head attending "
+        "uniformly over its causal context (the highest, 0.02, is 0.4x it): their ablation (no verdict here) tests "
+        "these heads, not heads that attend as previous-token heads do",
+    ]
+    assert said["induction"][0].endswith("so its verdict re-tests much of that set")  # a type with a verdict: as before
+    assert said["induction"][1].endswith(
+        "the verdict says ablating them matters, not that they attend as induction heads do"
+    )
+
+    import headprobe.commands.scan_core as core
+
+    result = _scan(tiny_llama_gqa, text_file, n_random=3, types="previous_token,induction")
+    rows = {v.head_type: v for v in result.verifications if v.kind == "mean"}
+    assert rows["previous_token"].confirmed is None  # the premise: the random model's natural task is untrusted
+    seen: dict = {}
+    monkeypatch.setattr(verdicts, "verdict_remarks", lambda *a, **kw: seen.update(kw) or {})
+    core.verdict_remarks(result)
+    assert seen["no_verdict"] == {t for t, v in rows.items() if v.confirmed is None}
+
+
+def test_the_control_rule_states_the_own_pool_of_a_tiny_model(tiny_llama_gqa, text_file):
+    """summary.json's control_rule said "from the heads outside the top-k of every type judged on the same
+    task" in every run; at -k 5 the tiny Llama's natural types draw outside their own top-5 set only (their
+    rows' control_excludes), which the rule now states."""
+    result = _scan(tiny_llama_gqa, text_file, n_random=3, k=5)
+    assert all(sorted(v.control_excludes) == sorted(v.top_heads) for v in result.verifications if v.task == "natural")
+    rule = result.summary()["verification"]["control_rule"]
+    assert "or, where those leave fewer than 2k heads (a tiny model), outside its own top-k" in rule, rule

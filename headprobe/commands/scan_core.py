@@ -52,6 +52,7 @@ from headprobe.analyses.verdicts import (
     effect_digits,
     evidence_text,
     ordered_rows,
+    own_pool_text,
     p_cell,
     verdict_counts,
 )
@@ -801,7 +802,8 @@ def verification_rules(spec: ModelSpec, rule: VerdictRule | None = None) -> dict
     return {
         "confirmation_rule": rule.description(),
         "control_rule": "per type, control sets of k heads from the heads outside the top-k of every type judged on the "
-        "same task (never a removed head); layer-matched: as many heads in each layer as the top-k set; "
+        "same task, or, where those leave fewer than 2k heads (a tiny model), outside its own top-k (its rows' "
+        "control_excludes; never a removed head); layer-matched: as many heads in each layer as the top-k set; "
         f"uniform: any of those heads; drawn {verif.BATCH} per test a round, a test stopping when settled; the "
         f"zero-ablation rows use the first {verif.SECONDARY_DRAWS} of the same sets",
         "p_value_rule": "sequential Monte Carlo p (Besag & Clifford 1991): a test stops at the draw at which h = "
@@ -1064,7 +1066,8 @@ def format_report(result: ScanResult) -> str:
     units = f"losses in {metric.unit}" if metric is LOSS_METRIC else f"Δ in {metric.unit}: {metric.definition}"
     m = design.get("family_size")
     lines.append(
-        f"({units}. control: {design.get('control')} sets of k heads outside the task's top-k, at most "
+        f"({units}. control: {design.get('control')} sets of k heads outside the task's top-k"
+        f"{_own_pool_words(result.verifications)}, at most "
         f"{design.get('max_draws')} per test, stopped early only once it cannot be significant (sets: ablated). p: sequential Monte Carlo "
         f"(Besag & Clifford; ≤: a curtailed test's bound, its range on the lines below); p adj: {design.get('correction')} over the {m} tested "
         f"verdict{'' if m == 1 else 's'}. "
@@ -1075,6 +1078,13 @@ def format_report(result: ScanResult) -> str:
     lines += [f"NOTE: {n}" for n in wide_interval_notes(result.verifications)]
     lines += [f"NOTE: {n}" for said in verdict_remarks(result).values() for n in said]
     return "\n".join(lines)
+
+
+def _own_pool_words(verifications: Sequence[Verification]) -> str:
+    """`` (on the natural task outside the type's own top-2 set only, ...)`` after the report's "outside
+    the task's top-k" where a task's types drew outside their own top-k set only (:func:`own_pool_text`)."""
+    own = own_pool_text([v.to_dict() for v in verifications], verifications[0].k) if verifications else ""
+    return f" ({own.removeprefix('; ')})" if own else ""
 
 
 def _p_cell(v: Verification) -> str:
@@ -1173,7 +1183,8 @@ def verdict_remarks(result: ScanResult) -> dict[str, list[str]]:
             "bos": bool(result.repeated.start),
         },
     }
-    return remarks(top, scores, uniform_baselines(tokens) if result.spec.causal else {})
+    no_verdict = {v.head_type for v in result.verifications if v.kind == primary and v.confirmed is None}
+    return remarks(top, scores, uniform_baselines(tokens) if result.spec.causal else {}, no_verdict=no_verdict)
 
 
 def wide_interval_notes(verifications) -> list[str]:

@@ -194,6 +194,19 @@ class StudyConfig:
         """(label, config) of every model the study trains (seeds apart)."""
         return variants(self.which, self.base(), list(self.n_heads_list or ()), list(self.ranks or ()), self.rope or 0)
 
+    def _refuse_shared_settings(self) -> None:
+        """Refuse a bad value of a setting every variant shares (``--steps``, ``--eval-every``,
+        ``--batch-size``, ``--d-model``, ``--lr``) as that flag's, before any variant is built: it was
+        found building the first, "the 1 heads variant cannot be built: --steps must be a positive
+        integer", as if the variant were at fault. (``--d-model``'s split into each variant's heads
+        is the variant's.)"""
+        for name in ("steps", "eval_every", "batch_size", "d_model"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise HeadprobeError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if not (isinstance(self.lr, (int, float)) and 0 < self.lr < float("inf")):
+            raise HeadprobeError(f"--lr must be a positive number, got {self.lr!r}")
+
     def validate(self) -> None:
         """Raise :class:`HeadprobeError` (one line, naming the ``headprobe study`` flag) on settings
         that cannot run, including any variant's training settings or layout."""
@@ -207,6 +220,7 @@ class StudyConfig:
                     f"--{name.replace('_', '-')} applies to study {ONLY_FOR[name]} only, not to study {self.which}"
                 )
         refuse_copy_fraction(self.corpus, self.copy_fraction)
+        self._refuse_shared_settings()
         for name, least in (("seeds", 0), ("n_heads_list", 1), ("ranks", 1)):
             values = getattr(self, name)
             if values is None:  # not this study's setting (refused above where given)

@@ -112,7 +112,9 @@ class TrainResult(CompactRepr, TrainRun, WritesOutputs):
                 "the heads' noisy means, leans upward",
                 "copies_in_context": bool(last["in_context_loss"] <= copying_floor(cfg.n_words)),
                 "copies_in_context_rule": f"final in-context loss at or below -{COPIES_IN_CONTEXT} ln(n_words) nats",
-                "interval_rule": interval_rule(f"the {cfg.n_eval} held-out copy sequences")
+                "interval_rule": interval_rule(
+                    "held-out copy sequences", over=f"the {cfg.n_eval} held-out copy sequences"
+                )
                 + ": final.in_context_loss_ci95, and train_log.csv's in_context_loss_ci95_low/high",
                 "seed": cfg.seed,
                 "dtype": str(self.loaded.dtype).removeprefix("torch."),
