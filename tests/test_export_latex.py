@@ -545,3 +545,15 @@ def test_a_study_without_its_results_table_is_refused_in_one_line(tmp_path, dama
 def test_study_tables_compile_and_fit_a_neurips_page(study_tex, tmp_path):
     for which, text in study_tex.items():
         _assert_compiles_within(f"study-{which}", text, 397, tmp_path)
+
+
+def test_a_study_export_imports_no_torch(tmp_path):
+    """A study's table is read from results.csv and study.json in a process that never imports torch."""
+    code = (
+        "import sys; from headprobe.cli import main; "
+        f"rc = main(['export', '--from', {str(STUDIES['layouts'])!r}, '--out', {str(tmp_path / 'o')!r}, '--format', 'latex']); "
+        "assert rc == 0 and 'torch' not in sys.modules, (rc, 'torch' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "o" / "latex" / "study.tex").is_file()
