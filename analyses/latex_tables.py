@@ -1,9 +1,9 @@
-"""``headprobe export --format latex``: a finished scan, prune, ablate, kv or circuit folder's tables as booktabs
+"""``headprobe export --format latex``: a finished scan, prune, ablate, kv, circuit or study folder's tables as booktabs
 LaTeX, one ``latex/<table>.tex`` per table, each a ``table`` float with a caption (what the numbers
 are, their units, the run's model, weights, compute dtype, tokens and settings) and a label, ready to ``\\input`` (the
 preamble needs ``\\usepackage{booktabs}``). Numbers are the run's own, rounded as its terminal
 table rounds them (scan: :func:`~headprobe.analyses.verdicts.effect_digits`, p to 4 decimals; prune
-and ablate: 3 decimals); scan's rows and design sentence are ablation.caption.txt's
+and ablate: 3 decimals; a study: its report's 3, :mod:`~headprobe.analyses.study_table`); scan's rows and design sentence are ablation.caption.txt's
 (:func:`~headprobe.analyses.verdicts.ordered_rows`). pandas' ``Styler.to_latex`` (jinja2) lays the
 table out; every cell, header and caption goes through :func:`latex_text` (LaTeX's special
 characters escaped, the few non-ASCII signs headprobe writes spelled as LaTeX). No model, no torch.
@@ -515,12 +515,129 @@ def circuit_all_tables(path: Path, summary: dict) -> dict[str, str]:
     return {**circuit_tables(path, summary), **path_patching_tables(path, summary)}
 
 
+STUDY_COLUMNS = (
+    "variant", "n_heads", "seed", "corpus", "eval_loss", "in_context_loss", "max_induction",
+    "kv_bytes_per_token", "attn_params_per_layer",
+)  # fmt: skip
+"""The results.csv columns the study table reads."""
+
+_CORPORA = {
+    "text+copy": "CPython documentation text at character level, {copy}% of every batch copy sequences over the same characters",
+    "copy": "random-token copy sequences only",
+}
+"""What a study's ``--corpus`` trains on (docs/study.md), for the caption."""
+
+
+def study_tables(path: Path, summary: dict) -> dict[str, str]:
+    """``study``: a ``headprobe study`` run's comparison, one row per variant in results.csv's order:
+    heads (study heads) or variant (study layouts), KV cache bytes per token, attention parameters per
+    layer, held-out and in-context loss as the mean over seeds with their ``[min, max]`` on the line
+    below (a variant of one seed: the mean alone), the mean top induction
+    score and whether induction formed in every seed; the numbers of
+    :func:`~headprobe.analyses.study_table.variant_stats` and
+    :func:`~headprobe.analyses.study_table.formed_in_every_seed` (the terminal report's and the
+    figure's), at the report's 3 decimals; the models, training and data in the caption (study.json).
+
+    Raises:
+        HeadprobeError: results.csv missing, cut, empty or without a column the table reads."""
+    from headprobe.analyses.study_table import REPORT_DIGITS, formed_in_every_seed, variant_stats
+
+    table = _study_results(path)
+    stats, formed = variant_stats(table), formed_in_every_seed(table)
+    d, heads = REPORT_DIGITS, summary.get("which") == "heads"
+    first = table.groupby("variant", sort=False)["n_heads"].first()
+    cells = []
+    for v, r in stats.iterrows():
+        cells.append(
+            [
+                str(first[v]) if heads else str(v),
+                f"{r['kv_bytes_per_token']:g}",
+                f"{int(r['attn_params_per_layer']):,}",
+                f"{r['eval_loss']:.{d}f}",
+                f"{r['in_context_loss']:.{d}f}",
+                f"{r['max_induction']:.{d}f}",
+                "yes" if formed[v] else "no",
+            ]
+        )
+        if r["n_seeds"] > 1:  # the seeds' range on the line below the mean (a page's width: docs/export.md)
+            ranges = [f"[{r[f'{c}_min']:.{d}f}, {r[f'{c}_max']:.{d}f}]" for c in ("eval_loss", "in_context_loss")]
+            cells.append(["", "", "", *ranges, "", ""])
+    columns = [("", "heads" if heads else "variant"), ("KV cache", "B/token"), ("attn.", "params")]
+    columns += [("loss", "held-out"), ("loss", "in-context"), ("induction", "max"), ("induction", "formed")]
+    out = pd.DataFrame(cells, columns=pd.MultiIndex.from_tuples(columns))
+    caption = _study_caption(summary, table, stats)
+    align = ("r" if heads else "l") + "rrccrc"
+    return {"study": table_tex(out, caption, tex_label(path, "study"), align, small=True)}
+
+
+def _study_results(path: Path) -> pd.DataFrame:
+    """A study folder's results.csv (one row per variant and seed), the :data:`STUDY_COLUMNS` checked.
+
+    Raises:
+        HeadprobeError: missing, unreadable, cut, empty or lacking a column."""
+    file = path / "results.csv"
+    try:
+        table = pd.read_csv(file, dtype={"variant": str, "corpus": str})
+    except (OSError, UnicodeDecodeError, ValueError, pd.errors.EmptyDataError, pd.errors.ParserError) as err:
+        why = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise HeadprobeError(f"--format latex: cannot read {file} as a study's results table: {why}") from None
+    missing = [c for c in STUDY_COLUMNS if c not in table.columns]
+    if missing or table.empty:
+        raise HeadprobeError(
+            f"--format latex: {file} has {'no rows' if not missing else 'no column ' + ', '.join(missing)}: "
+            "not a finished headprobe study's results.csv"
+        )
+    return table
+
+
+def _study_caption(summary: dict, table: pd.DataFrame, stats: pd.DataFrame) -> str:
+    """The study table's caption: what each column is and its units, then the models (study.json's
+    ``base``: layers, d_model, positions, heads; no one model: a study trains many), training (steps,
+    batch, lr, seeds), data and device."""
+    from headprobe.analyses.study_table import formed_column
+
+    base, which = summary.get("base") or {}, summary.get("which")
+    seeds = summary.get("seeds") or sorted(table["seed"].unique().tolist())
+    n = int(stats["n_seeds"].max())
+    corpus = str(base.get("corpus") or table["corpus"].iloc[0])
+    copy = base.get("copy_fraction")
+    data = _CORPORA.get(corpus, corpus).format(copy=f"{100 * copy:g}" if isinstance(copy, int | float) else "?")
+    unit = "nats/char" if corpus == "text+copy" else "nats/token"
+    over = f"the mean over {n} seeds, their [min, max] on the line below" if n > 1 else "one seed"
+    if which == "heads":
+        grid = f"the width split into {', '.join(map(str, summary.get('n_heads_list') or _first_heads(table)))} heads (MHA)"
+    else:
+        grid = (
+            f"{base.get('n_heads')} query heads as MHA, GQA, MQA and MLA of latent rank r "
+            f"(decoupled rotary key {summary.get('rope')} wide)"
+        )
+    formed_by = "lower 95% bound" if formed_column(table) == "induction_ci95_low" else "score"
+    return (
+        f"headprobe study {which}: {base.get('n_layers')}-layer attention-only transformers of d_model "
+        f"{base.get('d_model')} ({base.get('positional')} positions, {'biases' if base.get('bias') else 'no biases'}), "
+        f"{grid}, each trained {base.get('steps')} steps (batch {base.get('batch_size')} × {base.get('seq_len')} "
+        f"tokens, AdamW lr {base.get('lr')}) once per seed (seeds {', '.join(map(str, seeds))}) on {corpus}: {data}; "
+        f"device {summary.get('device')}. KV cache: bytes per token over all layers at bf16; attn. params: "
+        f"attention parameters per layer. Held-out loss: {unit} on {base.get('n_eval')} held-out "
+        f"{'text windows' if corpus == 'text+copy' else 'sequences'}; in-context loss: late minus early loss on "
+        f"held-out copy sequences (nats/token; about -4.5 once induction heads work, near 0 before); each is {over}. "
+        f"Induction max: the top induction score (repeated block of {base.get('eval_period')}), mean over seeds; "
+        f"formed: the top induction head's {formed_by} above 0.5 in every seed."
+    )
+
+
+def _first_heads(table: pd.DataFrame) -> list[int]:
+    """The head counts of a heads study's variants, in results.csv's order."""
+    return [int(h) for h in table.groupby("variant", sort=False)["n_heads"].first()]
+
+
 BUILDERS = {
     "scan": scan_tables,
     "prune": prune_tables,
     "ablate": ablate_tables,
     "kv": kv_tables,
     "circuit": circuit_all_tables,
+    "study": study_tables,
 }
 """The source kinds ``--format latex`` writes tables of, and each one's tables."""
 
@@ -534,6 +651,7 @@ def has_tables(kind: str, summary: Mapping) -> bool:
         "ablate": ("top_heads_by_loss_delta", "top_heads_by_estimate"),
         "kv": ("chosen",),
         "circuit": ("top_edges",),
+        "study": ("per_variant",),
     }
     return any(summary.get(k) for k in keys.get(kind, ()))
 

@@ -40,7 +40,7 @@ __getattr__ = lazy_names(__name__, "headprobe.commands.export_core", _CORE)
 
 HELP = (
     "write a scan, kv or circuit folder as DuoAttention, HeadKV, MIB/EAP-IG or Parquet files for other tools, "
-    "or a scan, prune, ablate, kv or circuit folder's tables as booktabs LaTeX"
+    "or a scan, prune, ablate, kv, circuit or study folder's tables as booktabs LaTeX"
 )
 CHOICES = (*FORMATS, "latex", "all")
 """``--format``: the exchange formats, LaTeX tables, or every one the source has."""
@@ -74,7 +74,7 @@ class ExportConfig:
 
     source: str = setting(
         MISSING,
-        "output folder of headprobe scan, kv or circuit (prune and ablate too for --format latex)",
+        "output folder of headprobe scan, kv or circuit (prune, ablate and study too for --format latex)",
         flag="--from",
         metavar="DIR",
         required=True,
@@ -119,7 +119,7 @@ class ExportConfig:
             )
         if not str(self.source).strip():  # "" is the current folder to Path: refuse it as --out "" is
             raise HeadprobeError(
-                "the source folder name is empty; give --from the output folder of a headprobe run (scan, kv, circuit; prune and ablate for --format latex)"
+                "the source folder name is empty; give --from the output folder of a headprobe run (scan, kv, circuit; prune, ablate and study for --format latex)"
             )
         if self.sink is not None and self.sink < 0:
             raise HeadprobeError(f"--sink must be >= 0, got {self.sink}")

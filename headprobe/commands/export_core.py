@@ -105,7 +105,8 @@ class ExportResult(CompactRepr, ReadsInputs):
     def report(self) -> str:
         lay = self.source.layout
         shape = f": {lay.n_layers} layers x {lay.n_heads} heads" if lay is not None else ""
-        lines = [f"{self.source.kind} folder {self.source.path} ({self.source.identity()['model']}{shape})"]
+        model = self.source.identity()["model"]  # a study trains many models: none named
+        lines = [f"{self.source.kind} folder {self.source.path}" + (f" ({model}{shape})" if model else "")]
         lines += [f"  {name}: {how}" for name, how in self.notes.items()]
         return "\n".join(lines)
 
@@ -152,10 +153,11 @@ def read_source(path: Path) -> Source:
         None,
     )
     kind = kind or next((k for k, fs in TABLE_ONLY.items() if any((path / f).is_file() for f in fs)), None)
-    if kind is None or not (path / "summary.json").is_file():
+    if kind is None or not (path / SUMMARY_FILES.get(kind, "summary.json")).is_file():
         raise HeadprobeError(
-            f"{path} holds no finished headprobe scan, kv, circuit, prune or ablate run (summary.json with "
-            "head_scores.csv, policy.json, edges.csv, pruning_curve.csv, per_layer.csv or head_ablation.csv)"
+            f"{path} holds no finished headprobe scan, kv, circuit, prune, ablate or study run (summary.json with "
+            "head_scores.csv, policy.json, edges.csv, pruning_curve.csv, per_layer.csv or head_ablation.csv; "
+            "a study's study.json)"
         )
     raw, summary = read_summary(path, kind)
     if kind in TABLE_ONLY:  # LaTeX tables only: summary.json has their rows, no layout is needed
@@ -194,26 +196,39 @@ COLUMNS = {
 """The columns export reads of each table."""
 HEAD_NUMBERS = {"scan": ("layer", "head", "kv_head"), "kv": ("layer", "kv_group"), "circuit": ()}
 """The columns of each table that number heads, layers or KV groups (whole numbers >= 0)."""
-TABLE_ONLY = {"ablate": ("head_ablation.csv",), "prune": ("pruning_curve.csv", "per_layer.csv")}
+TABLE_ONLY = {
+    "ablate": ("head_ablation.csv",),
+    "prune": ("pruning_curve.csv", "per_layer.csv"),
+    "study": ("study.json",),
+}
 """Source kinds written as LaTeX tables only, and the files that mark their folders."""
-SUMMARY_KEYS = {"scan": ("layout",), "kv": ("n_layers", "n_kv_groups"), "circuit": (), "prune": (), "ablate": ()}
+SUMMARY_FILES = {"study": "study.json"}
+"""The summary of a kind whose file is not summary.json (a study's: study.json; results.csv beside it)."""
+SUMMARY_KEYS = {
+    "scan": ("layout",),
+    "kv": ("n_layers", "n_kv_groups"),
+    "circuit": (),
+    "prune": (),
+    "ablate": (),
+    "study": ("which", "per_variant"),
+}
 """The summary.json keys export reads of each source kind."""
 
 
 def read_summary(path: Path, kind: str) -> tuple[bytes, dict]:
-    """``(bytes, JSON object)`` of ``path/summary.json``, with the keys a ``kind`` run's has
-    (:data:`SUMMARY_KEYS`; a scan's ``layout`` with integer sizes).
+    """``(bytes, JSON object)`` of ``path/summary.json`` (a study's study.json, :data:`SUMMARY_FILES`),
+    with the keys a ``kind`` run's has (:data:`SUMMARY_KEYS`; a scan's ``layout`` with integer sizes).
 
     Raises:
         HeadprobeError: unreadable, cut (not JSON), not an object, or lacking a key."""
-    file = path / "summary.json"
+    file = path / SUMMARY_FILES.get(kind, "summary.json")
     try:
         raw = file.read_bytes()
         summary = json.loads(raw)
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise HeadprobeError(f"cannot read {file} as JSON (cut, or not headprobe's): {err}") from None
     if not isinstance(summary, dict):
-        raise HeadprobeError(f"{file} is not a JSON object (not a headprobe {kind} summary.json)")
+        raise HeadprobeError(f"{file} is not a JSON object (not a headprobe {kind} {file.name})")
     lay = summary.get("layout")
     missing = [k for k in SUMMARY_KEYS[kind] if k not in summary]
     missing += [

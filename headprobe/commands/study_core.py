@@ -14,7 +14,16 @@ import pandas as pd
 from headprobe.analyses import figures
 from headprobe.analyses.outputs import WritesOutputs
 from headprobe.analyses.statistics import interval_rule, mean_ci, no_interval_reason
-from headprobe.analyses.train_config import INDUCTION_FORMED, TrainConfig
+from headprobe.analyses.study_table import (
+    FORMED_BY,
+    HEADLINE_COLUMNS,
+    REPORT_COLUMNS,
+    REPORT_DIGITS,
+    formed_column,
+    formed_in_every_seed,
+    variant_stats,
+)
+from headprobe.analyses.train_config import TrainConfig
 from headprobe.commands.study import CONTEXT, StudyConfig, layout_of
 from headprobe.options import check_fields, config_inputs, notes_flags
 from headprobe.probe.core.io import cpu_kernels, models_self_check, summary_envelope
@@ -79,19 +88,9 @@ def run_study(runs: list[tuple[str, TrainConfig]], seeds: list[int], progress: b
 
 def headline(which: str, table: pd.DataFrame) -> dict:
     """Per-variant means and, for layouts, the smallest MLA rank whose cache is below 1/8 of MHA's."""
-    agg = table.groupby("variant", sort=False).agg(
-        eval_loss=("eval_loss", "mean"),
-        eval_loss_sd=("eval_loss", "std"),
-        eval_loss_min=("eval_loss", "min"),
-        eval_loss_max=("eval_loss", "max"),
-        in_context_loss=("in_context_loss", "mean"),
-        in_context_loss_sd=("in_context_loss", "std"),
-        max_induction=("max_induction", "mean"),
-        min_max_induction=("max_induction", "min"),
-        kv_bytes_per_token=("kv_bytes_per_token", "first"),
-        seconds=("seconds", "mean"),
-    )
-    n_seeds = table.groupby("variant", sort=False)["seed"].nunique()
+    stats = variant_stats(table)
+    agg = stats[list(HEADLINE_COLUMNS)]
+    n_seeds = stats["n_seeds"]
     one_seed = "undefined: one seed; a standard deviation over seeds needs at least 2 (--seeds)"
     out: dict[str, Any] = {
         "per_variant": {
@@ -167,23 +166,6 @@ def _paired_gaps(table: pd.DataFrame, variant: str, reference: str) -> dict:
     }
 
 
-FORMED_BY = {"induction_ci95_low": "induction 95% lower bound", "max_induction": "induction score"}
-"""results.csv's column that says whether an induction head formed -> its name in the figure's legend."""
-
-
-def _formed_column(table: pd.DataFrame) -> str:
-    """The :data:`FORMED_BY` column of ``table``: the top head's lower 95% bound (``induction_ci95_low``,
-    :func:`headprobe.analyses.train.induction_formed`); in a results.csv written before it, the top
-    score (``max_induction``)."""
-    return "induction_ci95_low" if "induction_ci95_low" in table.columns else "max_induction"
-
-
-def formed_in_every_seed(table: pd.DataFrame) -> pd.Series:
-    """Per variant of ``table`` (results.csv), whether an induction head formed in every seed: its
-    :func:`_formed_column` above 0.5 in each."""
-    return table.groupby("variant", sort=False)[_formed_column(table)].min() > INDUCTION_FORMED
-
-
 def study_figure(which: str, table: pd.DataFrame, title: str):
     """The study's figure from its ``results.csv`` table, as ``(name, Figure)``: ``loss_vs_heads``
     (held-out loss and in-context loss against heads, every seed shown) or ``quality_vs_kv`` (mean
@@ -215,7 +197,7 @@ def study_figure(which: str, table: pd.DataFrame, title: str):
         label,
         formed=formed_in_every_seed(table)[agg.index].to_numpy(),
         n_seeds=int(table.groupby("variant", sort=False)["seed"].nunique().min()),
-        formed_by=FORMED_BY[_formed_column(table)],
+        formed_by=FORMED_BY[formed_column(table)],
     )
     return "quality_vs_kv", fig
 
@@ -299,19 +281,18 @@ class StudyResult(CompactRepr, WritesOutputs):
         )
 
     def report(self) -> str:
-        """The per-variant means ``headprobe study`` prints, with the losses' standard deviation over
-        seeds (:func:`headline`'s ``_sd``) where a variant ran 2+ seeds."""
-        cols = ["eval_loss", "in_context_loss", "max_induction", "kv_bytes_per_token"]
-        means = self.table.groupby("variant", sort=False)[cols].mean()
-        per = headline(self.config.which, self.table)["per_variant"]  # its sd: None from one seed
-        sd = pd.DataFrame([per[v] for v in means.index], index=means.index)[["eval_loss_sd", "in_context_loss_sd"]]
-        if sd.notna().any().any():
+        """The per-variant means ``headprobe study`` prints (:func:`~headprobe.analyses.study_table.variant_stats`,
+        :data:`~headprobe.analyses.study_table.REPORT_COLUMNS`), with the losses' standard deviation over
+        seeds (``_sd``) where a variant ran 2+ seeds."""
+        stats = variant_stats(self.table)
+        means = stats[list(REPORT_COLUMNS)].copy()
+        if stats[["eval_loss_sd", "in_context_loss_sd"]].notna().any().any():
             for c in ("in_context_loss", "eval_loss"):
-                means.insert(means.columns.get_loc(c) + 1, f"{c}_sd", sd[f"{c}_sd"].astype(float))
-            n = self.table.groupby("variant", sort=False)["seed"].nunique()
+                means.insert(means.columns.get_loc(c) + 1, f"{c}_sd", stats[f"{c}_sd"].astype(float))
+            n = stats["n_seeds"]
             seeds = f"{n.min()}" if n.min() == n.max() else f"{n.min()}-{n.max()}"
-            return f"{means.round(3).to_string(na_rep='n/a')}\n(_sd: standard deviation over {seeds} seeds)"
-        return str(means.round(3))
+            return f"{means.round(REPORT_DIGITS).to_string(na_rep='n/a')}\n(_sd: standard deviation over {seeds} seeds)"
+        return str(means.round(REPORT_DIGITS))
 
 
 def run(config: StudyConfig, progress: bool = False) -> StudyResult:
