@@ -684,9 +684,8 @@ def verify_heads(
     """
     from headprobe.probe.core.progress import progress_bar
 
-    spec = model.spec
     untrusted, scorers, removed = untrusted or {}, scorers or {}, set(removed)
-    requested = settings.n_random
+    requested, spec = settings.n_random, model.spec
     settings, tests, streams, excluded, notes = _drawn_tests(top, task_of, spec, untrusted, removed, settings)
     plan, n_secondary = _capped_plan(tests, streams, settings, requested)
     _rerun_reach(tests, top, task_of, _all_heads(spec), removed, settings, ranked)
