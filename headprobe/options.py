@@ -1396,6 +1396,19 @@ def _same_inputs(
     return None
 
 
+def say_replaced_and_kept(out: str | Path) -> None:
+    """Print, after a command wrote ``out``, which previous run its ``--overwrite`` replaced (its
+    command and file count, :func:`~headprobe.probe.core.io.replaced_run`; nothing where ``out`` was
+    empty or the run resumed there) and which files it kept (:func:`kept_line`): every command that
+    writes a folder says both so."""
+    from headprobe.probe.core.io import replaced_run
+
+    if (replaced := replaced_run(out, forget=True)) is not None:
+        print(replaced.line(out))
+    if kept := kept_line(out):
+        print(kept)
+
+
 def kept_line(out: str | Path) -> str | None:
     """The line that says which files in ``out`` an ``--overwrite`` left because headprobe did not
     write them (:func:`~headprobe.probe.core.io.foreign_files`), or None when there are none."""
@@ -1516,5 +1529,4 @@ def _run_checked(args: argparse.Namespace, config, how: Run, sharded: bool, main
         print()
         print(result.report())
         print(wrote_tables(paths, Path(args.out)))
-        if kept := kept_line(args.out):
-            print(kept)
+        say_replaced_and_kept(args.out)

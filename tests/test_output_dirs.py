@@ -515,3 +515,69 @@ def test_a_training_replaces_its_own_earlier_model(tmp_path, capsys):
     assert main(argv) == 0
     assert main([*argv, "--overwrite", "--seed", "1"]) == 0
     assert json.loads((m / "summary.json").read_text())["config"]["seed"] == 1
+
+
+def _show(tiny_dir, out, *extra):
+    argv = ["show", "--model", str(tiny_dir), "--head", "1.5", "--prompt", "t1 t2 t3 t4", "--device", "cpu"]
+    return main([*argv, "--out", str(out), "--formats", "none", *extra])
+
+
+def _listed(out):
+    return json.loads((out / OUTPUTS_NAME).read_text())["files"]
+
+
+def test_overwrite_says_which_runs_files_it_replaced(tiny_dir, text_file, tmp_path, capsys):
+    """``show --overwrite`` into a scan's folder replaced the whole scan in silence: now one line names
+    the previous run's command (its summary's ``command``; show's, which writes no summary, from the
+    file list) and counts its files (the reference: the list the previous run recorded)."""
+    out = tmp_path / "o"
+    assert _scan(tiny_dir, text_file, out, "--types", "induction", "--formats", "none") == 0
+    scan_files = _listed(out)
+    assert "replaced" not in capsys.readouterr().out  # written into no folder: nothing replaced
+    assert _show(tiny_dir, out, "--overwrite") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"replaced the previous run in {out}/ (headprobe scan, {len(scan_files)} files)" in lines
+    show_files = _listed(out)
+    assert _scan(tiny_dir, text_file, out, "--types", "induction", "--formats", "none", "--overwrite") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert show_files == ["index.html"]  # --formats none: the page alone
+    assert f"replaced the previous run in {out}/ (headprobe show, 1 file)" in lines
+
+
+def test_overwrite_of_an_older_runs_folder_names_no_command(tiny_dir, text_file, tmp_path, capsys):
+    """A run written before summaries and file lists recorded the command: the line says "a previous
+    headprobe run" (a study's ``study.json`` names its command); an empty folder gets no line."""
+    from headprobe.probe.core.io import previous_run
+
+    out = tmp_path / "o"
+    out.mkdir()
+    assert _show(tiny_dir, out) == 0  # an empty folder: nothing replaced
+    assert "replaced" not in capsys.readouterr().out
+    assert _scan(tiny_dir, text_file, out, "--types", "induction", "--formats", "none", "--overwrite") == 0
+    summary = json.loads((out / "summary.json").read_text())
+    del summary["command"]
+    (out / "summary.json").write_text(json.dumps(summary))
+    (out / OUTPUTS_NAME).write_text(json.dumps({"files": _listed(out)}))
+    n = len(_listed(out))
+    capsys.readouterr()
+    assert _show(tiny_dir, out, "--overwrite") == 0
+    assert f"replaced the previous run in {out}/ (a previous headprobe run, {n} files)" in capsys.readouterr().out
+    old = tmp_path / "study"
+    old.mkdir()
+    (old / "study.json").write_text("{}")
+    assert previous_run(old) is not None and previous_run(old).command == "study"
+    assert previous_run(tmp_path / "empty") is None
+
+
+def test_a_python_save_over_a_run_records_what_it_replaced(tmp_path, capsys):
+    """From Python nothing is printed (as for the kept files); ``replaced_run(out)`` tells it."""
+    from headprobe.analyses.outputs import write_outputs
+    from headprobe.probe.core.io import replaced_run
+
+    out = tmp_path / "o"
+    write_outputs(out, False, summary={"run": 1}, tables={"a.csv": "x\n", "b.csv": "y\n"})
+    assert replaced_run(out) is None
+    write_outputs(out, True, summary={"run": 2})
+    replaced = replaced_run(out)
+    assert replaced is not None and (replaced.command, replaced.files) == (None, 3)
+    assert capsys.readouterr().out == ""

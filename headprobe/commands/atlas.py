@@ -468,8 +468,7 @@ def main(args: argparse.Namespace, config: AtlasConfig) -> int:
         f"\nwrote atlas.csv ({len(result.table)} heads), {len(result.files) - 2} figure files and summary.json to "
         f"{result.out}/ (each model's scan in {result.out}/{MODELS_DIR}/)"
     )
-    if kept := options.kept_line(result.out):
-        print(kept)
+    options.say_replaced_and_kept(result.out)
     return 0  # every model failed: run raised, and wrote nothing
 
 

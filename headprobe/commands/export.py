@@ -168,8 +168,7 @@ def main(args: argparse.Namespace, config: ExportConfig) -> int:
     paths = result.save(config.out, overwrite=config.overwrite)
     print(result.report())
     print(f"\nwrote {len(paths)} files to {Path(config.out)}/")  # Path: "duo/" is written duo/, not duo//
-    if kept := options.kept_line(config.out):  # every --overwrite command says it so
-        print(kept)
+    options.say_replaced_and_kept(config.out)
     return 0
 
 

@@ -395,8 +395,7 @@ def main(args: argparse.Namespace, config: ShowConfig) -> int:
         f"head {result.head[0]}.{result.head[1]} on {len(result.labels)} tokens; wrote "
         + ", ".join(str(p) for p in result.paths)
     )
-    if kept := options.kept_line(args.out):
-        print(kept)
+    options.say_replaced_and_kept(args.out)
     return 0
 
 

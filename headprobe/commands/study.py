@@ -38,7 +38,7 @@ from pathlib import Path
 from headprobe.analyses.train_config import N_CHARS, TrainConfig, refuse_copy_fraction
 from headprobe.analyses.vocabulary import seed_error
 from headprobe.commands import Command, lazy_names, resolve
-from headprobe.options import kept_line, out_as_it_was
+from headprobe.options import out_as_it_was, say_replaced_and_kept
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import prepare_output_dir
 from headprobe.probe.core.registry import did_you_mean
@@ -301,8 +301,7 @@ def main(args: argparse.Namespace, config: StudyConfig) -> int:
         result.save(args.out, overwrite=args.overwrite)
     print(result.report())
     print(f"wrote results.csv, study.json and the figure to {Path(args.out)}/")
-    if kept := kept_line(args.out):
-        print(kept)
+    say_replaced_and_kept(args.out)
     return 0
 
 

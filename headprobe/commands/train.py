@@ -10,7 +10,7 @@ from pathlib import Path
 
 from headprobe.analyses.train_config import CORPORA, WARMUP, TrainConfig
 from headprobe.commands import Command, lazy_names, resolve
-from headprobe.options import kept_line, out_as_it_was
+from headprobe.options import out_as_it_was, say_replaced_and_kept
 from headprobe.probe.core.io import prepare_output_dir
 from headprobe.settings import OUTPUT, DataSettings, Flags, ModelSettings, from_args, setting, shared
 
@@ -143,8 +143,7 @@ def main(args: argparse.Namespace, config: TrainConfig) -> int:
     out = Path(args.out)
     print(f"\n{result.report()}")
     print(f"wrote {len(paths)} files to {out}/ (headprobe scan --model {out} reads the checkpoint)")
-    if kept := kept_line(out):
-        print(kept)
+    say_replaced_and_kept(out)
     return 0
 
 

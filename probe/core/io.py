@@ -296,7 +296,12 @@ def record_output(out: str | os.PathLike[str], rel: str) -> None:
         return
     files = previous_outputs(out)
     if rel not in files:
-        write_json(Path(out) / OUTPUTS_NAME, {"files": [*files[:-1], rel, *files[-1:]]})
+        try:  # the list's other keys (the command's name) stay
+            listed = json.loads((Path(out) / OUTPUTS_NAME).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            listed = {}
+        listed = listed if isinstance(listed, dict) else {}
+        write_json(Path(out) / OUTPUTS_NAME, {**listed, "files": [*files[:-1], rel, *files[-1:]]})
 
 
 MODEL_WEIGHTS = (
@@ -375,6 +380,58 @@ def _remove(out: Path, rel: str) -> None:
             (out / parent).rmdir()
 
 
+@dataclass(frozen=True)
+class ReplacedRun:
+    """A previous run's files that an overwrite of its folder replaced (:func:`replaced_run`).
+
+    Attributes:
+        command: the word after ``headprobe`` of the command that wrote them (``"ablate"``), read
+            from its summary's ``command`` (:func:`summary_envelope`) or the file list's
+            (:data:`OUTPUTS_NAME`; ``show`` writes no summary), or ``"study"`` for a summary named
+            ``study.json``; None where none tells (a run from Python, a run older than both records).
+        files: how many files it listed (:func:`previous_outputs`).
+    """
+
+    command: str | None
+    files: int
+
+    def line(self, out: str | os.PathLike[str]) -> str:
+        """``replaced the previous run in abl/ (headprobe ablate, 14 files)``."""
+        who = f"headprobe {self.command}" if self.command else "a previous headprobe run"
+        return f"replaced the previous run in {out}/ ({who}, {self.files} file{'s' * (self.files != 1)})"
+
+
+def previous_run(out: str | os.PathLike[str], files: Sequence[str] | None = None) -> ReplacedRun | None:
+    """The run whose ``files`` (default: :func:`previous_outputs`, summary last) are in ``out``, or
+    None where there are none (an empty folder, one holding only checkpoints or the user's files)."""
+    files = previous_outputs(out) if files is None else files
+    if not files:
+        return None
+    command = "study" if Path(files[-1]).name == "study.json" else None
+    for source in (files[-1], OUTPUTS_NAME):  # the summary's command, else the file list's
+        try:
+            words = json.loads((Path(out) / source).read_text(encoding="utf-8")).get("command")
+            words = [words] if isinstance(words, str) else words
+            command = next(w for w in words if isinstance(w, str) and not w.startswith("-"))
+            break
+        except (OSError, ValueError, AttributeError, TypeError, StopIteration):
+            pass  # no summary last (show's figures), not JSON, or no command recorded: an older run's
+    return ReplacedRun(command, len(files))
+
+
+_REPLACED: dict[Path, ReplacedRun | None] = {}
+"""The run the last :func:`swap_in` into each folder (resolved) replaced, in this process."""
+
+
+def replaced_run(out: str | os.PathLike[str], forget: bool = False) -> ReplacedRun | None:
+    """The previous run (its command and file count) that this process's last write into ``out``
+    (:func:`swap_in`, e.g. ``result.save(out, overwrite=True)``) replaced; None where it replaced
+    none (``out`` was empty, or held only a checkpoint the run resumed) or nothing was written.
+    ``forget``: drop the record, so a later run that writes nothing there is not told of it."""
+    key = Path(out).resolve()
+    return _REPLACED.pop(key, None) if forget else _REPLACED.get(key)
+
+
 _STAGING: set[Path] = set()
 """The staging folders this process has open (:func:`staging`): never another's leftovers."""
 
@@ -416,6 +473,7 @@ def swap_in(out: str | os.PathLike[str], staged: Path, files: list[str], produce
     check_inputs_kept(out)
     old = previous_outputs(out)
     new = [*produced, *files]
+    _REPLACED[out.resolve()] = previous_run(out, old)  # read before its summary is removed
     for rel in [*old[-1:], *files[-1:]]:  # the summaries first
         _remove(out, rel)
     write_json(out / OUTPUTS_NAME, {"files": [*dict.fromkeys([*old, *new])]})
@@ -425,12 +483,19 @@ def swap_in(out: str | os.PathLike[str], staged: Path, files: list[str], produce
     for rel in files:
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
         if rel == files[-1]:
-            write_json(out / OUTPUTS_NAME, {"files": new})
+            write_json(out / OUTPUTS_NAME, _file_list(new))
         if (out / rel).is_dir() and not (out / rel).is_symlink():  # a folder entry (pruned_model/): replaced whole
             shutil.rmtree(out / rel)
         os.replace(staged / rel, out / rel)
     if not files:
-        write_json(out / OUTPUTS_NAME, {"files": new})
+        write_json(out / OUTPUTS_NAME, _file_list(new))
+
+
+def _file_list(files: list[str]) -> dict:
+    """:data:`OUTPUTS_NAME`'s content: ``files`` and, from the command line, ``command``, the command's
+    name (``"show"``: what :func:`previous_run` names where the run wrote no summary)."""
+    words = [w for w in command_words() or () if not w.startswith("-")]
+    return {"files": files, **({"command": words[0]} if words else {})}
 
 
 class RunCheckpoint:
