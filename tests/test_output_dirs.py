@@ -581,3 +581,8 @@ def test_a_python_save_over_a_run_records_what_it_replaced(tmp_path, capsys):
     replaced = replaced_run(out)
     assert replaced is not None and (replaced.command, replaced.files) == (None, 3)
     assert capsys.readouterr().out == ""
+    resumed = tmp_path / "resumed"  # a resumed run's folder holds only its checkpoint: nothing replaced
+    resumed.mkdir()
+    (resumed / CHECKPOINT_NAME).write_text("{}")
+    write_outputs(resumed, True, summary={"run": 1}, resumable=True)
+    assert replaced_run(resumed) is None and replaced_run(resumed, forget=True) is None
