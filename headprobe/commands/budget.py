@@ -13,7 +13,10 @@ Four ways to use it:
   :data:`CHECK_BACKEND`, whatever the other commands pick). A headprobe checkpoint directory
   (``headprobe train``'s, or ``prune --save-pruned``'s ``pruned_model/``) is read directly, with
   its own layout: a pruned model's layers keep different numbers of heads, and it is costed layer
-  by layer next to the unpruned layout (:func:`check_headprobe_dir`, :func:`layers_report`).
+  by layer next to the unpruned layout (:func:`check_headprobe_dir`, :func:`layers_report`). A
+  model with one dense MLP per layer gets the whole-model rows as a preset does, its MLP,
+  vocabulary and embeddings read from its config (:func:`shape_of_native_config`); a mixture of
+  experts or a hybrid with linear layers gets one line saying why not.
 
 From Python: ``headprobe.budget(preset="llama3-8b", seq_len=32768)`` returns a
 :class:`BudgetResult` (``.summary()`` is the ``--json`` output, ``.format()`` the text,
@@ -485,10 +488,17 @@ def describe(lay: AttentionLayout, dtype: str | None = None) -> str:
     return f"{name}{lay.kind}, d_model {lay.d_model}, {lay.n_layers} layers, {heads}, bias {lay.bias}{extra}, {fmt}"
 
 
-def report(lay: AttentionLayout, seq_len: int, batch: int, shape: cost.ModelShape | None = None) -> dict[str, Any]:
+def report(
+    lay: AttentionLayout,
+    seq_len: int,
+    batch: int,
+    shape: cost.ModelShape | None = None,
+    no_shape: str | None = None,
+) -> dict[str, Any]:
     """Every number of one layout at one workload, as plain integers and floats (bytes, FLOPs, counts);
-    with a preset's ``shape`` (:data:`~headprobe.probe.layout.cost.MODEL_SHAPES`) the whole model's
-    parameters and forward FLOPs per token too (:func:`whole_model_report`)."""
+    with a preset's or model's ``shape`` (:data:`~headprobe.probe.layout.cost.MODEL_SHAPES`,
+    :func:`shape_of_native_config`) the whole model's parameters and forward FLOPs per token too
+    (:func:`whole_model_report`); ``no_shape``: why a model has none (``whole_model_missing``)."""
     mha = lay.as_mha()
     fl = cost.attention_flops(lay, seq_len, batch)
     fl_mha = cost.attention_flops(lay, seq_len, batch, as_mha=True)
@@ -516,6 +526,7 @@ def report(lay: AttentionLayout, seq_len: int, batch: int, shape: cost.ModelShap
         "fused_attention_bytes_per_layer": cost.fused_attention_bytes(lay, seq_len, batch),
         "activation_bytes_per_element": cost.activation_bytes(lay),
         **(whole_model_report(lay, shape, seq_len) if shape is not None else {}),
+        **({"whole_model_missing": no_shape} if no_shape else {}),
         **windowed_report(lay, seq_len, batch),
     }
 
@@ -526,6 +537,12 @@ def whole_model_report(lay: AttentionLayout, shape: cost.ModelShape, seq_len: in
     (:func:`~headprobe.probe.layout.cost.forward_flops_per_token`, Kaplan et al. 2020's 2N plus
     the scores and AV), with the attention part of the latter (FLOPs, counts)."""
     params = cost.model_params(lay, shape)
+    context = cost.score_flops(lay, 1, 1) * cost.kv_positions_total(lay, seq_len)
+    return _whole_model_dict(params, shape, context)
+
+
+def _whole_model_dict(params: cost.ModelParams, shape: cost.ModelShape, context: int) -> dict[str, Any]:
+    """The whole-model keys of a report: ``params`` by part, and ``2 N + context`` FLOPs per token."""
     return {
         "model_params": params.total,
         "model_params_by_part": {
@@ -536,14 +553,13 @@ def whole_model_report(lay: AttentionLayout, shape: cost.ModelShape, seq_len: in
         },
         "model_params_non_embedding": params.non_embedding,
         "tied_embeddings": shape.tied_embeddings,
-        "forward_flops_per_token": cost.forward_flops_per_token(lay, shape, seq_len),
-        "forward_flops_per_token_attention_context": cost.score_flops(lay, 1, 1)
-        * cost.kv_positions_total(lay, seq_len),
+        "forward_flops_per_token": 2 * params.non_embedding + context,
+        "forward_flops_per_token_attention_context": context,
     }
 
 
 def whole_model_rows(r: dict[str, Any], seq_len: int) -> list[list[str]]:
-    """The report's whole-model rows (:func:`whole_model_report`), empty without a preset's shape."""
+    """The report's whole-model rows (:func:`whole_model_report`), empty without a preset's or model's shape."""
     if "model_params" not in r:
         return []
     part = r["model_params_by_part"]
@@ -681,6 +697,7 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
             f"each of {n_global} of {lay.n_layers} layers; all T^2 scores, causal mask not used (causal: {causal})"
         )
     only = ", except the rows marked whole model" if "model_params" in r else ""
+    only += f"; {r['whole_model_missing']}" if "whole_model_missing" in r else ""
     head = (
         f"{describe(lay, dtype)}\nworkload: batch {B} x seq_len {T}; 1 KiB = 2^10 bytes, 1 TFLOP = 10^12 FLOPs\n"
         f"rows count attention only (no MLP, embeddings or norms){only}\n"
@@ -1412,11 +1429,21 @@ def format_layers_report(d: dict[str, Any], lay: AttentionLayout, dtype: str) ->
             format_bytes(u["fused_attention_bytes_largest_layer"]),
         ],
     ]
+    if "model_params" in p:
+        rows[3:3] = [
+            ["parameters, whole model", f"{p['model_params']:,}", f"{u['model_params']:,}"],
+            [
+                "forward FLOPs per token, whole model",
+                *_flops_pair(p["forward_flops_per_token"], u["forward_flops_per_token"]),
+            ],
+        ]
+    only = ", except the rows marked whole model" if "model_params" in p else ""
+    only += f"; {d['whole_model_missing']}" if "whole_model_missing" in d else ""
     head = (
         f"{describe(lay, dtype)}; pruned: {sum(u['heads_per_layer']) - sum(p['heads_per_layer'])} of "
         f"{sum(u['heads_per_layer'])} query heads removed\n"
         f"workload: batch {B} x seq_len {T}; 1 KiB = 2^10 bytes, 1 TFLOP = 10^12 FLOPs\n"
-        "rows count attention only (no MLP, embeddings or norms)\n"
+        f"rows count attention only (no MLP, embeddings or norms){only}\n"
     )
     return head + "\n" + _table(rows, ["quantity", "pruned", "unpruned"], right={1, 2})
 
@@ -1636,14 +1663,23 @@ def run(config: BudgetConfig) -> BudgetResult:
 
         # TransformerLens prints progress on stdout; keep stdout for the report (and --json).
         with redirect_stdout(sys.stderr):
-            model_layout, check = check_loaded(load_model(config.model, backend=CHECK_BACKEND))
+            loaded = load_model(config.model, backend=CHECK_BACKEND)
+            model_layout, check = check_loaded(loaded)
         base = replace(model_layout, bytes_per_element=config.bytes_per_element)
+        return _report(config, base, check, shape_of_hf_config(loaded.hf_config))
     return _report(config, base, check)
 
 
-def _report(config: BudgetConfig, base: AttentionLayout | None, check: dict[str, Any] | None) -> BudgetResult:
+def _report(
+    config: BudgetConfig,
+    base: AttentionLayout | None,
+    check: dict[str, Any] | None,
+    shape: cost.ModelShape | str | None = None,
+) -> BudgetResult:
     """The report, compare or FLOPs-table mode of :func:`run` on ``base`` (a model's layout, or
-    None: the preset's or the flags') with the flags applied, and the live ``check`` record."""
+    None: the preset's or the flags') with the flags applied, and the live ``check`` record;
+    ``shape``: a model's MLP, vocabulary and embeddings (:func:`shape_of_native_config`), or why it
+    has none (a line), or None for a preset's (:func:`model_shape`)."""
     lay = layout_from_config(config, base)
     # Validate the workload before computing anything.
     cost.kv_bytes_per_request(lay, config.workload_seq_len, config.batch)
@@ -1661,7 +1697,7 @@ def _report(config: BudgetConfig, base: AttentionLayout | None, check: dict[str,
             "compare": rows,
         }
     else:
-        mode, out = "report", report(lay, config.workload_seq_len, config.batch, model_shape(config))
+        mode, out = "report", report(lay, config.workload_seq_len, config.batch, *model_shape(config, shape))
     if config.policy is not None:
         from headprobe.analyses.exchange import read_kv_policy
 
@@ -1682,13 +1718,71 @@ def _report(config: BudgetConfig, base: AttentionLayout | None, check: dict[str,
     return BudgetResult(config, mode, lay, out, check=check)
 
 
-def model_shape(config: BudgetConfig) -> cost.ModelShape | None:
-    """The preset's MLP, vocabulary and embeddings (:data:`~headprobe.probe.layout.cost.MODEL_SHAPES`)
-    for the whole-model rows, or None: no preset, a preset without one (MoE, encoder-decoder), or
-    ``--d-model`` / ``--n-layers`` given (the preset's MLP width and depth would no longer be its own)."""
-    if config.preset is None or config.model or config.d_model is not None or config.n_layers is not None:
-        return None
-    return cost.MODEL_SHAPES.get(config.preset.lower())
+def model_shape(
+    config: BudgetConfig, loaded: cost.ModelShape | str | None = None
+) -> tuple[cost.ModelShape | None, str | None]:
+    """The MLP, vocabulary and embeddings for the whole-model rows: a ``--model``'s (``loaded``,
+    :func:`shape_of_native_config`) or the preset's (:data:`~headprobe.probe.layout.cost.MODEL_SHAPES`),
+    and None or why there is none. None without a reason: no model nor preset, a preset without
+    one (MoE, encoder-decoder); with one: a model whose MLP is not one dense MLP (``loaded`` is
+    the reason), or ``--d-model`` / ``--n-layers`` given with ``--model`` (its MLP width and
+    depth would no longer be its own; a preset's rows are then left out silently)."""
+    resized = config.d_model is not None or config.n_layers is not None
+    if config.model:
+        if isinstance(loaded, str):
+            return None, f"no whole-model rows: {loaded}"
+        if resized:
+            return None, "no whole-model rows: --d-model or --n-layers makes the model's MLP and depth someone else's"
+        return loaded, None
+    if config.preset is None or resized:
+        return None, None
+    return cost.MODEL_SHAPES.get(config.preset.lower()), None
+
+
+def shape_of_native_config(cfg: Any) -> cost.ModelShape | str:
+    """A model's MLP, vocabulary, embeddings and norms as a :class:`~headprobe.probe.layout.cost.ModelShape`,
+    read from its native :class:`~headprobe.probe.model.config.TransformerConfig` (a Hugging Face
+    model's through :func:`~headprobe.probe.model.convert.config_from_hf`): ``d_vocab``, ``d_mlp``,
+    ``mlp`` (gated: SwiGLU, GeGLU), ``tied_unembed``, ``bias`` (the MLP's), ``norm``, learned
+    positions (``n_ctx`` of them), pre and post norms, the final and embedding norms; or, where one
+    dense MLP per layer does not describe the model, one line saying why (MoE, hybrid with linear
+    layers, no MLP)."""
+    if cfg.n_experts is not None or cfg.moe_layers is not None:
+        return "mixture-of-experts MLPs (experts, router): no single dense MLP to count"
+    if cfg.linear_layers is not None:
+        return "a hybrid with linear-attention (Gated DeltaNet) layers, whose parameters the formulas do not count"
+    if cfg.mlp is None or cfg.d_mlp is None:
+        return "an attention-only model (no MLP)"
+    post = (2 if cfg.post_norm else 0) + (2 if cfg.post_ln and not cfg.pre_norm else 0)
+    return cost.ModelShape(
+        vocab_size=cfg.d_vocab,
+        d_mlp=cfg.d_mlp,
+        gated_mlp=cfg.mlp in ("swiglu", "geglu"),
+        tied_embeddings=cfg.tied_unembed,
+        mlp_bias=cfg.bias,
+        layer_norm=cfg.norm == "layernorm",
+        n_positions=cfg.n_ctx if cfg.positional == "learned" else 0,
+        norms_per_layer=(2 if cfg.pre_norm else 0) + post,
+        other_norms=int(cfg.final_norm) + int(cfg.embed_norm),
+    )
+
+
+def shape_of_hf_config(cfg: Any) -> cost.ModelShape | str:
+    """:func:`shape_of_native_config` of a Hugging Face model's config (``budget --model``'s), or why none."""
+    from headprobe.probe.model.convert import config_from_hf, supports
+
+    if cfg is None or not supports(cfg):
+        kind = getattr(cfg, "model_type", None)
+        return f"model type {kind!r} is not one headprobe's own transformer reads (its MLP and norms are unknown)"
+    shape = shape_of_native_config(config_from_hf(cfg))
+    if isinstance(shape, cost.ModelShape) and cfg.model_type in COHERE_TYPES:
+        # one bias-free LayerNorm per parallel layer (the native block loads it twice, with zero biases)
+        shape = replace(shape, norms_per_layer=1, layer_norm=False)
+    return shape
+
+
+COHERE_TYPES = ("cohere", "cohere2")
+"""Hugging Face model types whose parallel layer has one LayerNorm without a bias (counted as one weight)."""
 
 
 def _run_headprobe_dir(config: BudgetConfig) -> BudgetResult:
@@ -1718,18 +1812,52 @@ def _run_headprobe_dir(config: BudgetConfig) -> BudgetResult:
     with redirect_stdout(sys.stderr):
         lay, kept, check = check_headprobe_dir(config.model)
     base = replace(lay, bytes_per_element=config.bytes_per_element)
+    shape = shape_of_native_config(_dir_config(config.model))
     if kept is None:
-        return _report(config, base, check)
+        return _report(config, base, check, shape)
     heads, kv_heads = heads_per_layer(base, kept)
     T, B = config.workload_seq_len, config.batch
-    out = {
+    out: dict[str, Any] = {
         "check": check,
         "layout": base.to_dict(),
         "workload": {"seq_len": T, "batch": B},
         "pruned": layers_report(base, heads, kv_heads, T, B),
         "unpruned": layers_report(base, *heads_per_layer(base, None), T, B),
     }
+    if isinstance(shape, str):
+        out["whole_model_missing"] = f"no whole-model rows: {shape}"
+    else:
+        for key, (h, kv) in (("pruned", (heads, kv_heads)), ("unpruned", heads_per_layer(base, None))):
+            out[key] |= layers_whole_model(base, shape, h, kv, T)
     return BudgetResult(config, "pruned", base, out, check=check)
+
+
+def _dir_config(path: str) -> Any:
+    """The native :class:`~headprobe.probe.model.config.TransformerConfig` of a headprobe checkpoint
+    directory (its config.json's ``model``), already read once by :func:`check_headprobe_dir`."""
+    from pathlib import Path
+
+    from headprobe.probe.model.config import TransformerConfig
+
+    meta = json.loads((Path(path).expanduser() / "config.json").read_text(encoding="utf-8"))
+    return TransformerConfig.from_json(meta["model"])
+
+
+def layers_whole_model(
+    lay: AttentionLayout, shape: cost.ModelShape, heads: Sequence[int], kv_heads: Sequence[int], seq_len: int
+) -> dict[str, Any]:
+    """The whole-model parameters and forward FLOPs per token (:func:`whole_model_report`'s keys) of
+    a model whose layer ``l`` keeps ``heads[l]`` query heads on ``kv_heads[l]`` key/value heads: the
+    attention part summed layer by layer (:func:`~headprobe.probe.layout.cost.layer_cost`), the
+    MLP, norms and embeddings ``shape``'s; the scores + AV of a token against ``seq_len`` keys
+    (``min(seq_len, window)`` on a windowed layer). Counts and FLOPs."""
+    attention = sum(cost.layer_cost(cost.attention_params_per_layer, lay, h, kv) for h, kv in zip(heads, kv_heads))
+    params = cost.model_params(lay, shape, attention=attention)
+    context = sum(
+        cost.layer_cost(cost.score_flops, lay, h, kv, 1, 1) * positions
+        for h, kv, positions in zip(heads, kv_heads, cost.kv_positions(lay, seq_len))
+    )
+    return _whole_model_dict(params, shape, context)
 
 
 def _is_pruned(name: str) -> bool:

@@ -981,6 +981,9 @@ class ModelShape:
         mlp_bias: the MLP's matrices carry biases (GPT-2).
         layer_norm: LayerNorm (a weight and a bias per feature) rather than RMSNorm (a weight).
         n_positions: learned absolute position embeddings (GPT-2: 1,024), 0 for rotary.
+        norms_per_layer: norms of one layer (2: before the attention and before the MLP; Gemma 2
+            and 3 add a norm after each, 4).
+        other_norms: norms outside the layers (1: the final norm; an embedding norm adds one).
     """
 
     vocab_size: int
@@ -990,6 +993,8 @@ class ModelShape:
     mlp_bias: bool = False
     layer_norm: bool = False
     n_positions: int = 0
+    norms_per_layer: int = 2
+    other_norms: int = 1
 
 
 #: The dense presets' MLP, vocabulary and embeddings, from the same config.json files as
@@ -1038,15 +1043,18 @@ class ModelParams:
         return self.total - self.embeddings
 
 
-def model_params(layout: AttentionLayout, shape: ModelShape) -> ModelParams:
+def model_params(layout: AttentionLayout, shape: ModelShape, attention: int | None = None) -> ModelParams:
     """The whole model's parameters: Llama 3 8B 1,342,177,280 (attention) + 32 x 3 x 4096 x 14336
     (MLP) + (2 x 32 + 1) x 4096 (RMSNorms) + 2 x 128256 x 4096 (untied embeddings) = 8,030,261,248.
-    Counts."""
+    ``attention``: the attention parameters where they are not the uniform layout's (a pruned model's,
+    summed layer by layer; None: :func:`attention_params`). Counts."""
     D, L = layout.d_model, layout.n_layers
-    mlp = (3 if shape.gated_mlp else 2) * D * shape.d_mlp + ((shape.d_mlp + D) if shape.mlp_bias else 0)
+    n_mlp = 3 if shape.gated_mlp else 2
+    mlp = n_mlp * D * shape.d_mlp + (((n_mlp - 1) * shape.d_mlp + D) if shape.mlp_bias else 0)
     per_norm = 2 * D if shape.layer_norm else D
     embeddings = shape.vocab_size * D * (1 if shape.tied_embeddings else 2) + shape.n_positions * D
-    return ModelParams(attention_params(layout), L * mlp, (2 * L + 1) * per_norm, embeddings)
+    norms = (shape.norms_per_layer * L + shape.other_norms) * per_norm
+    return ModelParams(attention_params(layout) if attention is None else attention, L * mlp, norms, embeddings)
 
 
 def forward_flops_per_token(layout: AttentionLayout, shape: ModelShape, seq_len: int) -> int:
