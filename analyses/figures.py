@@ -2001,6 +2001,65 @@ def circuit_graph(
     return fig
 
 
+PATH_PATCHING_SCORE_MARKER: dict[str, Any] = {"marker": "D", "color": "black", "markeredgecolor": "white", "markersize": 3.5}
+"""How :func:`path_patching_bars` marks an edge's score (the estimate) on its exact effect's bar."""
+
+
+@_styled
+def path_patching_bars(
+    panels: Sequence[tuple[str, Sequence[str], np.ndarray, np.ndarray, int]],
+    title: str,
+    score_label: str,
+) -> Figure:
+    """path_patching.png: per receiver one panel (``panels``: ``(receiver, senders, exact, score,
+    n_senders)``, the senders drawn largest ``|exact|`` first, ``n_senders`` how many it was patched
+    with) of horizontal bars of each sender's exact direct-path patching effect (nats/token, signed:
+    red above zero, blue below, as :func:`effect_bars`), and the same edge's score (``score_label``,
+    e.g. "EAP-IG score", an estimate of that effect in the same units) as a black diamond on the same
+    axis (:data:`PATH_PATCHING_SCORE_MARKER`; none where NaN), so a bar running past its diamond is
+    an underestimate. Each panel has its own x axis holding 0, every bar and every diamond; the
+    legend lies below the panels.
+
+    Raises:
+        ValueError: no panels, or a panel without senders.
+    """
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    if not panels or any(len(p[1]) == 0 for p in panels):
+        raise ValueError("path_patching_bars needs at least one panel, each with at least one sender")
+    rows = [len(p[1]) for p in panels]
+    fig = _figure(COLUMN_WIDTH, 1.05 + sum(0.3 + 0.13 * n for n in rows))
+    axes = fig.subplots(len(panels), 1, height_ratios=[0.3 / 0.13 + n for n in rows], squeeze=False)[:, 0]
+    signs = []
+    for ax, (receiver, senders, exact, score, n_senders) in zip(axes, panels):
+        exact, score = np.asarray(exact, dtype=float), np.asarray(score, dtype=float)
+        y = np.arange(len(senders))
+        ax.barh(y, exact, 0.7, color=np.where(exact > 0, POSITIVE_COLOR, NEGATIVE_COLOR))
+        finite = np.isfinite(score)
+        ax.plot(score[finite], y[finite], linestyle="none", zorder=3, **PATH_PATCHING_SCORE_MARKER)
+        ax.axvline(0, color="black", lw=0.5)
+        ends = np.concatenate([exact, score[finite], [0.0]])
+        pad = 0.06 * (float(ends.max() - ends.min()) or 1.0)
+        ax.set_xlim(float(ends.min()) - pad, float(ends.max()) + pad)
+        ax.set_ylim(len(senders) - 0.5, -0.5)  # the largest on top
+        ax.set_yticks(y, list(senders))
+        ax.tick_params(axis="y", length=0, pad=2)
+        ax.set_title(f"into {receiver}: top {len(senders)} of {n_senders} senders by |exact effect|", fontsize=6.5)
+        signs += [bool((exact > 0).any()), bool((exact <= 0).any())]
+    axes[-1].set_xlabel("effect on the loss (nats/token; each panel its own scale)")
+    fig.suptitle(title)
+    handles = [Patch(color=POSITIVE_COLOR, label="bar: exact effect > 0 (path patched)")] if any(signs[0::2]) else []
+    handles += (
+        [Patch(color=NEGATIVE_COLOR, label="bar: exact effect \u2264 0 (path patched)")] if any(signs[1::2]) else []
+    )
+    marker = Line2D(
+        [], [], linestyle="none", label=f"{score_label} of the same edge (its estimate)", **PATH_PATCHING_SCORE_MARKER
+    )
+    fig.legend(handles=[*handles, marker], loc="outside lower center", frameon=False, fontsize=5.5, ncols=1)
+    return fig
+
+
 CIRCUIT_NEGATIVE_TINT = 0.5
 """How far a negative edge's colour of :func:`circuit_graph` is mixed toward white (0: none, 1: white)."""
 
