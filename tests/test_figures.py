@@ -1827,3 +1827,27 @@ def test_the_path_patching_figure_draws_each_receivers_top_exact_effects_with_th
     assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
     assert box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y0 >= 0
     assert any("EAP-IG score of the same edge" in t.get_text() for t in legend.get_texts())
+
+
+def test_the_circuit_legend_calls_the_width_an_estimate_and_gives_the_largest_exact_effect():
+    """circuit.png drew 16.0 -> 18.6:k (exact +1.47 nats/token, the largest path-patching effect) thin at rank 10 by
+    its EAP-IG score (0.35), below 23.2 -> logits (exact +0.32), and its legend read "width: |EAP-IG score|" and
+    "outlined: checked by path patching" without saying that the width is an estimate nor how large the exact
+    effects are. With edges.csv's exact column the legend says both (the largest |exact| of the outlined edges,
+    signed), inside the figure and clear of the axes' labels."""
+    import pandas as pd
+
+    from headprobe.commands.circuit_core import circuit_figure
+
+    edges = pd.DataFrame(
+        {
+            "edge": ["23.2->logits", "16.0->18.6:k", "29.0->logits", "17.8->18.6:k"],
+            "score": [1.57, 0.35, -0.3, 0.19],
+            "exact": [0.32, 1.47, np.nan, -0.05],
+        }
+    )
+    fig = circuit_figure(edges, 4, "eap-ig", "smollm2-135m", 30, 9, "4-bit")
+    texts = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "width: |EAP-IG score| (an estimate), largest 1.57 nats/token" in texts, texts
+    assert "outlined: path patched (3 of 4),\nlargest exact effect +1.47 nats/token" in texts, texts
+    assert _layout_faults(fig) == []

@@ -313,7 +313,8 @@ def circuit_figure(
     edges: pd.DataFrame, top: int, method: str, name: str, n_layers: int, n_heads: int, weights: str = ""
 ):
     """circuit.png: the first ``top`` rows of edges.csv (``edges``, ordered by ``|score|``) as a graph
-    (:func:`headprobe.analyses.figures.circuit_graph`), outlined where ``exact`` was measured, titled
+    (:func:`headprobe.analyses.figures.circuit_graph`), outlined where ``exact`` was measured (the legend calls
+    the width an estimate and gives the largest exact effect drawn), titled
     with the model as :func:`model_title` names it (``weights``: the model's weights description); what
     ``headprobe circuit`` draws and scripts/redraw_figures.py redraws from a saved edges.csv."""
     from headprobe.analyses import figures
@@ -331,7 +332,7 @@ def circuit_figure(
         n_heads,
         f"{model_title(name, weights, n_layers, n_heads)}: top {len(drawn)} edges by |{label}|",
         f"{label} score (nats/token)",
-        checked=rows["exact"].notna().tolist(),
+        exact=rows["exact"].to_numpy(dtype=float),
     )
 
 
