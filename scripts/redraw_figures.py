@@ -23,10 +23,11 @@ A kv directory (``summary.json`` + ``curve.csv``) is redrawn from its curve.csv 
 model and config (:func:`redraw_kv`), an ablate directory (``summary.json`` + ``head_ablation.csv``)
 from its table (:func:`redraw_ablate`), a robustness directory from its robustness.csv and summary.json
 (:func:`redraw_robustness`) and a ``prune --per-layer`` directory's per_layer figure from its per_layer.csv
-(:func:`redraw_per_layer`), each with the function the command draws with. A run kept inside another's
+(:func:`redraw_per_layer`) and a circuit directory (``summary.json`` + ``edges.csv``) from its edges.csv and
+path_patching.csv (:func:`redraw_circuit`), each with the function the command draws with. A run kept inside another's
 folder (figures/smollm2-135m/prune-per-layer) is found there too (:func:`_run_dirs`).
 
-``--check`` writes nothing: it draws each scan, kv, ablate, robustness and per-layer prune directory's
+``--check`` writes nothing: it draws each scan, kv, ablate, robustness, per-layer prune and circuit directory's
 figures as PNGs (a scan's ablation caption as text) elsewhere
 and says which committed PNG differs from them (:func:`check_scan`, :func:`check_run`; exit status 1
 if one does): whether the committed figures still are what the code draws. Other runs are named as
@@ -79,19 +80,24 @@ def redraw_train(d: Path) -> list[Path]:
     return [p for name, fig in result.figures().items() for p in save_figure(fig, d / name)]
 
 
-def redraw_circuit(d: Path) -> list[Path]:
-    """Redraw a circuit run's circuit figure from its edges.csv with today's figure code
-    (:func:`headprobe.commands.circuit_core.circuit_figure`, what the command draws); the model's
-    name, weights and shape from summary.json."""
-    from headprobe.analyses.figures import save_figure
-    from headprobe.commands.circuit_core import circuit_figure
+def redraw_circuit(d: Path, out: Path | None = None, formats=None) -> list[Path]:
+    """Redraw a circuit run's figures with today's figure code, into ``out`` (default ``d``): circuit
+    from its edges.csv (:func:`headprobe.commands.circuit_core.circuit_figure`) and, where the run had
+    ``--receivers``, path_patching from its path_patching.csv
+    (:func:`headprobe.commands.circuit_core.path_patching_figure`), what the command draws; the model's
+    name, weights and shape from summary.json. No model is loaded (``--check`` compares them)."""
+    from headprobe.commands.circuit_core import circuit_figure, path_patching_figure
 
     meta = json.loads((d / "summary.json").read_text())
     lay, cfg = meta["layout"], meta["config"]
     edges = pd.read_csv(d / "edges.csv")
     weights = meta.get("weights_precision") or ""
-    fig = circuit_figure(edges, cfg["top"], cfg["method"], meta["model"], lay["n_layers"], lay["n_heads"], weights)
-    return save_figure(fig, d / "circuit")
+    shape = (meta["model"], lay["n_layers"], lay["n_heads"], weights)
+    figs = {"circuit": circuit_figure(edges, cfg["top"], cfg["method"], *shape)}
+    if (d / "path_patching.csv").is_file():  # heads as written ("16.10" is no float)
+        paths = pd.read_csv(d / "path_patching.csv", dtype={"receiver": str, "sender": str})
+        figs["path_patching"] = path_patching_figure(paths, cfg["method"], *shape)
+    return _save(figs, d, out, formats)
 
 
 def redraw_diff(d: Path) -> list[Path]:
@@ -365,7 +371,7 @@ def redraw_scan(
 
 def _kind(d: Path) -> str | None:
     """Which command's run directory ``d`` is, by the files it holds: ``scan``, ``kv``, ``ablate``,
-    ``robustness`` or ``per_layer`` (a ``prune --per-layer`` run: the runs ``--check`` compares), or None."""
+    ``robustness``, ``per_layer`` (a ``prune --per-layer`` run) or ``circuit`` (the runs ``--check`` compares), or None."""
     if not (d / "summary.json").is_file():
         return None
     tables = (
@@ -374,6 +380,7 @@ def _kind(d: Path) -> str | None:
         ("ablate", "head_ablation.csv"),
         ("robustness", "robustness.csv"),
         ("per_layer", "per_layer.csv"),
+        ("circuit", "edges.csv"),
     )
     for kind, table in tables:
         if (d / table).is_file():
@@ -436,7 +443,13 @@ def _compare(expected: Path, actual: Path, tol: float) -> str | None:
     return None if why is None else why.splitlines()[0]
 
 
-REDRAWS = {"kv": redraw_kv, "ablate": redraw_ablate, "robustness": redraw_robustness, "per_layer": redraw_per_layer}
+REDRAWS = {
+    "kv": redraw_kv,
+    "ablate": redraw_ablate,
+    "robustness": redraw_robustness,
+    "per_layer": redraw_per_layer,
+    "circuit": redraw_circuit,
+}
 """The redraw of each kind of run (:func:`_kind`) but scan, which ``--check`` compares with :func:`check_run`."""
 RUN_FILES = ("study.json", "train_log.csv", "summary.json")
 """A run's own directory holds one of these."""
@@ -468,7 +481,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--check",
         action="store_true",
-        help="write nothing; say which committed PNG differs (scan, kv, ablate, robustness, per-layer prune runs)",
+        help="write nothing; say which committed PNG differs (scan, kv, ablate, robustness, per-layer prune, circuit runs)",
     )
     args = parser.parse_args(argv)
     check, root = args.check, Path(args.root)
@@ -496,8 +509,6 @@ def main(argv: list[str]) -> None:
                 written += redraw_prune(d)
         elif (d / "pruning_curve.csv").is_file():
             written += redraw_prune(d)
-        elif (d / "edges.csv").is_file():
-            written += redraw_circuit(d)
         elif (d / "diff.csv").is_file():
             written += redraw_diff(d)
         elif (d / "atlas.csv").is_file():
@@ -506,7 +517,7 @@ def main(argv: list[str]) -> None:
         print(line)
     if unchecked:
         print(
-            f"not checked (--check compares scan, kv, ablate, robustness, per-layer prune runs): {', '.join(unchecked)}"
+            f"not checked (--check compares scan, kv, ablate, robustness, per-layer prune, circuit runs): {', '.join(unchecked)}"
         )
     if differ:
         raise SystemExit(1)

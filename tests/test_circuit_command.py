@@ -85,6 +85,10 @@ def test_cli_writes_edges_figure_and_summary(llama_dir, tmp_path, capsys):
     shutil.copytree(out, again)
     redraw.redraw_circuit(again)
     assert compare_images(str(out / "circuit.png"), str(again / "circuit.png"), tol=0.5) is None
+    # --receivers draws its sweep (path_patching.png), and the redraw draws it again from path_patching.csv;
+    # --check compares circuit runs (no model needed)
+    assert compare_images(str(out / "path_patching.png"), str(again / "path_patching.png"), tol=0.5) is None
+    assert redraw._kind(out) == "circuit" and redraw.check_run(out, redraw.REDRAWS["circuit"]) == []
     said = capsys.readouterr().out
     assert "largest edges (score, exact):" in said  # verified: the exact column is there
     assert "Spearman" in said

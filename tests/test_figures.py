@@ -1769,3 +1769,85 @@ def test_the_stopped_mark_and_the_captions_counts_agree_with_each_rows_stop():
     assert any(figs.STOPPED_MARK in h.get_label() for h in handles)
     # no row stopped early: no legend entry for a mark no column carries
     assert not any(figs.STOPPED_MARK in h.get_label() for h in figs._ablation_handles(rows[1:], 2, None))
+
+
+def _sweep(n: int = 12):
+    """A --receivers sweep as path_patching.csv holds it: 18.6:k patched from ``n`` senders (effects of both signs,
+    the largest |effect| not first in the file, one score NaN) and 17.4:k from 3."""
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    effect = rng.normal(0, 0.1, n)
+    effect[5], effect[7] = 1.47, -0.4
+    score = effect * 0.3
+    score[2] = np.nan
+    rows = [("18.6:k", f"{10 + i // 9}.{i % 9}", e, s) for i, (e, s) in enumerate(zip(effect, score))]
+    rows += [("17.4:k", "16.0", 0.1, 0.04), ("17.4:k", "15.3", -0.02, -0.015), ("17.4:k", "1.0", 0.01, 0.0)]
+    return pd.DataFrame(rows, columns=["receiver", "sender", "effect", "score"])
+
+
+def test_the_path_patching_figure_draws_each_receivers_top_exact_effects_with_the_score_on_the_same_axis():
+    """circuit --receivers drew no figure of its sweep, and circuit.png drew 16.0 -> 18.6:k (exact +1.47 nats) thin by
+    its EAP-IG score (0.35). path_patching.png: per receiver a panel of its 10 largest |exact| senders as bars of the
+    exact effect (red > 0, blue <= 0), the score of the same edge a marker on the same axis; titled with model and
+    weights; no text over a marker, the legend clear of every panel and inside the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from headprobe.commands.circuit_core import path_patching_figure
+
+    paths = _sweep()
+    fig = path_patching_figure(paths, "eap-ig", "smollm2-135m", 30, 9, "4-bit Q4_1 GGUF, dequantized to float32")
+    assert "smollm2-135m" in fig._suptitle.get_text() and "4-bit weights" in fig._suptitle.get_text()
+    assert len(fig.axes) == 2
+    for ax, (receiver, group) in zip(fig.axes, paths.groupby("receiver", sort=False)):
+        want = group.reindex(group["effect"].abs().sort_values(ascending=False).index).head(10)  # reference: pandas
+        assert receiver in ax.get_title() and f"of {len(group)} senders" in ax.get_title()
+        assert [t.get_text() for t in ax.get_yticklabels()] == list(want["sender"])
+        bars = [p for p in ax.patches if p.get_height() > 0]
+        np.testing.assert_allclose([b.get_width() for b in bars], want["effect"])
+        colours = [matplotlib.colors.to_hex(b.get_facecolor()) for b in bars]
+        assert colours == [
+            figs.POSITIVE_COLOR.lower() if e > 0 else figs.NEGATIVE_COLOR.lower() for e in want["effect"]
+        ]
+        (marks,) = [line for line in ax.get_lines() if line.get_marker() == "D"]
+        finite = want["score"].notna().to_numpy()
+        np.testing.assert_allclose(marks.get_xdata(), want["score"][finite])
+        np.testing.assert_allclose(marks.get_ydata(), np.arange(len(want))[finite])
+        lo, hi = ax.get_xlim()
+        assert lo < min(0, want["effect"].min(), want["score"].min()) and hi > max(
+            want["effect"].max(), want["score"].max()
+        )
+    assert _texts_over_markers(fig) == []
+    assert _layout_faults(fig) == []
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    (legend,) = fig.legends
+    box = legend.get_window_extent(renderer)
+    assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
+    assert box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y0 >= 0
+    assert any("EAP-IG score of the same edge" in t.get_text() for t in legend.get_texts())
+
+
+def test_the_circuit_legend_calls_the_width_an_estimate_and_gives_the_largest_exact_effect():
+    """circuit.png drew 16.0 -> 18.6:k (exact +1.47 nats/token, the largest path-patching effect) thin at rank 10 by
+    its EAP-IG score (0.35), below 23.2 -> logits (exact +0.32), and its legend read "width: |EAP-IG score|" and
+    "outlined: checked by path patching" without saying that the width is an estimate nor how large the exact
+    effects are. With edges.csv's exact column the legend says both (the largest |exact| of the outlined edges,
+    signed), inside the figure and clear of the axes' labels."""
+    import pandas as pd
+
+    from headprobe.commands.circuit_core import circuit_figure
+
+    edges = pd.DataFrame(
+        {
+            "edge": ["23.2->logits", "16.0->18.6:k", "29.0->logits", "17.8->18.6:k"],
+            "score": [1.57, 0.35, -0.3, 0.19],
+            "exact": [0.32, 1.47, np.nan, -0.05],
+        }
+    )
+    fig = circuit_figure(edges, 4, "eap-ig", "smollm2-135m", 30, 9, "4-bit")
+    texts = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "width: |EAP-IG score| (an estimate), largest 1.57 nats/token" in texts, texts
+    assert "outlined: path patched (3 of 4),\nlargest exact effect +1.47 nats/token" in texts, texts
+    assert _layout_faults(fig) == []

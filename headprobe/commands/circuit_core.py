@@ -177,13 +177,20 @@ class CircuitResult(CompactRepr, WritesOutputs):
         return "\n".join(lines)
 
     def outputs(self) -> dict[str, Any]:
-        """save's files: edges.csv, path_patching.csv, qk_attribution.csv, the figure and, last, summary.json."""
+        """save's files: edges.csv, path_patching.csv, qk_attribution.csv, the figures (circuit; with
+        ``--receivers``, path_patching: :func:`path_patching_figure`) and, last, summary.json."""
         tables = {"edges.csv": self.edges.to_csv(index=False, float_format="%.6g")}
         if self.paths is not None:
             tables["path_patching.csv"] = self.paths.to_csv(index=False, float_format="%.6g")
         if self.qk is not None:
             tables["qk_attribution.csv"] = self.qk_table().to_csv(index=False, float_format="%.6g")
-        return dict(summary=self.summary, tables=tables, figures={"circuit": self.figure})
+        figures = {"circuit": self.figure}
+        if self.paths is not None and len(self.paths):
+            spec = self.spec
+            figures["path_patching"] = lambda: path_patching_figure(
+                self.paths, self.config.method, spec.name, spec.n_layers, spec.n_heads, spec.precision
+            )
+        return dict(summary=self.summary, tables=tables, figures=figures)
 
 
 def batch_line(model: LoadedModel, config: CircuitConfig) -> str:
@@ -306,7 +313,8 @@ def circuit_figure(
     edges: pd.DataFrame, top: int, method: str, name: str, n_layers: int, n_heads: int, weights: str = ""
 ):
     """circuit.png: the first ``top`` rows of edges.csv (``edges``, ordered by ``|score|``) as a graph
-    (:func:`headprobe.analyses.figures.circuit_graph`), outlined where ``exact`` was measured, titled
+    (:func:`headprobe.analyses.figures.circuit_graph`), outlined where ``exact`` was measured (the legend calls
+    the width an estimate and gives the largest exact effect drawn), titled
     with the model as :func:`model_title` names it (``weights``: the model's weights description); what
     ``headprobe circuit`` draws and scripts/redraw_figures.py redraws from a saved edges.csv."""
     from headprobe.analyses import figures
@@ -324,5 +332,49 @@ def circuit_figure(
         n_heads,
         f"{model_title(name, weights, n_layers, n_heads)}: top {len(drawn)} edges by |{label}|",
         f"{label} score (nats/token)",
-        checked=rows["exact"].notna().tolist(),
+        exact=rows["exact"].to_numpy(dtype=float),
     )
+
+
+PATH_PATCHING_TOP = 10
+"""How many senders per receiver path_patching.png draws (largest ``|effect|`` first)."""
+
+
+def path_patching_figure(
+    paths: pd.DataFrame,
+    method: str,
+    name: str,
+    n_layers: int,
+    n_heads: int,
+    weights: str = "",
+    top: int = PATH_PATCHING_TOP,
+):
+    """path_patching.png: for each receiver of path_patching.csv (``paths``: ``receiver, sender,
+    effect, score``, in the file's receiver order) its ``top`` senders by ``|effect|``, the exact
+    effect as bars and the ``method``'s score of the same edge as a marker
+    (:func:`headprobe.analyses.figures.path_patching_bars`), titled with the model as
+    :func:`model_title` names it and its weights; what ``headprobe circuit --receivers`` draws and
+    scripts/redraw_figures.py redraws from a saved path_patching.csv."""
+    import numpy as np
+
+    from headprobe.analyses import figures
+
+    panels = []
+    for receiver, group in paths.groupby("receiver", sort=False):
+        order = np.argsort(-np.abs(group["effect"].to_numpy(dtype=float)), kind="stable")[:top]
+        rows = group.iloc[order]
+        panels.append(
+            (
+                str(receiver),
+                [str(s) for s in rows["sender"]],
+                rows["effect"].to_numpy(dtype=float),
+                rows["score"].to_numpy(dtype=float),
+                len(group),
+            )
+        )
+    label = method.upper()
+    title = (
+        f"{model_title(name, weights, n_layers, n_heads)}, {figures.weights_label(weights)}: "
+        f"exact direct-path patching effect vs {label} score"
+    )
+    return figures.path_patching_bars(panels, title, f"{label} score")
