@@ -710,7 +710,7 @@ def test_overview_colour_bar_explains_positional_only_where_it_is_drawn(tiny_lla
 
 
 def test_redraw_figures_check_names_the_runs_it_does_not_compare(tmp_path, capsys):
-    """scripts/redraw_figures.py --check compares scan, kv, ablate, robustness and per-layer prune runs only; it passed over a train run in
+    """scripts/redraw_figures.py --check compares scan, kv, ablate, robustness, per-layer prune and circuit runs only; it passed over a train run in
     silence (exit 0, as if checked), took ``--help`` for a folder and gave a traceback."""
     import sys
 
@@ -721,7 +721,7 @@ def test_redraw_figures_check_names_the_runs_it_does_not_compare(tmp_path, capsy
     (tmp_path / "train-run" / "train_log.csv").write_text("step\n0\n")
     redraw_figures.main(["--check", str(tmp_path)])
     said = capsys.readouterr().out
-    assert "not checked (--check compares scan, kv, ablate, robustness, per-layer prune runs): train-run" in said
+    assert "not checked (--check compares scan, kv, ablate, robustness, per-layer prune, circuit runs): train-run" in said
     for argv in (["--help"], [str(tmp_path / "absent")]):
         with pytest.raises(SystemExit) as e:
             redraw_figures.main(argv)
