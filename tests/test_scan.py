@@ -721,7 +721,9 @@ def test_redraw_figures_check_names_the_runs_it_does_not_compare(tmp_path, capsy
     (tmp_path / "train-run" / "train_log.csv").write_text("step\n0\n")
     redraw_figures.main(["--check", str(tmp_path)])
     said = capsys.readouterr().out
-    assert "not checked (--check compares scan, kv, ablate, robustness, per-layer prune, circuit runs): train-run" in said
+    assert (
+        "not checked (--check compares scan, kv, ablate, robustness, per-layer prune, circuit runs): train-run" in said
+    )
     for argv in (["--help"], [str(tmp_path / "absent")]):
         with pytest.raises(SystemExit) as e:
             redraw_figures.main(argv)
