@@ -341,26 +341,36 @@ CIRCUIT_EDGES = 20
 """Edges of a ``headprobe circuit`` run listed on the page (the summary's ``top_edges``, at most this many)."""
 
 
-def circuit_data(summary: Mapping, figure: str | Path | None = None) -> dict:
-    """The page's circuit section from a ``headprobe circuit`` run: its summary.json (``top_edges``
-    with each edge's attribution ``score`` and, where verified, the ``exact`` path-patching effect
-    in nats/token; ``agreement``; ``receivers``, the path-patching sweeps; ``qk_attribution``) and
-    its figure (``circuit.svg`` or ``.png``), inlined as a ``data:`` image (an ``<img>`` runs no
-    script, whatever the file holds).
+def _data_image(figure: str | Path | None) -> str | None:
+    """``figure`` (an .svg or .png file) as a ``data:`` URI for an ``<img>`` (which runs no script,
+    whatever the file holds); None for None.
 
     Raises:
-        ValueError: ``summary`` is not a circuit run's (no ``top_edges``), or the figure is not SVG/PNG.
+        ValueError: the file is neither SVG nor PNG.
+    """
+    if figure is None:
+        return None
+    figure = Path(figure)
+    mime = {".svg": "image/svg+xml", ".png": "image/png"}.get(figure.suffix.lower())
+    if mime is None:
+        raise ValueError(f"{figure}: a circuit figure must be .svg or .png")
+    return f"data:{mime};base64," + base64.b64encode(figure.read_bytes()).decode("ascii")
+
+
+def circuit_data(summary: Mapping, figure: str | Path | None = None, path_figure: str | Path | None = None) -> dict:
+    """The page's circuit section from a ``headprobe circuit`` run: its summary.json (``top_edges``
+    with each edge's attribution ``score`` and, where verified, the ``exact`` path-patching effect
+    in nats/token; ``agreement``; ``receivers``, the path-patching sweeps; ``qk_attribution``), its
+    figure (``circuit.svg`` or ``.png``) and, for a run with ``--receivers``, its path-patching
+    figure (``path_patching.svg`` or ``.png``), each inlined as a ``data:`` image.
+
+    Raises:
+        ValueError: ``summary`` is not a circuit run's (no ``top_edges``), or a figure is not SVG/PNG.
     """
     edges = summary.get("top_edges")
     if not isinstance(edges, list) or not all(isinstance(e, Mapping) and "edge" in e for e in edges):
         raise ValueError("not a headprobe circuit summary.json (it has no top_edges)")
-    image = None
-    if figure is not None:
-        figure = Path(figure)
-        mime = {".svg": "image/svg+xml", ".png": "image/png"}.get(figure.suffix.lower())
-        if mime is None:
-            raise ValueError(f"{figure}: the circuit figure must be .svg or .png")
-        image = f"data:{mime};base64," + base64.b64encode(figure.read_bytes()).decode("ascii")
+    image, path_image = _data_image(figure), _data_image(path_figure)
     receivers = {
         r: [
             {"sender": str(x["sender"]), "effect": _round(x["effect"], 4), "score": _round(x.get("score"), 4)}
@@ -376,6 +386,7 @@ def circuit_data(summary: Mapping, figure: str | Path | None = None) -> dict:
         "n_edges": summary.get("n_edges"),
         "agreement": summary.get("agreement"),
         "image": image,
+        "path_image": path_image,
         "edges": [
             {"edge": str(e["edge"]), "score": _round(e.get("score"), 4), "exact": _round(e.get("exact"), 4)}
             for e in edges[:CIRCUIT_EDGES]

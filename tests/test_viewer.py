@@ -504,6 +504,8 @@ def test_circuit_section_in_chromium(browser, tmp_path):
     fig, ax = plt.subplots(figsize=(2, 2))
     ax.plot([0, 1], [0, 1])
     fig.savefig(tmp_path / "circuit.png")
+    fig.set_size_inches(3, 2)
+    fig.savefig(tmp_path / "path_patching.png")  # 300 px wide: told apart from the graph's 200
     plt.close(fig)
     summary = {
         "method": "eap-ig",
@@ -526,7 +528,7 @@ def test_circuit_section_in_chromium(browser, tmp_path):
             "query_side_top": {"mlp 0": 2.0},
         },
     }
-    circuit = viewer.circuit_data(summary, tmp_path / "circuit.png")
+    circuit = viewer.circuit_data(summary, tmp_path / "circuit.png", tmp_path / "path_patching.png")
     p = np.broadcast_to(np.tril(np.ones((4, 4), np.float32)) / np.arange(1, 5)[:, None], (2, 2, 4, 4))
     page_path = tmp_path / "index.html"
     page_path.write_text(
@@ -536,6 +538,7 @@ def test_circuit_section_in_chromium(browser, tmp_path):
     page = _open(browser, page_path)
     assert page.is_visible("#circuit-section")
     assert page.eval_on_selector("#circuit-figure", "i => i.complete && i.naturalWidth") == 200
+    assert page.eval_on_selector("#circuit-pp-figure", "i => i.complete && i.naturalWidth") == 300
     assert page.locator("#circuit-tables table").first.locator("tbody tr").count() == 2
     assert "Spearman 0.950, top-2 recall 0.500" in page.inner_text("#circuit-note")
     page.locator("#circuit-tables span", has_text="0.1").first.click()
@@ -664,3 +667,18 @@ def test_two_runs_maps_of_one_score_say_their_run_and_the_tooltip_shows_the_map(
         assert lines[1] == f"{label}: {value:.4f}", lines[:3]
         assert float(page.get_attribute('[data-head="17.4"]', "data-value")) == pytest.approx(value, abs=1e-5)
     _assert_offline(page)
+
+
+def test_view_reads_a_circuit_runs_path_patching_figure():
+    """``view --circuit`` showed circuit.png only; a run with --receivers also drew path_patching
+    (exact effects beside the scores): both are on the page, each its own file's bytes."""
+    import base64
+
+    from headprobe.commands.view import _read_circuit
+
+    d = Path(__file__).resolve().parents[1] / "figures" / "smollm2-135m-circuit"
+    data = _read_circuit(d)
+    for key, name in (("image", "circuit"), ("path_image", "path_patching")):
+        mime, b64 = data[key].split(",", 1)
+        ext = "svg" if "svg" in mime else "png"
+        assert base64.b64decode(b64) == (d / f"{name}.{ext}").read_bytes(), key

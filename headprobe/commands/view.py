@@ -171,8 +171,11 @@ def _read_circuit(d: Path) -> dict:
         raise HeadprobeError(f"--circuit {d}: no {SUMMARY} there (give the --out directory of headprobe circuit)")
     try:
         summary = json.loads((d / SUMMARY).read_text(encoding="utf-8"))
-        figure = next((d / f"circuit.{ext}" for ext in ("svg", "png") if (d / f"circuit.{ext}").is_file()), None)
-        return circuit_data(summary, figure)
+        figure, path_figure = (
+            next((d / f"{name}.{ext}" for ext in ("svg", "png") if (d / f"{name}.{ext}").is_file()), None)
+            for name in ("circuit", "path_patching")
+        )
+        return circuit_data(summary, figure, path_figure)
     except (OSError, ValueError, AttributeError) as e:
         raise HeadprobeError(f"--circuit {d}: {e}") from None
 
