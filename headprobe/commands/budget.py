@@ -696,13 +696,18 @@ def format_report(r: dict[str, Any], lay: AttentionLayout, dtype: str) -> str:
         rows[full][2] = (
             f"each of {n_global} of {lay.n_layers} layers; all T^2 scores, causal mask not used (causal: {causal})"
         )
-    only = ", except the rows marked whole model" if "model_params" in r else ""
-    only += f"; {r['whole_model_missing']}" if "whole_model_missing" in r else ""
     head = (
         f"{describe(lay, dtype)}\nworkload: batch {B} x seq_len {T}; 1 KiB = 2^10 bytes, 1 TFLOP = 10^12 FLOPs\n"
-        f"rows count attention only (no MLP, embeddings or norms){only}\n"
+        f"{scope_line('model_params' in r, r.get('whole_model_missing'))}\n"
     )
     return head + "\n" + _table([*rows, *windowed_rows(r, lay, compute)], ["quantity", "value", "note"], right={1})
+
+
+def scope_line(whole_model: bool, missing: str | None) -> str:
+    """A report's third header line: its rows count attention only, except the whole-model rows
+    where it has them (``whole_model``), and why a model has none (``missing``)."""
+    only = ", except the rows marked whole model" if whole_model else ""
+    return f"rows count attention only (no MLP, embeddings or norms){only}" + (f"; {missing}" if missing else "")
 
 
 def windowed_rows(r: dict[str, Any], lay: AttentionLayout, compute: str) -> list[list[str]]:
@@ -1437,13 +1442,11 @@ def format_layers_report(d: dict[str, Any], lay: AttentionLayout, dtype: str) ->
                 *_flops_pair(p["forward_flops_per_token"], u["forward_flops_per_token"]),
             ],
         ]
-    only = ", except the rows marked whole model" if "model_params" in p else ""
-    only += f"; {d['whole_model_missing']}" if "whole_model_missing" in d else ""
     head = (
         f"{describe(lay, dtype)}; pruned: {sum(u['heads_per_layer']) - sum(p['heads_per_layer'])} of "
         f"{sum(u['heads_per_layer'])} query heads removed\n"
         f"workload: batch {B} x seq_len {T}; 1 KiB = 2^10 bytes, 1 TFLOP = 10^12 FLOPs\n"
-        f"rows count attention only (no MLP, embeddings or norms){only}\n"
+        f"{scope_line('model_params' in p, d.get('whole_model_missing'))}\n"
     )
     return head + "\n" + _table(rows, ["quantity", "pruned", "unpruned"], right={1, 2})
 
