@@ -336,7 +336,7 @@ def circuit_figure(
     )
 
 
-PATH_PATCHING_TOP = 10
+FIGURE_SENDERS = 10
 """How many senders per receiver path_patching.png draws (largest ``|effect|`` first)."""
 
 
@@ -347,7 +347,7 @@ def path_patching_figure(
     n_layers: int,
     n_heads: int,
     weights: str = "",
-    top: int = PATH_PATCHING_TOP,
+    top: int = FIGURE_SENDERS,
 ):
     """path_patching.png: for each receiver of path_patching.csv (``paths``: ``receiver, sender,
     effect, score``, in the file's receiver order) its ``top`` senders by ``|effect|``, the exact
