@@ -340,6 +340,8 @@ def test_layouts_figure_fills_a_marker_by_study_json_rule(monkeypatch):
             "kv_bytes_per_token": [128, 128, 32, 32],
             "eval_loss": [3.0, 3.1, 3.2, 3.3],
             "max_induction": [0.9, 0.2, 0.7, 0.6],  # MHA: mean 0.55, minimum 0.2
+            "in_context_loss": [1.0, 1.1, 1.2, 1.3],
+            "seconds": 1.0,
         }
     )
     study_command.study_figure("layouts", table, "t")
@@ -376,6 +378,8 @@ def test_the_layouts_legend_names_induction_and_speaks_of_bars_only_over_seeds(s
             "kv_bytes_per_token": kv,
             "eval_loss": 2.9 + 0.01 * s + 0.02 * i,
             "max_induction": ind,
+            "in_context_loss": 1.0,
+            "seconds": 1.0,
             "seed": s,
         }
         for i, (v, kv, ind) in enumerate([("MHA", 512, 0.9), ("MQA", 64, 0.2)])

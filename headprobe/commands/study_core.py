@@ -181,22 +181,17 @@ def study_figure(which: str, table: pd.DataFrame, title: str):
             label,
         )
         return "loss_vs_heads", fig
-    agg = table.groupby("variant", sort=False).agg(
-        kv=("kv_bytes_per_token", "first"),
-        loss=("eval_loss", "mean"),
-        lo=("eval_loss", "min"),
-        hi=("eval_loss", "max"),
-    )
+    stats = variant_stats(table)  # the report's and the LaTeX table's own aggregation
     fig = figures.quality_vs_kv(
-        list(agg.index),
-        agg["kv"].to_numpy(),
-        agg["loss"].to_numpy(),
-        agg["lo"].to_numpy(),
-        agg["hi"].to_numpy(),
+        list(stats.index),
+        stats["kv_bytes_per_token"].to_numpy(),
+        stats["eval_loss"].to_numpy(),
+        stats["eval_loss_min"].to_numpy(),
+        stats["eval_loss_max"].to_numpy(),
         title,
         label,
-        formed=formed_in_every_seed(table)[agg.index].to_numpy(),
-        n_seeds=int(table.groupby("variant", sort=False)["seed"].nunique().min()),
+        formed=formed_in_every_seed(table)[stats.index].to_numpy(),
+        n_seeds=int(stats["n_seeds"].min()),
         formed_by=FORMED_BY[formed_column(table)],
     )
     return "quality_vs_kv", fig
