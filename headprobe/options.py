@@ -787,7 +787,7 @@ def command_function(
         # the memory plan the command checks before its run (run_command), refused here as there
         header = getattr(sys.modules[run.__module__], "batch_line", None)
         if header is not None and (line := header(loaded, config)) and progress:
-            print(line, file=sys.stderr, flush=True)  # progress, as its bars: stdout stays the caller's
+            print(for_reader(command or name, line), file=sys.stderr, flush=True)  # progress, as its bars
         out = run(loaded, config, progress=progress)
         if hasattr(out, "load_s"):  # recorded in its summary.json's timings, as run_command does
             out.load_s = load_s
@@ -1084,6 +1084,31 @@ def in_python(command: str, line: str) -> str:
 
 
 _Function = TypeVar("_Function", bound=Callable[..., Any])
+
+
+def for_reader(command: str, text: str) -> str:
+    """``text`` of ``headprobe <command>`` as its reader calls it: unchanged in the command line's run
+    (:func:`~headprobe.probe.core.io.command_words` set), its flags as keywords (:func:`in_python`) in
+    a Python call or a result's method called from Python (``--no-verify`` -> ``verify=False``)."""
+    from headprobe.probe.core.io import command_words
+
+    if command_words() is not None:
+        return text
+    return "\n".join(in_python(command, line) for line in text.split("\n"))
+
+
+def reports_for_readers(command: str) -> Callable[[_Function], _Function]:
+    """Decorator of a result's ``report()`` method: its text through :func:`for_reader`."""
+    import functools
+
+    def wrap(report: _Function) -> _Function:
+        @functools.wraps(report)
+        def spoken(self, *args, **kwargs):
+            return for_reader(command, report(self, *args, **kwargs))
+
+        return spoken  # type: ignore[return-value]
+
+    return wrap
 
 
 def notes_flags(command: str) -> Callable[[_Function], _Function]:

@@ -431,3 +431,15 @@ def test_in_python_spells_a_line_s_flags_as_keywords(line, python):
     from headprobe.options import in_python
 
     assert in_python("scan", line) == python
+
+
+def test_a_report_speaks_in_keywords_from_python_and_in_flags_on_the_command_line(saved_runs, text_file, capsys):
+    """``report()`` of a result called from Python spelled the command line's flags (``(--no-verify)``); now its
+    keywords (``verify=False``), while the command line's run prints the same report with its flags."""
+    t, results = saved_runs
+    python = results["scan"].report()
+    assert "no ablation check (verify=False)" in python and not re.search(r"--[a-z]", python), python
+    assert cli.main(_command_line("scan", t, text_file, t / "cli")) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert "no ablation check (--no-verify): these are pattern scores, not verified findings" in printed
+    assert python.replace("(verify=False)", "(--no-verify)").strip() in "\n".join(printed)  # but the flag, the same

@@ -449,6 +449,7 @@ class AblateResult(CompactRepr, WritesOutputs):
             tables={"head_ablation.csv": self.table.to_csv(index=False, float_format="%.6f")},
         )
 
+    @options.reports_for_readers("ablate")
     def report(self) -> str:
         """The terminal summary: clean losses, top heads per task, rank correlations, timings, notes."""
         s = self.summary()

@@ -130,6 +130,7 @@ class AtlasResult(CompactRepr):
             timings_s={"run_s": self.seconds},
         )
 
+    @options.reports_for_readers("atlas")
     def report(self) -> str:
         lines = []
         for label, m in self.models.items():

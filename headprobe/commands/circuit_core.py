@@ -144,6 +144,7 @@ class CircuitResult(CompactRepr, WritesOutputs):
             self.edges, self.config.top, self.config.method, spec.name, spec.n_layers, spec.n_heads, spec.precision
         )
 
+    @options.reports_for_readers("circuit")
     def report(self) -> str:
         s = self.summary()
         lines = [f"clean loss {s['clean_loss']:.3f} nats/token; {s['n_edges']} edges scored by {s['method']}"]

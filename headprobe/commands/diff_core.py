@@ -220,6 +220,7 @@ class DiffResult(CompactRepr, WritesOutputs):
     def figures(self) -> dict:
         return {"diff": lambda: diff_figure(self)}
 
+    @options.reports_for_readers("diff")
     def report(self) -> str:
         lines = [
             f"{self.spec_a.name} vs {self.spec_b.name}"

@@ -24,7 +24,7 @@ from headprobe.commands.export import (  # noqa: F401 - the light module's names
     check_apart,
     check_out,
 )
-from headprobe.options import notes_flags
+from headprobe.options import notes_flags, reports_for_readers
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.io import ReadsInputs, keeps_inputs
 from headprobe.probe.core.registry import did_you_mean
@@ -102,6 +102,7 @@ class ExportResult(CompactRepr, ReadsInputs):
             "config": {"format": self.config.format, "score": self.config.score},
         }
 
+    @reports_for_readers("export")
     def report(self) -> str:
         lay = self.source.layout
         shape = f": {lay.n_layers} layers x {lay.n_heads} heads" if lay is not None else ""

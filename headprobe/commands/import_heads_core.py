@@ -68,6 +68,7 @@ class ImportResult(CompactRepr):
             "notes": [*self.notes, *scan_core.wide_interval_notes(self.verifications)],
         }
 
+    @options.reports_for_readers("import")
     def report(self) -> str:
         """The heads read and each verdict, with what a NOT CONFIRMED one fell short of (the
         verification plan was printed as it began), from :meth:`summary` and the verifications."""

@@ -292,6 +292,7 @@ class KVResult(CompactRepr, WritesOutputs):
             }
         }
 
+    @options.reports_for_readers("kv")
     def report(self) -> str:
         s = self.summary()
         n_groups = s["n_layers"] * s["n_kv_groups"]

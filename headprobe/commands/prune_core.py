@@ -330,6 +330,7 @@ class PruneResult(CompactRepr, WritesOutputs):
             models=(PRUNED_DIR,) if self.pruned is not None else (),
         )
 
+    @options.reports_for_readers("prune")
     def report(self) -> str:
         """The terminal table: each method's curve, random as mean over seeds, then the areas."""
         names = {

@@ -224,6 +224,7 @@ class RobustnessResult(CompactRepr, WritesOutputs):
     def figures(self) -> dict:
         return {"robustness": lambda: stability_figure(self)}
 
+    @options.reports_for_readers("robustness")
     def report(self) -> str:
         return format_report(self)
 

@@ -156,6 +156,7 @@ class ScanResult(CompactRepr, ReadsInputs):
         ``ablation``): matplotlib Figures of the selected types only."""
         return scan_figures(self)
 
+    @options.reports_for_readers("scan")
     def report(self) -> str:
         """The short terminal table: top heads per type and the ablation verdicts."""
         return format_report(self)

@@ -25,7 +25,7 @@ from headprobe.analyses.study_table import (
 )
 from headprobe.analyses.train_config import TrainConfig
 from headprobe.commands.study import CONTEXT, StudyConfig, layout_of
-from headprobe.options import check_fields, config_inputs, notes_flags
+from headprobe.options import check_fields, config_inputs, notes_flags, reports_for_readers
 from headprobe.probe.core.io import cpu_kernels, models_self_check, summary_envelope
 from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.layout.cost import attention_params_per_layer, kv_bytes_per_request, kv_bytes_per_token
@@ -275,6 +275,7 @@ class StudyResult(CompactRepr, WritesOutputs):
             tables={"results.csv": self.table.to_csv(index=False, float_format="%.5f")},
         )
 
+    @reports_for_readers("study")
     def report(self) -> str:
         """The per-variant means ``headprobe study`` prints (:func:`~headprobe.analyses.study_table.variant_stats`,
         :data:`~headprobe.analyses.study_table.REPORT_COLUMNS`), with the losses' standard deviation over

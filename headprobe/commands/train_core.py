@@ -49,7 +49,7 @@ from headprobe.analyses.train import (
 from headprobe.analyses.train import (
     train as train_model,
 )
-from headprobe.options import notes_flags
+from headprobe.options import notes_flags, reports_for_readers
 from headprobe.probe.core.io import cpu_kernels, summary_envelope
 from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.hooks.ablation import format_head
@@ -182,6 +182,7 @@ class TrainResult(CompactRepr, TrainRun, WritesOutputs):
             written += [d / NATIVE_WEIGHTS, d / "config.json"] + sorted(Path(f) for f in files if Path(f).is_file())
         return written
 
+    @reports_for_readers("train")
     def report(self) -> str:
         """The lines ``headprobe train`` prints at the end: parameters, time, losses, top head, phase change."""
         s = self.summary()
