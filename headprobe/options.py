@@ -1094,7 +1094,7 @@ def for_reader(command: str, text: str) -> str:
 
     if command_words() is not None:
         return text
-    return "\n".join(in_python(command, line) for line in text.split("\n"))
+    return "\n".join(in_python(command, line) if "--" in line else line for line in text.split("\n"))
 
 
 def reports_for_readers(command: str) -> Callable[[_Function], _Function]:
