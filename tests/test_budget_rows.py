@@ -213,7 +213,9 @@ def test_recommend_case_1_says_how_it_differs_from_llama_3_8b():
         assert fact.replace("\n", " ") in case.replace("\n", " "), fact
 
 
-def _dense_params(d, layers, heads, kv_heads, d_mlp, vocab, *, gated=True, tied=False, qkv_bias=False, gpt2=False):
+def _dense_params(
+    d, layers, heads, kv_heads, d_mlp, vocab, *, gated=True, tied=False, qkv_bias=False, gpt2=False, positions=1024
+):
     """A dense decoder's parameters from its config.json, written out: attention, MLP, norms, embeddings."""
     dh = d // heads
     attention = d * heads * dh + 2 * d * kv_heads * dh + heads * dh * d
@@ -221,7 +223,7 @@ def _dense_params(d, layers, heads, kv_heads, d_mlp, vocab, *, gated=True, tied=
         attention += heads * dh + 2 * kv_heads * dh
     if gpt2:  # c_attn and c_proj biases, MLP biases, LayerNorm weight + bias, learned positions
         attention += 3 * d + d
-        mlp, norm, positions = 2 * d * d_mlp + d_mlp + d, 2 * d, 1024 * d
+        mlp, norm, positions = 2 * d * d_mlp + d_mlp + d, 2 * d, positions * d
     else:
         mlp, norm, positions = (3 if gated else 2) * d * d_mlp, d, 0
     embeddings = vocab * d * (1 if tied else 2) + positions
@@ -247,6 +249,21 @@ def _dense_params(d, layers, heads, kv_heads, d_mlp, vocab, *, gated=True, tied=
             "gpt2-small",
             124_439_808,
             dict(d=768, layers=12, heads=12, kv_heads=12, d_mlp=3072, vocab=50257, tied=True, gpt2=True),
+        ),
+        (  # Brown et al. 2020, Table 2.1: "175.0B"; GPT-2's architecture at n_ctx 2048, d_ff = 4 d_model
+            "gpt3-175b",
+            174_604_259_328,
+            dict(
+                d=12288,
+                layers=96,
+                heads=96,
+                kv_heads=96,
+                d_mlp=49152,
+                vocab=50257,
+                tied=True,
+                gpt2=True,
+                positions=2048,
+            ),
         ),
     ],
 )

@@ -1011,6 +1011,17 @@ MODEL_SHAPES: dict[str, ModelShape] = {
         layer_norm=True,
         n_positions=1024,
     ),
+    # Brown et al. 2020 (arXiv:2005.14165), sec. 2.1 and Table 2.1: GPT-2's architecture (biases,
+    # LayerNorm, tied embeddings, learned positions) at n_ctx 2048 and d_ff = 4 d_model.
+    "gpt3-175b": ModelShape(
+        vocab_size=50257,
+        d_mlp=4 * 12288,
+        gated_mlp=False,
+        tied_embeddings=True,
+        mlp_bias=True,
+        layer_norm=True,
+        n_positions=2048,
+    ),
     # meta-llama/Meta-Llama-3-8B: vocab_size 128256, intermediate_size 14336, tie_word_embeddings false.
     "llama3-8b": ModelShape(vocab_size=128256, d_mlp=14336),
     # mistralai/Mistral-7B-v0.1: vocab_size 32000, intermediate_size 14336, tie_word_embeddings false.
