@@ -274,7 +274,8 @@ def test_tolerance_mode_meets_the_tolerance(llama, text_file):
     lo, hi = row["natural_loss_increase_ci95_lo"], row["natural_loss_increase_ci95_hi"]
     assert target["natural_loss_increase_ci95"] == [lo, hi] and target["loss_tolerance"] == 0.0
     assert target["within_tolerance"] is (True if hi <= 0.0 else None), (lo, hi)
-    assert r.report().splitlines()[1].startswith("--loss-tolerance 0 nats/token: the chosen policy's natural-loss")
+    line = r.report().splitlines()[1]  # from Python: the keyword
+    assert line.startswith("loss_tolerance=0 nats/token: the chosen policy's natural-loss")
     if r.policy.full_groups:  # one group fewer full would break the tolerance (the search's answer is minimal)
         k = len(r.policy.full_groups) - 1
         nat = natural_text_tokens(model, 1, 48, 0, text_file.read_text())

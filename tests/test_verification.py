@@ -327,7 +327,7 @@ def test_too_few_draws_confirm_nothing_and_say_so(tiny_llama_gqa, text_file, mon
         and str(w).startswith("induction: no verdict: 5 control sets: its smallest p-value 1/6")
         for w in result.warnings
     )
-    assert "WARNING: no verdict for induction: --n-random 5 is too few" in result.report()
+    assert "WARNING: no verdict for induction: n_random=5 is too few" in result.report()  # from Python: keywords
 
 
 def test_cli_says_once_why_no_verdict_can_be_confirmed(tiny_dir, text_file, tmp_path, capsys):
