@@ -631,6 +631,105 @@ def _first_heads(table: pd.DataFrame) -> list[int]:
     return [int(h) for h in table.groupby("variant", sort=False)["n_heads"].first()]
 
 
+TRAIN_ROWS = 21
+"""The most evaluations train's table shows: a longer log is sampled evenly (first and last kept, and
+the two evaluations around the phase change); the caption says which."""
+
+
+def train_tables(path: Path, summary: dict) -> dict[str, str]:
+    """``training``: a ``headprobe train`` run's evaluations from train_log.csv, one row a step:
+    held-out loss, in-context loss with its 95% interval over the held-out copy sequences, the top
+    induction score with its 95% lower bound and the top previous-token score (training.png's
+    curves, 3 decimals, the closing line's rounding); at most :data:`TRAIN_ROWS` rows. The model,
+    data, phase change and the rules in the caption (summary.json).
+
+    Raises:
+        HeadprobeError: train_log.csv missing, unreadable, empty or without a column the table reads."""
+    log = _train_log(path)
+    steps = _train_rows(log["step"].tolist(), summary.get("phase_change_between") or [])
+    rows = log.set_index("step").loc[steps]
+    has_ci = {"in_context_loss_ci95_low", "in_context_loss_ci95_high"} <= set(log.columns)
+    has_low = "top_induction_ci95_low" in log.columns
+    cells = []
+    for step, r in rows.iterrows():
+        ci = f" [{r['in_context_loss_ci95_low']:.3f}, {r['in_context_loss_ci95_high']:.3f}]" if has_ci else ""
+        low = f" ({r['top_induction_ci95_low']:.3f})" if has_low else ""
+        cells.append(
+            [
+                f"{int(step):,}",
+                f"{r['eval_loss']:.3f}",
+                f"{r['in_context_loss']:.3f}{ci}",
+                f"{r['max_induction']:.3f}{low}",
+                f"{r['max_previous_token']:.3f}",
+            ]
+        )
+    columns = ["step", "held-out loss", "in-context loss" + (" [95% CI]" if has_ci else "")]
+    columns += ["induction" + (" (95% low)" if has_low else ""), "previous-token"]
+    table = pd.DataFrame(cells, columns=columns)
+    return {
+        "training": table_tex(table, _train_caption(summary, len(log), steps), tex_label(path, "training"), "rrlll")
+    }
+
+
+TRAIN_COLUMNS = ("step", "eval_loss", "in_context_loss", "max_induction", "max_previous_token")
+"""The train_log.csv columns the training table reads (the intervals where the log has them)."""
+
+
+def _train_log(path: Path) -> pd.DataFrame:
+    """A train folder's train_log.csv, its evaluation rows (``eval_loss`` given), :data:`TRAIN_COLUMNS` checked.
+
+    Raises:
+        HeadprobeError: missing, unreadable, cut, without evaluations or lacking a column."""
+    file = path / "train_log.csv"
+    try:
+        log = pd.read_csv(file)
+    except (OSError, UnicodeDecodeError, ValueError, pd.errors.EmptyDataError, pd.errors.ParserError) as err:
+        why = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise HeadprobeError(f"--format latex: cannot read {file} as a training log: {why}") from None
+    missing = [c for c in TRAIN_COLUMNS if c not in log.columns]
+    log = log if missing else log.dropna(subset=["eval_loss"])
+    if missing or log.empty:
+        raise HeadprobeError(
+            f"--format latex: {file} has {'no evaluation rows' if not missing else 'no column ' + ', '.join(missing)}: "
+            "not a finished headprobe train run's log"
+        )
+    return log
+
+
+def _train_rows(steps: list[int], around: list[int]) -> list[int]:
+    """The evaluation steps the training table shows: all of ``steps`` up to :data:`TRAIN_ROWS`, else
+    an even sample with the first, the last and the phase change's two evaluations (``around``)."""
+    if len(steps) <= TRAIN_ROWS:
+        return steps
+    picks = {steps[round(i * (len(steps) - 1) / (TRAIN_ROWS - 3))] for i in range(TRAIN_ROWS - 2)}
+    return sorted(picks | {s for s in around if s in steps})
+
+
+def _train_caption(summary: dict, n_evaluations: int, steps: list[int]) -> str:
+    """The training table's caption: the run, model and data, what each column is, the rules of
+    induction formed and the phase change, and the rows shown of ``n_evaluations``."""
+    cfg = summary.get("config") or {}
+    shown = "" if len(steps) == n_evaluations else f" ({len(steps)} of its {n_evaluations} evaluations, evenly spaced)"
+    phase = summary.get("phase_change_between")
+    caption = (
+        f"Training of {_run_text(summary)}: {summary.get('layout')}, {cfg.get('n_layers')} layers, d_model "
+        f"{cfg.get('d_model')}, {cfg.get('n_heads')} heads, {summary.get('n_params', 0):,} parameters; "
+        f"{cfg.get('steps')} steps of batch {cfg.get('batch_size')} on {cfg.get('corpus')} data, evaluated every "
+        f"{summary.get('eval_every')} steps{shown}. Losses in nats/token (chance ln {cfg.get('n_words')} = "
+        f"{summary.get('chance_loss_nats')}); in-context loss: a held-out sequence's loss late in the context minus "
+        f"early, mean over {cfg.get('n_eval')} sequences with the 95% Student-t interval. Induction and previous-token: "
+        f"the top head's score on {cfg.get('n_eval')} repeated random sequences (period {cfg.get('eval_period')}), "
+        "the induction score's 95% lower bound in parentheses. "
+    )
+    formed = summary.get("first_step_induction_formed")
+    caption += (
+        f"Induction formed (lower bound above 0.5) first at step {formed}"
+        if formed is not None
+        else ("Induction did not form (lower bound above 0.5 at no evaluation)")
+    )
+    return caption + (f"; phase change between steps {phase[0]} and {phase[1]}." if phase else ".")
+
+
 BUILDERS = {
     "scan": scan_tables,
     "prune": prune_tables,
@@ -638,6 +737,7 @@ BUILDERS = {
     "kv": kv_tables,
     "circuit": circuit_all_tables,
     "study": study_tables,
+    "train": train_tables,
 }
 """The source kinds ``--format latex`` writes tables of, and each one's tables."""
 
@@ -652,6 +752,7 @@ def has_tables(kind: str, summary: Mapping) -> bool:
         "kv": ("chosen",),
         "circuit": ("top_edges",),
         "study": ("per_variant",),
+        "train": ("final",),
     }
     return any(summary.get(k) for k in keys.get(kind, ()))
 

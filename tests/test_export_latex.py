@@ -350,7 +350,7 @@ def test_a_missing_folder_is_told_what_each_format_takes(tmp_path):
     assert code == 2 and len(err) == 1 and "is not a folder" in err[0], err
     said = dict(re.findall(r"(\w+): ([\w ,]+?)(?:;|\)|$)", err[0].split("(", 1)[1]))
     kinds = {f: set(re.split(r", | or ", v.removesuffix(" run").removesuffix(" runs"))) for f, v in said.items()}
-    assert kinds["latex"] == set(BUILDERS) == {"scan", "kv", "circuit", "prune", "ablate", "study"}, err
+    assert kinds["latex"] == set(BUILDERS) == {"scan", "kv", "circuit", "prune", "ablate", "study", "train"}, err
     assert kinds["mib"] == {"circuit"} and kinds["duo"] == kinds["headkv"] == {"scan", "kv"}, err
     assert kinds["parquet"] == {"scan", "kv", "circuit"} and not (tmp_path / "o").exists(), err
 

@@ -156,9 +156,9 @@ def read_source(path: Path) -> Source:
     kind = kind or next((k for k, fs in TABLE_ONLY.items() if any((path / f).is_file() for f in fs)), None)
     if kind is None or not (path / SUMMARY_FILES.get(kind, "summary.json")).is_file():
         raise HeadprobeError(
-            f"{path} holds no finished headprobe scan, kv, circuit, prune, ablate or study run (summary.json with "
-            "head_scores.csv, policy.json, edges.csv, pruning_curve.csv, per_layer.csv or head_ablation.csv; "
-            "a study's study.json)"
+            f"{path} holds no finished headprobe scan, kv, circuit, prune, ablate, study or train run (summary.json "
+            "with head_scores.csv, policy.json, edges.csv, pruning_curve.csv, per_layer.csv, head_ablation.csv or "
+            "train_log.csv; a study's study.json)"
         )
     raw, summary = read_summary(path, kind)
     if kind in TABLE_ONLY:  # LaTeX tables only: summary.json has their rows, no layout is needed
@@ -201,6 +201,7 @@ TABLE_ONLY = {
     "ablate": ("head_ablation.csv",),
     "prune": ("pruning_curve.csv", "per_layer.csv"),
     "study": ("study.json",),
+    "train": ("train_log.csv",),
 }
 """Source kinds written as LaTeX tables only, and the files that mark their folders."""
 SUMMARY_FILES = {"study": "study.json"}
@@ -212,6 +213,7 @@ SUMMARY_KEYS = {
     "prune": (),
     "ablate": (),
     "study": ("which", "per_variant"),
+    "train": ("final",),
 }
 """The summary.json keys export reads of each source kind."""
 
