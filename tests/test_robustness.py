@@ -316,3 +316,58 @@ def test_the_stability_figure_has_a_legend_and_axis_labels_with_units():
             == f"{rows['stability'].iloc[0]:.2f} [{rows['ci95_low'].iloc[0]:.2f}, {rows['ci95_high'].iloc[0]:.2f}]"
         )
     assert fig.get_suptitle() == "Label stability of smollm2-135m, k = 10"
+
+
+@pytest.mark.figures
+def test_a_condition_with_no_verdict_is_the_same_question_mark_in_the_terminal_and_the_figure():
+    """A condition that ran and reached no verdict printed "-" in the terminal's verdict line (the
+    mark docs/robustness.md keeps for a condition that is not the type's) while robustness.png drew
+    "?", and its reason was only in summary.json. The committed run with one verdict made "no
+    verdict": the terminal prints "?" where the figure does, every other column alike, and a NOTE
+    gives the reason."""
+    import copy
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from headprobe.commands.robustness_core import RobustnessResult, format_report, stability_plot
+
+    d = Path(__file__).resolve().parents[1] / "figures" / "smollm2-135m-robustness"
+    meta = json.loads((d / "summary.json").read_text())
+    types = copy.deepcopy(meta["types"])
+    types["induction"]["verdicts"]["repeats seed 1"] = {
+        "confirmed": None,
+        "p_adjusted": None,
+        "top_effect": 0.02,
+        "no_verdict": "clean loss 7.62 nats is above ln(vocabulary) = 7.60",
+    }
+    table = pd.read_csv(d / "robustness.csv")
+    conds = [c["name"] for c in meta["conditions"]]
+    result = RobustnessResult.__new__(RobustnessResult)  # what format_report reads of a run, no run
+    for field, value in {
+        "spec": SimpleNamespace(name=meta["model"]),
+        "config": SimpleNamespace(k=meta["config"]["k"]),
+        "outcomes": [SimpleNamespace(condition=SimpleNamespace(name=c)) for c in conds],
+        "table": table,
+        "types": types,
+        "notes": [],
+    }.items():
+        object.__setattr__(result, field, value)
+    report = format_report(result).splitlines()
+    fig = stability_plot(table, types, conds, meta["model"], meta["config"]["k"])
+    words = {"CONFIRMED": "✓", "not confirmed": "✗"}
+    for ax, name in zip([ax for ax in fig.axes if ax.images], types):
+        drawn = {round(t.get_position()[0]): t.get_text() for t in ax.texts}
+        line = report[report.index(next(x for x in report if x.startswith(f"{name}:"))) + 1]
+        printed = dict(part.split(": ", 1) for part in line.removeprefix("  verdicts: ").split(", "))
+        assert list(printed) == list(types[name]["verdicts"]), line
+        for j, c in enumerate(conds):
+            if c in printed:
+                assert words.get(printed[c], printed[c][:1]) == drawn[j], (name, c, printed[c], drawn[j])
+            else:
+                assert drawn[j] == "–", (name, c)
+    assert "repeats seed 1: ? (no verdict: NOTE below)" in "\n".join(report)
+    assert (
+        "NOTE: repeats seed 1: no verdict (?) for induction: clean loss 7.62 nats is above ln(vocabulary) = 7.60"
+        in report
+    )

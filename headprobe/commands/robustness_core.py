@@ -487,6 +487,24 @@ STABILITY_LABEL = "stability: fraction of conditions\nwith the head in top-k [95
 """:func:`stability_plot`'s right axis label: what the numbers beside each row are, with their unit."""
 
 
+def verdict_mark(verdict: dict | None) -> str:
+    """The mark robustness.png draws above a condition's column and the terminal's verdict line
+    prints for it (the same one): a :data:`VERDICT_MARKS` mark where the condition ran for the type
+    (``?``: it ran and reached no verdict), ``–`` where it is not the type's (``verdict`` None)."""
+    return "–" if verdict is None else VERDICT_MARKS[verdict["confirmed"]]
+
+
+def _no_verdict_notes(types: dict[str, dict]) -> list[str]:
+    """One NOTE per condition that ran and reached no verdict (its ``?``): the types and the reason
+    (summary.json's ``types.<type>.verdicts.<condition>.no_verdict``)."""
+    why: dict[tuple[str, str], list[str]] = {}
+    for name, rec in types.items():
+        for c, v in rec["verdicts"].items():
+            if v["confirmed"] is None:
+                why.setdefault((c, v.get("no_verdict") or "no reason recorded"), []).append(name)
+    return [f"{c}: no verdict (?) for {', '.join(names)}: {reason}" for (c, reason), names in why.items()]
+
+
 def stability_figure(result: RobustnessResult):
     """robustness.png of ``result`` (:func:`stability_plot`)."""
     conds, k = [o.condition.name for o in result.outcomes], result.config.k
@@ -540,8 +558,7 @@ def _stability_panel(ax, rows: pd.DataFrame, rec: dict, conds: list[str]) -> Non
     right.set_ylabel(STABILITY_LABEL, fontsize=7)
     ax.set_xticks(range(len(conds)), conds, rotation=40, ha="right", fontsize=7)
     for j, c in enumerate(conds):
-        v = rec["verdicts"].get(c)
-        mark = "–" if v is None else VERDICT_MARKS[v["confirmed"]]
+        mark = verdict_mark(rec["verdicts"].get(c))
         color = {"✓": "#1a7f37", "✗": "#b42318"}.get(mark, "#555")
         ax.text(j, -0.8, mark, ha="center", va="bottom", fontsize=9, color=color)
     ax.set_ylim(len(rows) - 0.5, -1.6)
@@ -564,8 +581,9 @@ def format_report(result: RobustnessResult) -> str:
     """The terminal table: per type the Jaccard, the verdicts and the least stable top heads."""
     lines = [f"{result.spec.name}: {len(result.outcomes)} conditions, k = {result.config.k}", ""]
     for name, rec in result.types.items():
+        words = {VERDICT_MARKS[True]: "CONFIRMED", VERDICT_MARKS[False]: "not confirmed"}
         verdicts = ", ".join(
-            f"{c}: {'-' if v['confirmed'] is None else 'CONFIRMED' if v['confirmed'] else 'not confirmed'}"
+            f"{c}: {words.get(verdict_mark(v), verdict_mark(v) + ' (no verdict: NOTE below)')}"
             for c, v in rec["verdicts"].items()
         )
         left = [o.condition.name for o in result.outcomes if o.condition.name not in rec["conditions"]]
@@ -585,7 +603,7 @@ def format_report(result: RobustnessResult) -> str:
                 )
             )
         )
-    lines += [f"NOTE: {n}" for n in result.notes]
+    lines += [f"NOTE: {n}" for n in [*result.notes, *_no_verdict_notes(result.types)]]
     return "\n".join(lines)
 
 
