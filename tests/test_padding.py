@@ -197,3 +197,20 @@ def test_bridge_takes_right_padding_exactly_and_refuses_left(tiny_llama_gqa, tin
         with pytest.raises(HeadprobeError, match="need right padding") as e:
             capture_heads(model, left, attention_mask=left_mask)
         assert "\n" not in str(e.value)
+
+
+def test_the_bridges_left_padding_refusal_says_what_works_here(tiny_tokenizer, tiny_llama_gqa):
+    """A Llama with attention biases is on the bridge because the native backend refuses it, and the
+    refusal of left padding sent the user to ``--backend native``, which refuses it too: the line
+    now says right padding first and names the native backend only for a model it loads."""
+    biased = wrap(zoo.make_checkpoint("llama", tiny_tokenizer, attention_bias=True), backend="auto")
+    assert biased.backend == "transformer-lens"
+    for model, native in ((biased, False), (tiny_llama_gqa, True)):
+        left, mask = model.to_tokens(TEXTS, padding_side="left")
+        with pytest.raises(HeadprobeError) as e:
+            capture_heads(model, left, attention_mask=mask)
+        line = str(e.value)
+        assert "pad on the right instead" in line and "\n" not in line, line
+        assert ("--backend native" in line) == native, line
+        if native:
+            assert line.index("pad on the right") < line.index("--backend native")

@@ -146,10 +146,7 @@ class BridgeModel(LoadedModel):
             real = padding_mask(attention_mask)
             right = bool((real[:, 1:] <= real[:, :-1]).all()) and bool(real[:, 0].all())  # 1...1 0...0 per row
             if not (self.spec.causal and right):
-                raise HeadprobeError(
-                    "padded batches on the TransformerLens bridge need right padding of a causal model "
-                    "(to_tokens(texts, padding_side='right')); left padding needs the native backend (--backend native)"
-                )
+                raise HeadprobeError(self._padding_refusal())
             attention_mask = None  # exact at the real tokens, see above
         tokens = tokens.to(self.device)
         fwd_hooks = _scores_with_neg_inf(fwd_hooks)
@@ -158,6 +155,19 @@ class BridgeModel(LoadedModel):
         if fwd_hooks:
             return self.model.run_with_hooks(tokens, fwd_hooks=fwd_hooks)
         return self.model(tokens)
+
+    def _padding_refusal(self) -> str:
+        """:meth:`forward`'s one line for a mask it refuses: right padding first (what works here), the
+        native backend only where it can load this model (left padding works there)."""
+        from headprobe.probe.model import convert
+
+        line = (
+            "padded batches on the TransformerLens bridge need right padding of a causal model: pad on the right "
+            "instead (to_tokens(texts), whose default is padding_side='right'), exact at every real token"
+        )
+        if self.spec.causal and convert.supports(self.hf_config):
+            line += "; left padding needs the native backend (--backend native), which loads this model"
+        return line
 
     def hooks(
         self, fwd_hooks: Sequence[tuple[str, HookFn]] = (), bwd_hooks: Sequence[tuple[str, HookFn]] = ()
