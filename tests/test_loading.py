@@ -198,3 +198,62 @@ def test_a_registered_name_that_is_also_a_folder_here_says_which_loads(tmp_path,
     assert options.peek_layout("smollm2-135m") == options.SMOLLM2_LAYOUT  # what loads: the embedded model
     assert options.peek_layout("./smollm2-135m") == (2, 4)
     assert folder_or_name_note("distilgpt2") is None  # no such folder here
+
+
+def test_a_folder_without_tokenizer_files_is_refused_at_load(tmp_path, tiny_tokenizer, capsys):
+    """config.json and weights only: transformers built a Qwen2Tokenizer of one token that encodes any
+    text to nothing, so the load succeeded and scan blamed the text ("the text has 0 tokens"). Now the
+    load refuses in one line (exit 2, no output folder) and says how to supply a tokenizer; a
+    tokenizer of one token handed to headprobe.wrap is refused too."""
+    from transformers import AutoTokenizer
+    from zoo import make_checkpoint
+
+    import headprobe
+    from headprobe.cli import main
+
+    hf = make_checkpoint("qwen2", tiny_tokenizer).hf_model
+    hf.save_pretrained(tmp_path / "notok")
+    with pytest.raises(HeadprobeError, match=r"notok has no tokenizer \(no tokenizer.json, .*save_pretrained"):
+        load_model(str(tmp_path / "notok"), quiet=True)
+    code = main(["scan", "--model", str(tmp_path / "notok"), "--no-verify", "--out", str(tmp_path / "o")])
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("headprobe: error:")]
+    assert code == 2 and len(err) == 1 and "has no tokenizer" in err[0] and not (tmp_path / "o").exists(), err
+    one = AutoTokenizer.from_pretrained(tmp_path / "notok")  # what transformers gives such a folder
+    assert len(one) < 2
+    with pytest.raises(HeadprobeError, match=r"tokenizer \(Qwen2Tokenizer, 1 tokens for an embedding of 101 rows\)"):
+        headprobe.wrap(hf, one)
+
+
+def test_a_model_without_attention_is_refused_at_load(tmp_path, tiny_tokenizer, capsys):
+    """A Mamba checkpoint got the header "2 layers x 1 heads (MHA, 1 KV head)" and then a
+    TransformerLens KeyError about hook names; now one line at load says it has no attention layers."""
+    import torch
+    from transformers import MambaConfig, MambaForCausalLM
+
+    from headprobe.cli import main
+
+    torch.manual_seed(0)
+    MambaForCausalLM(MambaConfig(vocab_size=101, hidden_size=16, num_hidden_layers=2, state_size=4)).save_pretrained(
+        tmp_path / "mamba"
+    )
+    tiny_tokenizer.save_pretrained(tmp_path / "mamba")
+    want = f"{tmp_path / 'mamba'} (MambaForCausalLM) has no attention layers: headprobe studies attention heads"
+    with pytest.raises(HeadprobeError) as e:
+        load_model(str(tmp_path / "mamba"), quiet=True)
+    assert str(e.value) == want
+    code = main(["scan", "--model", str(tmp_path / "mamba"), "--no-verify", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"headprobe: error: {want}" in err.splitlines() and "NOTE" not in err, err
+
+
+def test_auto_says_it_took_the_bridge_for_an_architecture_the_native_model_lacks(capsys):
+    """Bloom is no registered family: the NOTE said "use --backend transformer-lens", advice to do what
+    auto had just done; it says that auto took the bridge, and why."""
+    from transformers import BloomConfig
+
+    from headprobe.probe.backends.loading import _say_why_not_native
+
+    _say_why_not_native(BloomConfig(vocab_size=101, hidden_size=16, n_layer=1, n_head=2))
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("NOTE: --backend auto took TransformerLens' bridge") and "'bloom'" in err, err
+    assert "use --backend transformer-lens" not in err and "did you mean" not in err and "\n" not in err

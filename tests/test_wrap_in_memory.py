@@ -75,3 +75,34 @@ def test_an_in_memory_model_wraps_on_the_bridge_without_the_hub(family, backend,
     assert tokens[0, 0].item() == tok.bos_token_id and tokens.shape == (1, 6)
     with torch.no_grad():
         torch.testing.assert_close(model.forward(tokens), hf(tokens).logits, atol=1e-5, rtol=0)
+
+
+def test_wrap_warns_of_a_tokenizer_that_may_not_be_the_models(tmp_path, capsys):
+    """docs/padding.md wrapped ``AutoTokenizer.from_pretrained(path)``: transformers 5 gives a directory
+    whose tokenizer_config.json names the generic class the family's own (Qwen2Tokenizer), other tokens
+    than ``--model path``'s, silently. ``headprobe.load_tokenizer(path)`` gives load_model's tokens; a
+    tokenizer with more tokens than the embedding has rows gets one WARNING line, the model's own none."""
+    from conftest import make_tiny_tokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
+    from zoo import save_dir
+
+    path = save_dir("qwen2", make_tiny_tokenizer(tmp_path / "tok"), tmp_path / "qwen2")
+    hf = AutoModelForCausalLM.from_pretrained(path)
+    with pytest.raises(headprobe.HeadprobeError, match=r"load_tokenizer\(.*\) gives the one --model uses"):
+        headprobe.wrap(hf, AutoTokenizer.from_pretrained(path))  # encodes every text to nothing here
+    capsys.readouterr()
+    wrapped = headprobe.wrap(hf, headprobe.load_tokenizer(str(path)))
+    assert "WARNING" not in capsys.readouterr().err
+    assert (
+        wrapped.to_tokens("t1 t2 t3").tolist()
+        == headprobe.load_model(str(path), quiet=True).to_tokens("t1 t2 t3").tolist()
+    )
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=128, n_embd=16, n_layer=1, n_head=2, n_positions=32, bos_token_id=0, eos_token_id=1)
+    small = GPT2LMHeadModel(cfg).eval()
+    headprobe.wrap(small, in_memory_tokenizer())  # 256 tokens for 128 rows
+    err = capsys.readouterr().err.splitlines()
+    assert [x for x in err if x.startswith("WARNING")] == [
+        "WARNING: headprobe.wrap: the tokenizer has 256 tokens, more than the model's embedding of 128 rows: it may "
+        "not be the model's (ids >= 128 are refused); pass the model's own tokenizer"
+    ], err

@@ -83,6 +83,7 @@ from headprobe.probe.backends.sources import (  # noqa: F401 - the names, re-exp
 from headprobe.probe.backends.sources import (
     resolve as _resolve,
 )
+from headprobe.probe.backends.tokens import refuse_folder_without_tokenizer, refuse_unusable_tokenizer
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.vocabulary import backend_class, backend_with, chosen_at_load
 from headprobe.probe.layout.spec import Checkpoint
@@ -143,10 +144,59 @@ def _names_generic_tokenizer(source: str | Path) -> bool:
         return False
 
 
+def _read_tokenizer(source: str, kwargs: dict[str, Any]) -> Any:
+    """The tokenizer of ``source`` (``kwargs``: ``from_pretrained``'s, ``gguf_file`` among them) as
+    headprobe reads it: ``AutoTokenizer``, except where a directory's ``tokenizer_config.json`` names
+    the generic class (:data:`GENERIC_TOKENIZERS`) and transformers picks the family's class instead.
+
+    Raises:
+        HeadprobeError: a local directory without tokenizer files (:func:`refuse_folder_without_tokenizer`).
+    """
+    from transformers import AutoTokenizer
+
+    gguf = kwargs.get("gguf_file") is not None
+    if not gguf:
+        refuse_folder_without_tokenizer(source)
+    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    if not gguf and _names_generic_tokenizer(source) and type(tokenizer).__name__ not in GENERIC_TOKENIZERS:
+        # transformers picks the family's tokenizer class (Qwen2Tokenizer) over the generic one the
+        # directory names, and that class rebuilds a different tokenizer from the files: use the named one
+        from transformers import PreTrainedTokenizerFast
+
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(source, **kwargs)
+    return tokenizer
+
+
+def load_tokenizer(name: str) -> Any:
+    """The tokenizer ``headprobe.load_model(name)`` (and ``--model NAME``) uses, alone: for
+    :func:`wrap_model` of a model loaded with transformers. ``AutoTokenizer.from_pretrained`` may
+    give another (transformers 5 picks the family's class, e.g. ``Qwen2Tokenizer``, for a directory
+    whose ``tokenizer_config.json`` names ``PreTrainedTokenizerFast``, and rebuilds a different
+    tokenizer from its files). A ``.gguf`` file (``smollm2-135m``) is loaded whole for it.
+
+    Raises:
+        HeadprobeError: ``name`` cannot be found, or a directory without tokenizer files (one line).
+    """
+    name = canonical_name(name)
+    _, _, kwargs = _resolve(name)
+    if kwargs.get("gguf_file") is not None:
+        return load_checkpoint(name, quiet=True).tokenizer
+    try:
+        with warnings.catch_warnings(), quiet_progress_bars():
+            warnings.simplefilter("ignore")
+            return _read_tokenizer(kwargs["source"], {"local_files_only": kwargs["local_only"]})
+    except HeadprobeError:
+        raise
+    except Exception as e:  # a third-party file can fail in its own way
+        raise HeadprobeError(
+            f"cannot read the tokenizer of {name}: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+        ) from None
+
+
 def _load_hf(source: str, local_only: bool, gguf_file: str | None = None, split: dict[str, Any] | None = None):
     """(hf_model, tokenizer) in float32 with eager attention, without progress bars; ``split``:
     transformers' ``device_map``, ``max_memory`` and ``offload_folder`` for the model."""
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     from headprobe.probe.model.convert import is_encoder
 
@@ -157,17 +207,7 @@ def _load_hf(source: str, local_only: bool, gguf_file: str | None = None, split:
 
     with warnings.catch_warnings(), quiet_progress_bars(), quiet_accelerate():
         warnings.simplefilter("ignore")
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        if (
-            gguf_file is None
-            and _names_generic_tokenizer(source)
-            and type(tokenizer).__name__ not in GENERIC_TOKENIZERS
-        ):
-            # transformers picks the family's tokenizer class (Qwen2Tokenizer) over the generic one the
-            # directory names, and that class rebuilds a different tokenizer from the files: use the named one
-            from transformers import PreTrainedTokenizerFast
-
-            tokenizer = PreTrainedTokenizerFast.from_pretrained(source, **kwargs)
+        tokenizer = _read_tokenizer(source, kwargs)
         config = AutoConfig.from_pretrained(source, **kwargs)
         # an encoder (BERT) has no causal LM head: load the bare model, read bidirectionally
         auto = (
@@ -312,8 +352,8 @@ def load_checkpoint(name: str = SMOLLM2_NAME, quiet: bool = False, split: dict[s
     progress line goes to stderr (``loading smollm2-135m from cache ...``) unless ``quiet``.
 
     Raises:
-        HeadprobeError: the model cannot be found or read, or its weights hold NaN or Inf
-            (one line, says how to supply it).
+        HeadprobeError: the model cannot be found or read, a directory without tokenizer files, its
+            weights hold NaN or Inf, or as :func:`refuse_unstudiable` (one line, says how to supply it).
     """
     name = canonical_name(name)
     hf_name, precision, kwargs = _resolve(name)
@@ -325,7 +365,35 @@ def load_checkpoint(name: str = SMOLLM2_NAME, quiet: bool = False, split: dict[s
         msg = " ".join(str(e).split())[:300]
         raise HeadprobeError(f"cannot load model {name}: {type(e).__name__}: {msg}") from None
     check_finite_weights(hf_model)
-    return Checkpoint(name, hf_name, precision, hf_model, tokenizer)
+    ckpt = Checkpoint(name, hf_name, precision, hf_model, tokenizer)
+    refuse_unstudiable(ckpt)
+    return ckpt
+
+
+def _embedding_rows(hf_model: Any) -> int | None:
+    """The rows of a transformers model's input embedding (its vocabulary size), None where it has none to read."""
+    get = getattr(hf_model, "get_input_embeddings", None)
+    weight = getattr(get() if callable(get) else None, "weight", None)
+    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) else None
+
+
+def refuse_unstudiable(ckpt: Checkpoint, fix: str | None = None) -> None:
+    """Refuse, before any wrapping, a checkpoint headprobe cannot study: a model without attention
+    layers (Mamba: no module of its named ``*Attention*``/``*Attn*``), or a tokenizer that cannot be
+    the model's (:func:`~headprobe.probe.backends.tokens.refuse_unusable_tokenizer`; ``fix``: what its
+    message advises, None for its default).
+
+    Raises:
+        HeadprobeError: either (one line).
+    """
+    hf_model = ckpt.hf_model
+    names = {type(m).__name__.lower() for m in hf_model.modules()}
+    if not any("attention" in n or "attn" in n for n in names):
+        raise HeadprobeError(
+            f"{ckpt.name} ({type(hf_model).__name__}) has no attention layers: headprobe studies attention heads"
+        )
+    rows = _embedding_rows(hf_model)
+    refuse_unusable_tokenizer(ckpt.tokenizer, rows, ckpt.name, *([fix] if fix else []))
 
 
 def wrap(
@@ -367,6 +435,42 @@ def _lacks_lm_head(hf_model: Any) -> bool:
     return callable(get) and get() is None
 
 
+def _tokenizer_fix(tokenizer: Any) -> str:
+    """:func:`wrap_model`'s advice for a tokenizer that may not be the model's: ``headprobe.load_tokenizer``
+    of the directory it was read from (what ``--model DIR`` uses), else the model's own."""
+    source = getattr(tokenizer, "name_or_path", "") or ""
+    if source and Path(source).is_dir():
+        return f"headprobe.load_tokenizer({source!r}) gives the one --model uses"
+    return "pass the model's own tokenizer"
+
+
+def _tokenizer_warning(hf_model: Any, tokenizer: Any) -> str | None:
+    """Why ``tokenizer`` may not be the one ``--model DIR`` uses for ``hf_model`` (one line), or None:
+    more tokens than the embedding has rows, or a tokenizer read from a directory whose
+    ``tokenizer_config.json`` names the generic class while transformers gave the family's, which
+    rebuilds other tokens from the files (transformers 5: 74 tokens instead of 16 for a word-level
+    tokenizer.json; see :func:`load_tokenizer`)."""
+    source = getattr(tokenizer, "name_or_path", "") or ""
+    fix = _tokenizer_fix(tokenizer)
+    if source and Path(source).is_dir() and _names_generic_tokenizer(source):
+        if type(tokenizer).__name__ not in GENERIC_TOKENIZERS:
+            return (
+                f"this {type(tokenizer).__name__} was read from {source}, whose tokenizer_config.json names "
+                f"PreTrainedTokenizerFast: transformers rebuilt other tokens from its files; {fix}"
+            )
+    rows = _embedding_rows(hf_model)
+    try:
+        size = len(tokenizer)
+    except TypeError:
+        return None
+    if rows is not None and size > rows:
+        return (
+            f"the tokenizer has {size} tokens, more than the model's embedding of {rows} rows: it may not be "
+            f"the model's (ids >= {rows} are refused); {fix}"
+        )
+    return None
+
+
 def wrap_model(
     hf_model: Any,
     tokenizer: Any,
@@ -401,7 +505,10 @@ def wrap_model(
     Raises:
         HeadprobeError: ``hf_model`` is not a transformers model or (a decoder) has no LM head (a base
             ``AutoModel``, a classifier), ``tokenizer`` is None or no tokenizer object, ``prepend_bos``
-            not a bool, weights that are NaN or Inf, or as :func:`wrap` (an unknown backend, ``native`` for an architecture it lacks).
+            not a bool, weights that are NaN or Inf, a model without attention layers or a tokenizer that
+            cannot be its (:func:`refuse_unstudiable`), or as :func:`wrap` (an unknown backend, ``native`` for
+            an architecture it lacks). A tokenizer that may not be the model's (:func:`_tokenizer_warning`)
+            gets one ``WARNING: headprobe.wrap: ...`` line on stderr, not an error.
     """
     if not isinstance(hf_model, torch.nn.Module) or getattr(hf_model, "config", None) is None:
         raise HeadprobeError(f"headprobe.wrap takes a transformers model (with .config), got {type(hf_model).__name__}")
@@ -427,6 +534,9 @@ def wrap_model(
     dtype = first.dtype
     precision = f"{str(dtype).removeprefix('torch.')} (a transformers model wrapped in memory)"
     ckpt = Checkpoint(name or hf_name, hf_name, precision, hf_model, tokenizer)
+    refuse_unstudiable(ckpt, _tokenizer_fix(tokenizer))
+    if (warning := _tokenizer_warning(hf_model, tokenizer)) is not None:
+        print(f"WARNING: headprobe.wrap: {warning}", file=sys.stderr, flush=True)
     loaded = wrap(ckpt, backend, first.device if device is None else device, prepend_bos, copy=True)
     if loaded.half_precision and dtype != torch.float32:
         loaded.model.float()  # its own copy: check the decomposition in float32, then round
@@ -621,14 +731,22 @@ def _say_why_not_native(hf_config: Any) -> None:
     import sys
 
     from headprobe.probe.model import convert
+    from headprobe.probe.model.families import FAMILIES
 
     if NativeModel.supports(hf_config):
         return
+    model_type = getattr(hf_config, "model_type", None)
     try:
         convert.config_from_hf(hf_config)
     except HeadprobeError as e:
+        # an unregistered type: say that auto has already taken the bridge, not "use --backend transformer-lens"
+        why = (
+            str(e)
+            if model_type in FAMILIES
+            else f"the native model does not implement model type {model_type!r} (docs/models.md lists those it does)"
+        )
         print(
-            f"NOTE: --backend auto takes TransformerLens' bridge, not the native model: {e}",
+            f"NOTE: --backend auto took TransformerLens' bridge, not the native model: {why}",
             file=sys.stderr,
             flush=True,
         )

@@ -142,3 +142,68 @@ class Tokenizing:
         body = backend.to_str() if backend is not None else json.dumps(sorted(tok.get_vocab().items()))
         special = json.dumps(getattr(tok, "special_tokens_map", {}), sort_keys=True, default=str)
         return hashlib.sha256(f"{body}\n{special}\n{self.prepend_bos}".encode()).hexdigest()
+
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
+"""Files a Hugging Face model directory keeps its tokenizer in (any one of them is a tokenizer to read)."""
+
+PLAIN_SENTENCE = "The cat sat on the mat, and then it went home."
+"""Plain English text that any language model's tokenizer encodes to some tokens (a word-level
+tokenizer over other words gives unknown tokens, still tokens)."""
+
+
+def refuse_folder_without_tokenizer(folder: Any) -> None:
+    """Refuse a local model directory ``folder`` that holds none of :data:`TOKENIZER_FILES`:
+    transformers then builds a tokenizer of one token that encodes every text to nothing.
+
+    Raises:
+        HeadprobeError: no tokenizer file there (one line, says how to supply one).
+    """
+    from pathlib import Path
+
+    if not Path(folder).is_dir() or any((Path(folder) / f).is_file() for f in TOKENIZER_FILES):
+        return
+    raise HeadprobeError(
+        f"{folder} has no tokenizer (no {', '.join(TOKENIZER_FILES[:-2])} ...): save one beside the model "
+        f"(tokenizer.save_pretrained(dir)) or wrap the model with its tokenizer in Python "
+        f"(headprobe.wrap(hf_model, tokenizer))"
+    )
+
+
+def refuse_unusable_tokenizer(
+    tokenizer: Any,
+    n_embed: int | None,
+    name: str,
+    fix: str = "save the model's beside it (tokenizer.save_pretrained(dir))",
+) -> None:
+    """Refuse a tokenizer that cannot be the model's: fewer than 2 tokens, or one that encodes
+    :data:`PLAIN_SENTENCE` to no tokens. ``n_embed``: the embedding's rows (the message's scale);
+    ``fix``: what the message advises.
+
+    Raises:
+        HeadprobeError: such a tokenizer (one line).
+    """
+    try:
+        size: int | None = len(tokenizer)
+    except TypeError:
+        size = None
+    try:
+        n_ids: int | None = len(tokenizer(PLAIN_SENTENCE, add_special_tokens=False)["input_ids"])
+    except Exception:  # a third-party tokenizer may fail in its own way: left to to_tokens to report
+        n_ids = None
+    if (size is None or size >= 2) and n_ids != 0:
+        return
+    rows = f" for an embedding of {n_embed} rows" if n_embed else ""
+    raise HeadprobeError(
+        f"{name}'s tokenizer ({type(tokenizer).__name__}, {size} tokens{rows}) "
+        f"{'encodes plain English to no tokens' if n_ids == 0 else 'is too small'}: it is not the model's "
+        f"tokenizer; {fix}"
+    )
