@@ -1240,7 +1240,13 @@ def ablation_caption(rows: Sequence[dict], design: dict, rule: VerdictRule | Non
 
 
 @_styled
-def diff_heatmaps(panels: Sequence[tuple], title: str, group_size: int | None = None) -> Figure:
+def diff_heatmaps(
+    panels: Sequence[tuple],
+    title: str,
+    group_size: int | None = None,
+    limits: Sequence[float] | None = None,
+    empty: str | None = None,
+) -> Figure:
     """A page-wide grid of layer x head heatmaps of signed changes (``headprobe diff``'s B − A), three
     panels a row, each on ``RdBu_r`` centred at 0 with its own symmetric limits and its own
     labelled colour bar.
@@ -1252,7 +1258,12 @@ def diff_heatmaps(panels: Sequence[tuple], title: str, group_size: int | None = 
         title: the figure's title (wrapped to the page).
         group_size: query heads per key/value head: the groups parted and named as the scan's
             heatmaps part them (:func:`_head_groups`; it read plain "head" beside their "head (3 per KV head)").
+        limits: per panel, the colour limit ``m`` (colours from ``-m`` to ``+m``), raised to the panel's
+            largest ``|change|`` where that is larger; None: that largest ``|change|`` alone.
+        empty: the words written across a panel where no head is boxed (None: nothing).
     """
+    import textwrap
+
     from matplotlib.patches import Rectangle
 
     n_layers, n_heads = np.shape(panels[0][2])
@@ -1262,9 +1273,10 @@ def diff_heatmaps(panels: Sequence[tuple], title: str, group_size: int | None = 
     fig = _figure(PAGE_WIDTH, 0.9 + rows * (panel_height + 0.75))
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     bars = []
-    for ax, (name, label, change, boxed, dotted) in zip(axes, panels):
+    for i, (ax, (name, label, change, boxed, dotted)) in enumerate(zip(axes, panels)):
         change = np.asarray(change, dtype=float)
-        lim = (float(np.nanmax(np.abs(change))) if np.isfinite(change).any() else 0.0) or 1.0
+        lim = float(np.nanmax(np.abs(change))) if np.isfinite(change).any() else 0.0
+        lim = max(lim, float(limits[i]) if limits is not None and np.isfinite(limits[i]) else 0.0) or 1.0
         im = ax.imshow(change, cmap=DIVERGING_CMAP, vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
         for layer, head in zip(*np.nonzero(boxed)):  # zorder 3: a box's edge over the group lines
             ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, lw=1.0, ec="black", zorder=3))
@@ -1272,7 +1284,19 @@ def diff_heatmaps(panels: Sequence[tuple], title: str, group_size: int | None = 
             ax.plot(head, layer, "o", ms=2.5, mec="#222", mfc="#222" if filled else "none", mew=0.6)
         ax.set_xticks(range(0, n_heads, _head_step(n_heads, PAGE_WIDTH / cols - 0.9)))
         ax.set_yticks(range(0, n_layers, max(1, -(-n_layers // 10))))
-        ax.set(title=name, ylabel="layer")
+        ax.set(title=textwrap.fill(name, 28), ylabel="layer")  # a title wider than its panel passes the page's edge
+        if empty and not np.any(boxed):
+            ax.text(
+                0.5,
+                0.5,
+                textwrap.fill(empty, 18),
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                fontsize="small",
+                bbox={"fc": "white", "ec": "#888", "alpha": 0.85, "lw": 0.5},
+                zorder=4,
+            )
         _head_groups(ax, n_heads, group_size)
         bars.append(fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02))
         bars[-1].set_label(label)

@@ -389,6 +389,21 @@ def uniform_baselines(tokens: Mapping) -> dict[str, float]:
     return out
 
 
+def uniform_baselines_of(natural: Any, repeated: Any) -> dict[str, float]:
+    """:func:`uniform_baselines` of a natural-text and a repeated-random token set
+    (:class:`~headprobe.analyses.data.TokenSet`: ``tokens [batch, pos]``, ``start``, ``period``)."""
+    return uniform_baselines(
+        {
+            "natural_text": {"seq_len": int(natural.tokens.shape[1])},
+            "repeated_random": {
+                "period": repeated.period,
+                "seq_len": int(repeated.tokens.shape[1]),
+                "bos": bool(repeated.start),
+            },
+        }
+    )
+
+
 def verdict_remarks(
     top: Mapping[str, Sequence[str]],
     scores: Mapping[str, Mapping[str, float]],

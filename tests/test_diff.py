@@ -663,3 +663,150 @@ def test_the_diff_title_names_the_correction_and_the_top_k_as_the_other_figures_
         assert f"{name} over heads at alpha 0.05" in title, title
         assert "top-10 membership" in title and "crossed the top-10 boundary" in title, title
         assert not re.search(r"\bbh\b|top-k", title), title
+
+
+def _hf_own_change(hf_a, hf_b) -> np.ndarray:
+    """The reference: each head's ||dW|| / ||W_A|| over its q rows (+ q bias), its KV head's k and v rows
+    (+ biases) and its o_proj columns, looped head by head on the raw Hugging Face weights."""
+    hf_a, hf_b = hf_a.requires_grad_(False), hf_b.requires_grad_(False)
+    cfg = hf_a.config
+    n, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // n
+    out = np.zeros((cfg.num_hidden_layers, n))
+    for layer in range(cfg.num_hidden_layers):
+        ma, mb = hf_a.model.layers[layer].self_attn, hf_b.model.layers[layer].self_attn
+        for h in range(n):
+            g = h // (n // kv)
+            num = den = 0.0
+            for name, rows in (("q_proj", h), ("k_proj", g), ("v_proj", g), ("o_proj", None)):
+                pa, pb = getattr(ma, name), getattr(mb, name)
+                wa = pa.weight[:, h * d : (h + 1) * d] if rows is None else pa.weight[rows * d : (rows + 1) * d]
+                wb = pb.weight[:, h * d : (h + 1) * d] if rows is None else pb.weight[rows * d : (rows + 1) * d]
+                parts = [(wa, wb)]
+                if rows is not None and pa.bias is not None:
+                    parts.append((pa.bias[rows * d : (rows + 1) * d], pb.bias[rows * d : (rows + 1) * d]))
+                for x, y in parts:
+                    num += float(((y.double() - x.double()) ** 2).sum())
+                    den += float((x.double() ** 2).sum())
+            out[layer, h] = np.sqrt(num / den)
+    return out
+
+
+@pytest.fixture(scope="module")
+def zeroed_pair(tiny_tokenizer):
+    """The tiny Qwen2 (GQA, q/k/v biases) and a copy with head 1.2's W_O slice (o_proj's columns) zeroed."""
+    import zoo
+
+    from headprobe.probe.backends.loading import wrap
+
+    a, b = zoo.make_checkpoint("qwen2", tiny_tokenizer), zoo.make_checkpoint("qwen2", tiny_tokenizer)
+    cfg = b.hf_model.config
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    with torch.no_grad():
+        b.hf_model.model.layers[PLANTED[0]].self_attn.o_proj.weight[:, PLANTED[1] * d : (PLANTED[1] + 1) * d] = 0
+    return a, b, wrap(a, backend="native"), wrap(b, backend="native")
+
+
+def test_own_change_is_nonzero_for_exactly_the_edited_head_and_matches_the_raw_weights(zeroed_pair, tiny_tokenizer):
+    """diff's ablation effects are total effects (a downstream head's change moves them), so they
+    named untouched layer-0 heads and missed the edited ones; own_change reads the head's own slices."""
+    from headprobe.analyses.own_weights import own_change_line, own_weight_change
+
+    ca, cb, a, b = zeroed_pair
+    assert ca.hf_model.model.layers[0].self_attn.q_proj.bias is not None  # biases are in the comparison
+    own = own_weight_change(a, b)
+    ref = _hf_own_change(ca.hf_model, cb.hf_model)
+    np.testing.assert_allclose(own["own_change"], ref, rtol=1e-9, atol=0)
+    nonzero = {(int(x), int(y)) for x, y in zip(*np.nonzero(own["own_change"]))}
+    assert nonzero == {PLANTED} and own["W_O"][PLANTED] == 1.0 and own["W_O_norm_ratio"][PLANTED] == 0.0
+    assert np.count_nonzero(own["own_change"] == 0.0) == own["own_change"].size - 1
+    line = own_change_line(own)
+    assert "1 of " in line and "identical" in line and "1.2 " in line and "(W_O -100%)" in line
+    # a bias-only edit of a shared KV head counts, whole, for each query head reading it
+    import zoo
+
+    from headprobe.probe.backends.loading import wrap
+
+    cc = zoo.make_checkpoint("qwen2", tiny_tokenizer)
+    with torch.no_grad():
+        cc.hf_model.model.layers[0].self_attn.k_proj.bias[:1] += 1.0
+    own = own_weight_change(a, wrap(cc, backend="native"))
+    np.testing.assert_allclose(own["own_change"], _hf_own_change(ca.hf_model, cc.hf_model), rtol=1e-9, atol=0)
+    group = a.spec.n_heads // a.spec.n_kv_heads
+    assert (own["own_change"][0, :group] > 0).all() and (own["own_change"][0, group:] == 0).all()
+    assert (own["own_change"][1:] == 0).all()
+
+
+def test_diff_reports_own_change_in_its_table_report_and_summary(zeroed_pair, text_file, tmp_path):
+    import json
+
+    from headprobe.commands.diff_core import diff
+
+    *_, a, b = zeroed_pair
+    r = diff(a, b, text=str(text_file), **SMALL)
+    row = r.table.set_index(["layer", "head"])
+    assert row.loc[PLANTED, "own_change"] > 0 and row.loc[PLANTED, "own_change_W_O"] == 1.0
+    assert (row.drop(index=[PLANTED])["own_change"] == 0).all()
+    assert "own weights changed: 1 of" in r.report() and "1.2 " in r.report()
+    r.save(tmp_path / "o")
+    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert [c["head"] for c in s["own_weights"]["changed"]] == ["1.2"]
+    assert s["own_weights"]["identical"] == a.spec.n_layers * a.spec.n_heads - 1
+    assert "total effect" in s["own_weights"]["rule"] and "uniform_baselines" in s and "not_roles" in s
+    q = diff(a, a, text=str(text_file), requantize_b="int4", **SMALL)  # every head changes a little
+    assert (q.table["own_change"] > 0).all() and (q.table["own_change"] < 0.5).all()
+    text = repr(q)
+    assert f"B = {a.spec.name} re-quantized to int4 (a copy" in text, text
+
+
+def test_a_top_k_crossing_at_or_below_a_uniform_heads_score_is_not_a_role():
+    """qwen-a vs its fine-tune reported duplicate-token flips of heads scoring about what a head
+    attending uniformly scores; the scan's rule (analyses.verdicts.uniform_baselines) now decides."""
+    from headprobe.commands.diff_core import role_changes
+
+    base = 0.0136
+    a = np.array([[0.010, 0.030, 0.005, 0.004]])
+    b = np.array([[0.013, 0.001, 0.016, 0.004]])  # 0.0 enters at 0.013 <= base; 0.2 enters at 0.016 > base
+    test = {"change": b - a, "p_adjusted": np.full(a.shape, 0.001)}
+    top = {"duplicate_token": {"A": [(0, 1)], "B": [(0, 0), (0, 2)]}}
+    means = {"A": {"duplicate_token": a}, "B": {"duplicate_token": b}}
+    flipped, low = role_changes({"duplicate_token": test}, means, top, 0.05, 0.0, {"duplicate_token": base})
+    assert [f["head"] for f in flipped] == ["0.1", "0.2"] and [f["head"] for f in low] == ["0.0"]
+    assert "at or below 0.0136" in low[0]["why"][0] and "1.18x" in flipped[1]["why"][0]
+    assert [f["head"] for f in role_changes({"duplicate_token": test}, means, top, 0.05, 0.0, {})[0]] == [
+        "0.0",
+        "0.1",
+        "0.2",
+    ]
+
+
+@pytest.mark.figures
+def test_diff_panels_share_the_quantitys_scale_say_when_nothing_changed_and_stay_on_the_page():
+    """Each panel auto-scaled to its largest change, so a 0.001 score change was as dark as a 0.08
+    ablation change; a panel with no boxed head said nothing; a long title left the page."""
+    from headprobe.commands.diff_core import draw_diff
+
+    n = np.zeros((3, 4))
+    small, big = n.copy(), n.copy()
+    small[2, 1], big[0, 1] = 0.001, 0.08
+    boxed = n.astype(bool).copy()
+    boxed_big = boxed.copy()
+    boxed_big[0, 1] = True
+    fig = draw_diff(
+        {"induction": small, "ablation_repeated": big},
+        {"induction": boxed, "ablation_repeated": boxed_big},
+        {},
+        "t",
+        2,
+        {"induction": 0.025, "ablation_repeated": 0.3},
+        0.5,
+    )
+    fig.draw_without_rendering()
+    axes = [ax for ax in fig.axes if ax.images]
+    assert [ax.images[0].get_clim() for ax in axes] == [(-0.025, 0.025), (-0.3, 0.3)]
+    said = [[t.get_text() for t in ax.texts] for ax in axes]
+    assert [" ".join(s).replace("\n", " ") for s in said] == ["no head changed by >= 0.5 sd", ""]
+    width = fig.get_figwidth() * fig.dpi
+    for ax in axes:
+        box = ax.title.get_window_extent()
+        assert box.x0 >= 0 and box.x1 <= width, (ax.get_title(), box)

@@ -32,8 +32,10 @@ from headprobe.analyses.data import (
     window_counts,
 )
 from headprobe.analyses.outputs import WritesOutputs
+from headprobe.analyses.own_weights import own_change_line, own_weight_change
 from headprobe.analyses.scoring import score_plan, score_tokens
 from headprobe.analyses.statistics import adjust_p_values
+from headprobe.analyses.verdicts import uniform_baselines_of
 from headprobe.commands.diff import HELP, NEEDS_CAUSAL, DiffConfig, check_resample_sources, layout_refusal  # noqa: F401 - HELP re-exported
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core import memory
@@ -148,6 +150,21 @@ class DiffResult(CompactRepr, WritesOutputs):
     natural_untrusted: str | None = None
     """Why the natural text's scores and effects describe no mechanism (most of its tokens unknown to
     the tokenizer, :func:`~headprobe.analyses.ablation.untrusted_task_reason`), or None; ``natural_text.untrusted``."""
+    own: dict = field(default_factory=dict, repr=False)
+    """Each head's own parameter change, ``[layer, head]`` arrays (:func:`~headprobe.analyses.own_weights.own_weight_change`)."""
+    not_roles: list = field(default_factory=list)
+    """Changed top-k crossings at or below a uniformly attending head's score: no role in either model (:func:`role_changes`)."""
+    baselines: dict = field(default_factory=dict)
+    """Type -> the score of a head attending uniformly (:func:`~headprobe.analyses.verdicts.uniform_baselines`)."""
+
+    def _repr_notes(self) -> dict[str, str]:
+        q = self.config.requantize_b
+        b = (
+            f"{self.spec_b.name} re-quantized to {q} (a copy; {self.requantized} matrices rounded)"
+            if q
+            else self.spec_b.name
+        )
+        return {"models": f"A = {self.spec_a.name}, B = {b}"}
 
     def quantity_task(self, quantity: str) -> str:
         """The token set (task) whose sequences a quantity's test pairs."""
@@ -196,10 +213,15 @@ class DiffResult(CompactRepr, WritesOutputs):
                 },
                 "top_k": {t: {m: [format_head(h) for h in hs] for m, hs in v.items()} for t, v in self.top.items()},
                 "flipped": self.flipped,
+                "not_roles": self.not_roles,
+                "uniform_baselines": self.baselines,
+                "own_weights": self.own_summary(),
                 "changed_rule": f"changed: significant and |change| >= {c.min_change} standard deviations of the quantity over "
                 "the heads, pooled over A and B (min_change, in the quantity's units)",
-                "role_rule": f"a head's role flipped: in the top-{c.k} set of a type in one model and not the other, and its "
-                "score of that type changed (changed_rule); a top-k swap within the noise is not a flip",
+                "role_rule": f"a head's role flipped: in the top-{c.k} set of a type in one model and not the other, its "
+                "score of that type changed (changed_rule), and where it is top-k it scores above uniform_baselines[type] "
+                "(a head attending uniformly over its causal context); a top-k swap within the noise is not a flip, and a "
+                "changed crossing at or below that score is listed in not_roles (no role in either model)",
             },
             model=self.spec_a.name,
             precision=self.spec_a.precision,
@@ -209,6 +231,28 @@ class DiffResult(CompactRepr, WritesOutputs):
             config=c,
             timings_s={"load_s": self.load_s, **self.timings},
         )
+
+    def own_summary(self) -> dict:
+        """summary.json's ``own_weights``: the rule, the heads whose own slices changed (largest first,
+        with the largest part) and how many are identical."""
+        from headprobe.analyses.own_weights import PARTS, describe
+
+        ch = self.own.get("own_change")
+        if ch is None:
+            return {}
+        moved = sorted(_heads(np.isfinite(ch) & (ch != 0)), key=lambda h: -ch[h])
+        return {
+            "rule": "own_change: ||W_B - W_A||_F / ||W_A||_F over the head's W_Q, W_K, W_V, W_O slices together "
+            "(q/k/v biases with their slices; b_O is the layer's, no head's); under GQA a key/value head's slices "
+            "count, whole, for each query head reading it; per part own_change_<part> in diff.csv; 0 = identical. "
+            "An ablation effect is a total effect: it changes when a head downstream changes, this does not",
+            "parts": [p for p in PARTS if p in self.own],
+            "changed": [
+                {"head": format_head(h), "own_change": float(ch[h]), "largest_part": describe(self.own, *h)}
+                for h in moved
+            ],
+            "identical": int((np.isfinite(ch) & (ch == 0)).sum()),
+        }
 
     def changed(self, quantity: str) -> np.ndarray:
         """``[layer, head]`` bool: :func:`changed_heads` of ``quantity`` at the run's alpha and floor."""
@@ -227,6 +271,8 @@ class DiffResult(CompactRepr, WritesOutputs):
             + (f" re-quantized to {self.config.requantize_b}" if self.config.requantize_b else ""),
             "",
         ]
+        if self.own:
+            lines += [own_change_line(self.own), ""]
         for q, t in self.tests.items():
             sig, changed = _heads(t["p_adjusted"] <= self.config.alpha), _heads(self.changed(q))
             change = t["change"]
@@ -260,6 +306,12 @@ class DiffResult(CompactRepr, WritesOutputs):
                 or "unchanged"
             )
         )
+        if self.not_roles:
+            bases = ", ".join(f"{t} {v:.3g}" for t, v in self.baselines.items() if t in self.top)
+            lines.append(
+                f"not a role (top-k only where it scores at or below a uniformly attending head): {len(self.not_roles)} heads "
+                f"({', '.join(f['head'] for f in self.not_roles)}; uniform: {bases}; summary.json's not_roles)"
+            )
         return "\n".join(lines)
 
     def outputs(self) -> dict[str, Any]:
@@ -297,28 +349,57 @@ def changed_heads(
         return (test["p_adjusted"] <= alpha) & (np.abs(test["change"]) >= floor)
 
 
-def _flips(tests: dict, means: dict, top: dict, alpha: float, min_change: float) -> list[dict]:
-    """Each head whose role flipped: it entered or left a type's top-k set AND its score of that type
-    changed (:func:`changed_heads`); a swap at the top-k boundary within the noise is not a flip.
-    Heads whose ablation effect changed are listed beside, with the change."""
+def _flips(
+    tests: dict, means: dict, top: dict, alpha: float, min_change: float, baselines: dict | None = None
+) -> list[dict]:
+    """Each head whose role flipped (:func:`role_changes`'s first list)."""
+    return role_changes(tests, means, top, alpha, min_change, baselines or {})[0]
+
+
+def role_changes(
+    tests: dict, means: dict, top: dict, alpha: float, min_change: float, baselines: dict
+) -> tuple[list[dict], list[dict]]:
+    """``(flipped, not_roles)``, each ``[{"head", "why"}]``. A head's role flipped: it entered or left a
+    type's top-k set AND its score of that type changed (:func:`changed_heads`; a swap at the top-k
+    boundary within the noise is not a flip) AND, in the model where it is top-k, it scores above
+    ``baselines[type]`` (:func:`~headprobe.analyses.verdicts.uniform_baselines`: what a head attending
+    uniformly over its causal context scores; a type without one is not checked). A changed top-k
+    crossing at or below that score is no role in either model: ``not_roles``."""
     why: dict[tuple[int, int], list[str]] = {}
+    low: dict[tuple[int, int], list[str]] = {}
     for t, sets in top.items():
         q = DETECTORS[t].rank_by
         changed = changed_heads(tests[q], means["A"][q], means["B"][q], alpha, min_change)
         for h in set(sets["A"]) ^ set(sets["B"]):
-            if changed[h]:
-                why.setdefault(h, []).append(
-                    f"{t}: top-k in {'A' if h in sets['A'] else 'B'} only, {q} changed by "
-                    f"{tests[q]['change'][h]:+.4g} (p adj {tests[q]['p_adjusted'][h]:.3g})"
+            if not changed[h]:
+                continue
+            where = "A" if h in sets["A"] else "B"
+            score, base = float(means[where][q][h]), baselines.get(t)
+            if base is not None and score <= base:
+                low.setdefault(h, []).append(
+                    f"{t}: top-k in {where} only with score {score:.4g}, at or below {base:.4g}, the {t} score "
+                    "of a head attending uniformly over its causal context"
                 )
-    return [{"head": format_head(h), "why": w} for h, w in sorted(why.items())]
+                continue
+            above = "" if base is None else f", {score / base:.3g}x a uniformly attending head's {base:.4g} in {where}"
+            why.setdefault(h, []).append(
+                f"{t}: top-k in {where} only, {q} changed by "
+                f"{tests[q]['change'][h]:+.4g} (p adj {tests[q]['p_adjusted'][h]:.3g}{above})"
+            )
+    return [{"head": format_head(h), "why": w} for h, w in sorted(why.items())], [
+        {"head": format_head(h), "why": w} for h, w in sorted(low.items())
+    ]
 
 
-def _table(means: dict, tests: dict, top: dict, n_layers: int, n_heads: int) -> pd.DataFrame:
+def _table(means: dict, tests: dict, top: dict, n_layers: int, n_heads: int, own: dict | None = None) -> pd.DataFrame:
+    """diff.csv: one row per head; ``own_change`` and ``own_change_<part>`` from :func:`own_weight_change` (``own``)."""
     rows = []
     for layer in range(n_layers):
         for head in range(n_heads):
             row: dict = {"layer": layer, "head": head}
+            for key, v in (own or {}).items():
+                if not key.endswith("_norm_ratio"):
+                    row["own_change" if key == "own_change" else f"own_change_{key}"] = v[layer, head]
             for q, t in tests.items():
                 row.update(
                     {
@@ -547,6 +628,9 @@ def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bo
     timings["measure_s"] = time.perf_counter() - t0
     tests = compare(per["A"], per["B"], cfg.correction, cfg.n_perm, cfg.seed)
     top = {t: {m: top_heads(torch.as_tensor(means[m][DETECTORS[t].rank_by]), k) for m in ("A", "B")} for t in types}
+    baselines = uniform_baselines_of(natural, repeated)
+    flipped, not_roles = role_changes(tests, means, top, cfg.alpha, cfg.min_change, baselines)
+    own = own_weight_change(a, b)
     return DiffResult(
         cfg,
         a.spec,
@@ -554,8 +638,8 @@ def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bo
         means,
         tests,
         top,
-        _flips(tests, means, top, cfg.alpha, cfg.min_change),
-        _table(means, tests, top, spec.n_layers, spec.n_heads),
+        flipped,
+        _table(means, tests, top, spec.n_layers, spec.n_heads, own),
         timings,
         counts,
         device=str(a.device),
@@ -563,6 +647,9 @@ def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bo
         detection=detection,
         natural_windows=window_counts(natural),
         natural_untrusted=untrusted,
+        own=own,
+        not_roles=not_roles,
+        baselines=baselines,
     )
 
 
@@ -674,7 +761,17 @@ def diff_figure(result: DiffResult):
         result.top,
         title,
         result.spec_a.n_heads // result.spec_a.n_kv_heads if result.spec_a.n_kv_heads else None,
+        {q: colour_limit(result.means["A"][q], result.means["B"][q]) for q in result.tests},
+        c.min_change,
     )
+
+
+def colour_limit(a_values: np.ndarray, b_values: np.ndarray) -> float:
+    """A diff.png panel's colour limit: the quantity's largest ``|value|`` over the heads of A and B, so
+    a change's shade is its share of the quantity's range (a 0.001 change of scores up to 0.02 stays
+    pale beside a 0.08 change of effects up to 0.3); NaN where no value is finite."""
+    v = np.abs(np.concatenate([np.ravel(a_values), np.ravel(b_values)]).astype(float))
+    return float(np.nanmax(v)) if np.isfinite(v).any() else float("nan")
 
 
 def no_box_caveat(detection: dict, tasks, correction: str) -> str:
@@ -726,16 +823,26 @@ def figure_title(
         + (f"\n{caveat}" if caveat else "")
         + f"\nboxed: changed (significant, {correction} over heads at alpha {alpha}, paired sign-flip test "
         f"over sequences, and >= {min_change} pooled sd over heads); filled dot: role flipped (top-{k} "
-        f"membership and a change); hollow: crossed the top-{k} boundary without one"
+        f"membership and a change); hollow: crossed the top-{k} boundary without one; colours: −m to +m, "
+        "m the quantity's largest |value| in A or B"
     )
 
 
-def draw_diff(changes: dict, changed: dict, top: dict, title: str, group_size: int | None = None):
+def draw_diff(
+    changes: dict,
+    changed: dict,
+    top: dict,
+    title: str,
+    group_size: int | None = None,
+    limits: dict | None = None,
+    min_change: float | None = None,
+):
     """One heatmap per quantity (:func:`~headprobe.analyses.figures.diff_heatmaps`): each head's mean
     paired change B - A (``changes``, ``[layer, head]``; diverging colours, 0 white); heads that
     changed (``changed``, :func:`changed_heads`) boxed; for a type's ranking score, a filled dot
     where the head's role flipped and a hollow one where it crossed the top-k boundary (``top``:
-    type -> ``{"A": heads, "B": heads}``) without changing."""
+    type -> ``{"A": heads, "B": heads}``) without changing. ``limits``: quantity -> colour limit
+    (:func:`colour_limit`); ``min_change``: the floor named in a panel where no head is boxed."""
     from headprobe.analyses.figures import diff_heatmaps
 
     dotted: dict[str, dict] = {}
@@ -744,7 +851,9 @@ def draw_diff(changes: dict, changed: dict, top: dict, title: str, group_size: i
         moved = {tuple(h) for h in sets["A"]} ^ {tuple(h) for h in sets["B"]}
         dotted[q] = {(int(h[0]), int(h[1])): bool(changed[q][h[0], h[1]]) for h in moved} if q in changed else {}
     panels = [(*quantity_labels(q), changes[q], changed[q], dotted.get(q, {})) for q in changes]
-    return diff_heatmaps(panels, title, group_size)
+    empty = None if min_change is None else f"no head changed by >= {min_change:g} sd"
+    lims = None if limits is None else [limits.get(q, float("nan")) for q in changes]
+    return diff_heatmaps(panels, title, group_size, lims, empty)
 
 
 def redraw(out: str | Path) -> dict:
@@ -787,4 +896,6 @@ def redraw(out: str | Path) -> dict:
     )
     kv = summary["layout"].get("n_kv_heads")  # absent from a summary.json older than the field: no groups
     group = H // kv if kv else None
-    return {"diff": draw_diff({q: grid(table[f"{q}_change"]) for q in quantities}, changed, top, title, group)}
+    limits = {q: colour_limit(table[f"{q}_a"].to_numpy(), table[f"{q}_b"].to_numpy()) for q in quantities}
+    changes = {q: grid(table[f"{q}_change"]) for q in quantities}
+    return {"diff": draw_diff(changes, changed, top, title, group, limits, c["min_change"])}

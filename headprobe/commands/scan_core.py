@@ -1164,7 +1164,7 @@ def verdict_remarks(result: ScanResult) -> dict[str, list[str]]:
     a top-k set sharing most of its heads with another type's; top-k heads scoring at or below a head
     attending uniformly over its causal context, decoders only); summary.json's ``verdict_remarks``
     and the report's NOTE lines, only where there is one. {} without verdicts."""
-    from headprobe.analyses.verdicts import uniform_baselines
+    from headprobe.analyses.verdicts import uniform_baselines_of
     from headprobe.analyses.verdicts import verdict_remarks as remarks
 
     if not result.verifications:
@@ -1176,16 +1176,9 @@ def verdict_remarks(result: ScanResult) -> dict[str, list[str]]:
         for t in top
         if t in result.scores
     }
-    tokens = {
-        "natural_text": {"seq_len": int(result.natural.tokens.shape[1])},
-        "repeated_random": {
-            "period": result.repeated.period,
-            "seq_len": int(result.repeated.tokens.shape[1]),
-            "bos": bool(result.repeated.start),
-        },
-    }
+    baselines = uniform_baselines_of(result.natural, result.repeated) if result.spec.causal else {}
     no_verdict = {v.head_type for v in result.verifications if v.kind == primary and v.confirmed is None}
-    return remarks(top, scores, uniform_baselines(tokens) if result.spec.causal else {}, no_verdict=no_verdict)
+    return remarks(top, scores, baselines, no_verdict=no_verdict)
 
 
 def wide_interval_notes(verifications) -> list[str]:

@@ -612,6 +612,20 @@ class LoadedModel(Tokenizing, WrappedModule):
         """
         return self._projection(self.layer_index(layer), "v")
 
+    def qkv_bias(self, layer: int, which: str) -> Float[Tensor, "head d_head"] | None:
+        """Layer ``layer``'s ``which`` (``q``, ``k``, ``v``) projection bias split by head, ``[n_heads, d_head]``
+        for ``q``, ``[n_kv_heads, d_head]`` for ``k`` and ``v`` (as :meth:`W_Q`, :meth:`W_K`, :meth:`W_V`
+        index them); None where the projection has no bias.
+
+        Raises:
+            HeadprobeError: ``layer`` out of range (:meth:`layer_index`).
+        """
+        return self._qkv_bias(self.layer_index(layer), which)
+
+    def _qkv_bias(self, layer: int, which: str) -> Tensor | None:
+        """What a backend with q/k/v biases implements behind :meth:`qkv_bias` (``layer`` checked)."""
+        return None
+
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
         """The token embedding matrix (without Gemma's ``sqrt(d_model)`` factor)."""
         raise NotImplementedError

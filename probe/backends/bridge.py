@@ -207,6 +207,14 @@ class BridgeModel(LoadedModel):
                 f"this architecture has no per-head {name}: weight-based head metrics do not apply"
             ) from None
 
+    def _qkv_bias(self, layer: int, which: str) -> Tensor | None:
+        """The bridge's per-head ``b_Q`` / ``b_K`` / ``b_V`` of layer ``layer``, or None where it has none."""
+        try:
+            with self._aligned(self.model.blocks[layer]):
+                return getattr(self.model.blocks[layer].attn, f"b_{which.upper()}", None)
+        except (ValueError, AttributeError, NotImplementedError):
+            return None
+
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.W_E`."""
         with self._aligned(self.model.embed):

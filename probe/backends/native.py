@@ -123,6 +123,19 @@ class NativeModel(LoadedModel):
             return weight.T.unflatten(1, (cfg.n_heads, -1))[..., : cfg.d_head].transpose(0, 1)
         return weight.T.unflatten(1, (-1, cfg.d_head)).transpose(0, 1)
 
+    def _qkv_bias(self, layer: int, which: str) -> Tensor | None:
+        """``{which}_proj.bias`` split by head (the query part only of a gated ``q_proj``), or None."""
+        cfg, block = self.model.cfg, self.model.blocks[layer]
+        if cfg.is_mla:
+            return None
+        with self._aligned(block):
+            bias = getattr(block.attn, f"{which}_proj").bias  # [n * d_head] or None
+        if bias is None:
+            return None
+        if which == "q" and cfg.attn_gate:
+            return bias.unflatten(0, (cfg.n_heads, -1))[:, : cfg.d_head]
+        return bias.unflatten(0, (-1, cfg.d_head))
+
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
         """See :meth:`headprobe.probe.backends.base.LoadedModel.W_E`."""
         return self.model.embed.W_E.weight
