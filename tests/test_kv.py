@@ -766,7 +766,12 @@ def test_the_uniform_window_written_is_the_kv_memory_it_claims(loss_tolerance, l
     assert ",uniform_window," in (tmp_path / "curve.csv").read_text().splitlines()[0] + ","
     assert f",{windows[0]}," in (tmp_path / "curve.csv").read_text()  # a whole number of tokens, not 20.000000
     assert r.summary()["uniform"]["uniform_window"] in windows
-    fig = curve_figure(curve.to_dict("records"), "m", r.summary()["config"])
+    fig = curve_figure(curve.to_dict("records"), r.summary())
+    # the subtitle's samples are the evaluations' own: the full cache's per-token losses and hits
+    (n_win, n_tok), (n_seq, each) = r.full.natural_token_loss.shape, r.full.copy_hits.shape
+    win = f"{n_win} window{'s' if n_win > 1 else ''} x {n_tok:,} tokens; copy: {n_seq} sequence"
+    assert f"natural text: {win}" in fig.axes[0].get_title().replace("\n", " ")
+    assert f"{n_seq * each:,} copied tokens" in fig.axes[0].get_title().replace("\n", " ")
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     on_curve = [w for w, t in zip(windows, uniform["target"]) if t != "loss_tolerance"]
     assert any(f"W' = {', '.join(map(str, on_curve))} tokens" in t for t in labels), labels

@@ -354,7 +354,7 @@ class KVResult(CompactRepr, WritesOutputs):
             return [out / "policy.json", out / "policy_budget.json"]
 
         def curve():
-            return curve_figure(self.curve.to_dict("records"), self.spec.name, dataclasses.asdict(self.config))
+            return curve_figure(self.curve.to_dict("records"), self.summary())
 
         tables = {
             "group_costs.csv": self.group_table().to_csv(index=False, float_format="%.6f"),
@@ -364,18 +364,28 @@ class KVResult(CompactRepr, WritesOutputs):
         return dict(summary=self.summary, tables=tables, figures={"kv_curve": curve}, extra=policy_files)
 
 
-def curve_figure(rows: list[dict], model: str, config: dict):
+def curve_figure(rows: list[dict], summary: dict):
     """kv_curve's figure (:func:`~headprobe.analyses.figures.kv_policy_curve`) of curve.csv's ``rows``
-    for ``model`` run with ``config`` (a :class:`KVConfig` as a dict: summary.json's ``config``;
-    ``seq_len``, ``sink``, ``window`` and ``loss_tolerance`` read): what ``headprobe kv`` draws, and
-    what scripts/redraw_figures.py redraws from a committed run's curve.csv and summary.json."""
+    for the run ``summary`` describes (summary.json: ``model``, ``weights_precision``, ``config``'s
+    ``seq_len``, ``sink``, ``window``, ``loss_tolerance`` and the sample sizes,
+    :func:`~headprobe.analyses.vocabulary.kv_sample_text`): what ``headprobe kv`` draws, and what
+    scripts/redraw_figures.py redraws from a committed run's curve.csv and summary.json. The title
+    names the weights as every figure does; the subtitle the samples, and which intervals could not be
+    made (summary.json's ``interval_null_reasons``)."""
     from headprobe.analyses import figures
+    from headprobe.analyses.vocabulary import kv_sample_text
 
+    config = summary["config"]
+    weights = summary.get("weights_precision")
+    model = f"{summary['model']} ({figures.weights_label(weights)})" if weights else summary["model"]
+    why = summary.get("interval_null_reasons") or {}
+    none = [f"no {k.replace('_', ' ')} interval" for k in ("natural_loss", "copy_accuracy") if k in why]
     return figures.kv_policy_curve(
         rows,
         f"{model}: KV policy at {config['seq_len']} tokens "
         f"(sink {config['sink']}, window {config['window']}; uniform: window W', same KV memory)",
         loss_tolerance=config.get("loss_tolerance"),
+        subtitle=kv_sample_text(summary) + "".join(f"; {n}" for n in none),
     )
 
 
