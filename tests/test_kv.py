@@ -772,6 +772,19 @@ def test_the_uniform_window_written_is_the_kv_memory_it_claims(loss_tolerance, l
     win = f"{n_win} window{'s' if n_win > 1 else ''} x {n_tok:,} tokens; copy: {n_seq} sequence"
     assert f"natural text: {win}" in fig.axes[0].get_title().replace("\n", " ")
     assert f"{n_seq * each:,} copied tokens" in fig.axes[0].get_title().replace("\n", " ")
+    # summary.json's full.copy_accuracy_ci95 (the LaTeX full row's): t over the sequences' accuracies, clipped to
+    # [0, 1]; where all agree at v, the exact bound [v (1 - c), 1 - (1 - v) c], c = 0.025^(1/n)
+    import numpy as np
+    from scipy import stats
+
+    acc = r.full.copy_hits.double().mean(1).numpy()
+    if np.ptp(acc) > 1e-9:
+        half = stats.t.ppf(0.975, len(acc) - 1) * acc.std(ddof=1) / np.sqrt(len(acc))
+        want = [max(acc.mean() - half, 0.0), min(acc.mean() + half, 1.0)]
+    else:
+        c = 0.025 ** (1 / len(acc))
+        want = [acc[0] * (1 - c), 1 - (1 - acc[0]) * c]
+    assert r.summary()["full"]["copy_accuracy_ci95"] == pytest.approx(want)
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     on_curve = [w for w, t in zip(windows, uniform["target"]) if t != "loss_tolerance"]
     assert any(f"W' = {', '.join(map(str, on_curve))} tokens" in t for t in labels), labels

@@ -151,7 +151,7 @@ class KVResult(CompactRepr, WritesOutputs):
                 "kv_fraction": self.policy_cost.kv_fraction,
                 **element_size(c.dtype, self.layout.bytes_per_element),
                 "cache_check": self.cache_check,
-                "full": self.full.to_dict(),
+                "full": {**self.full.to_dict(), "copy_accuracy_ci95": self._full_copy_ci()},
                 "chosen": by["chosen"],
                 "uniform": by["uniform"],
                 "random": {
@@ -229,6 +229,17 @@ class KVResult(CompactRepr, WritesOutputs):
             "random_mean": "the chosen policy minus the random policies' mean, token by token: given these "
             f"{self.config.n_random} draws (the spread over draws is the random rows' range, not in the interval)",
         }
+
+    def _full_copy_ci(self) -> list[float] | None:
+        """summary.json's ``full.copy_accuracy_ci95``: the full cache's copy accuracy's 95% interval over the
+        long-range sequences (each sequence's accuracy the unit, as ``definitions.intervals.copy_accuracy``;
+        not a difference, so clipped to [0, 1]); None (JSON null) from fewer than 2 sequences."""
+        from headprobe.analyses.statistics import MIN_N_FOR_CI, bounded_mean_ci
+
+        hits = self.full.copy_hits
+        if hits is None or hits.shape[0] < MIN_N_FOR_CI:
+            return None
+        return [float(x) for x in bounded_mean_ci(hits.double().mean(1).numpy(), 0.0, 1.0)]
 
     def _interval_null_reasons(self) -> dict[str, str]:
         """Why the natural-loss or copy-accuracy intervals are null (summary.json's
