@@ -2566,7 +2566,7 @@ def _kv_bands(axes, rows: Sequence[dict], full: dict | None, colors: dict[str, s
             hi = np.array([float(r.get(f"{key}_ci95_hi", np.nan)) for r in sel])
             if not np.isfinite(lo + hi).all():
                 missing.setdefault(_KV_BAND_KEYS[key], []).append(kind)
-            if key == "copy_accuracy_drop":
+            if key == "copy_accuracy_drop" and full is not None:
                 lo, hi = np.clip(full["copy_accuracy"] - hi, 0, 1), np.clip(full["copy_accuracy"] - lo, 0, 1)
             x = np.array([r["kv_fraction"] for r in sel])
             ok = np.isfinite(lo + hi)
