@@ -2465,22 +2465,23 @@ def _uniform_windows(rows: Sequence[dict]) -> str:
 
 
 @_styled
-def kv_policy_curve(rows: Sequence[dict], title: str, loss_tolerance: float | None = None) -> Figure:
+def kv_policy_curve(
+    rows: Sequence[dict], title: str, loss_tolerance: float | None = None, subtitle: str | None = None
+) -> Figure:
     """Quality against KV memory for head-level KV policies (``headprobe kv``): natural-text loss
     increase (nats/token) and long-range copy accuracy against the cache's fraction of the full
     one, for the chosen policy, one window W' on every group sized to the same KV memory (uniform)
     and random groups (mean over seeds, whiskers and their legend glyph their range, only where a
-    budget has several seeds; the chosen and uniform lines are plain: their 95% intervals against the
-    full cache are curve.csv's, and the paired comparison of the two is summary.json's) at each
-    budget. ``rows`` as :func:`headprobe.analyses.kvpolicy.curve_row`;
+    budget has several seeds) at each budget. The chosen and uniform lines carry a band: curve.csv's
+    95% paired interval against the full cache (the loss increase's; the copy accuracy's is the full
+    cache's accuracy minus the drop's interval, clipped to [0, 1]); a row without one is named in the
+    legend (no interval drawn), never left bare silently (:func:`_kv_bands`). ``subtitle`` (the sample
+    sizes) is set over the upper panel in small type, ``title`` above it as the figure's title. ``rows`` as :func:`headprobe.analyses.kvpolicy.curve_row`;
     a row with ``target == "loss_tolerance"`` (the policy ``--loss-tolerance`` chose, and its
     controls) is not on the budget lines: its chosen policy is drawn as its own labelled point and
     ``loss_tolerance`` (nats/token) as a dotted line. The uniform entry lists each budget's ``W'``
     (tokens, left to right) where the rows have curve.csv's ``uniform_window``."""
-    from matplotlib.container import ErrorbarContainer
-    from matplotlib.legend_handler import HandlerErrorbar
-
-    fig = _figure(COLUMN_WIDTH, 4.0)
+    fig = _figure(COLUMN_WIDTH, 4.0 if subtitle is None else 4.7)
     axes = fig.subplots(2, 1, sharex=True)
     styles = {
         "chosen": ("#0072B2", "o", "chosen groups full"),
@@ -2502,11 +2503,21 @@ def kv_policy_curve(rows: Sequence[dict], title: str, loss_tolerance: float | No
                 ax.plot(x, y, color=color, marker=marker, ms=3, lw=0.9, label=label)
                 continue
             err = np.array([[y_ - v.min() for y_, v in zip(y, vals)], [v.max() - y_ for y_, v in zip(y, vals)]])
+            n_seeds = max(sum(r["budget"] == b for r in sel) for b in budgets)
             ax.errorbar(
-                x, y, yerr=err, color=color, marker=marker, ms=3, lw=0.9, capsize=2, label=f"{label} (seed range)"
+                x,
+                y,
+                yerr=err,
+                color=color,
+                marker=marker,
+                ms=3,
+                lw=0.9,
+                capsize=2,
+                label=f"{label} (whiskers: range over {n_seeds} seeds)",
             )
-    _tolerance_point(axes, rows, loss_tolerance)
     full = next((r for r in rows if r["policy"] == "full"), None)
+    band_entries = _kv_bands(axes, on_curve, full, {k: v[0] for k, v in styles.items()})
+    _tolerance_point(axes, rows, loss_tolerance)
     if full is not None:
         axes[1].axhline(full["copy_accuracy"], color="black", lw=0.6, ls="--")
         axes[0].plot([full["kv_fraction"]], [0.0], "k*", ms=6)
@@ -2515,7 +2526,21 @@ def kv_policy_curve(rows: Sequence[dict], title: str, loss_tolerance: float | No
     axes[0].set_ylabel("natural-text loss\nincrease (nats/token)")
     axes[1].set_ylabel("long-range copy\naccuracy (top-1)")
     axes[1].set_xlabel("KV cache (fraction of the full cache)")
-    axes[0].set_title(title)
+    if subtitle is None:
+        axes[0].set_title(title)
+    else:  # the title over the figure, the sample sizes over the upper panel in small type
+        fig.suptitle(title, fontsize=_RC["axes.titlesize"])
+        axes[0].set_title(subtitle, fontsize=5.5)
+    _kv_legend(fig, axes, band_entries)
+    return fig
+
+
+def _kv_legend(fig: Figure, axes, extra: list[tuple[Any, str]]) -> None:
+    """:func:`kv_policy_curve`'s legend below both panels: the lower panel's entries, the upper panel's
+    tolerance line, then ``extra`` (the bands' entries, :func:`_kv_bands`), in one column."""
+    from matplotlib.container import ErrorbarContainer
+    from matplotlib.legend_handler import HandlerErrorbar
+
     handles, labels = axes[1].get_legend_handles_labels()
     upper = dict(zip(*reversed(axes[0].get_legend_handles_labels())))
     # the glyph with whiskers where only the upper panel draws them (the --loss-tolerance point's interval),
@@ -2528,6 +2553,7 @@ def kv_policy_curve(rows: Sequence[dict], title: str, loss_tolerance: float | No
     handles = [only_upper.get(t, h) for h, t in zip(handles, labels)]
     tolerance = [(h, t) for h, t in zip(*axes[0].get_legend_handles_labels()) if t.startswith("--loss-tolerance ")]
     handles, labels = handles + [h for h, _ in tolerance], labels + [t for _, t in tolerance]
+    handles, labels = handles + [h for h, _ in extra], labels + [t for _, t in extra]
     # one column: the uniform entry and the tolerance point's are long (two columns ran past the figure's edges)
     fig.legend(
         handles,
@@ -2538,4 +2564,50 @@ def kv_policy_curve(rows: Sequence[dict], title: str, loss_tolerance: float | No
         ncols=1,
         handler_map={h: HandlerErrorbar(yerr_size=1.0) for h in only_upper.values()},
     )
-    return fig
+
+
+_KV_BAND_KEYS = {"natural_loss_increase": "natural loss", "copy_accuracy_drop": "copy accuracy"}
+
+
+def _kv_bands(axes, rows: Sequence[dict], full: dict | None, colors: dict[str, str]) -> list[tuple[Any, str]]:
+    """:func:`kv_policy_curve`'s 95% bands of the chosen and uniform policies (``rows`` on the budget
+    lines, curve.csv's ``*_ci95_lo/hi``): the natural loss increase's interval in the upper panel; in
+    the lower one the copy accuracy's, ``full`` accuracy minus the drop's interval (paired, against the
+    full cache), clipped to [0, 1]. Returns the legend entries (handle, text): the band's meaning, and a
+    line naming the quantities of rows with no interval (NaN or absent: too few samples), so that a bare
+    line is never silent."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    missing: dict[str, list[str]] = {}
+    drawn = False
+    for kind in ("chosen", "uniform"):
+        sel = sorted((r for r in rows if r["policy"] == kind), key=lambda r: r["kv_fraction"])
+        for ax, key in zip(axes, _KV_BAND_KEYS):
+            if not sel or (key == "copy_accuracy_drop" and full is None):
+                continue
+            lo = np.array([float(r.get(f"{key}_ci95_lo", np.nan)) for r in sel])
+            hi = np.array([float(r.get(f"{key}_ci95_hi", np.nan)) for r in sel])
+            if not np.isfinite(lo + hi).all():
+                missing.setdefault(_KV_BAND_KEYS[key], []).append(kind)
+            if key == "copy_accuracy_drop" and full is not None:
+                lo, hi = np.clip(full["copy_accuracy"] - hi, 0, 1), np.clip(full["copy_accuracy"] - lo, 0, 1)
+            x = np.array([r["kv_fraction"] for r in sel])
+            ok = np.isfinite(lo + hi)
+            if ok.any():
+                ax.fill_between(x, lo, hi, where=ok, color=colors[kind], alpha=0.18, lw=0, gid=f"band:{kind}")
+                for edge in (lo, hi):  # the band's edges in its policy's colour: overlapping bands stay apart
+                    ax.plot(x[ok], edge[ok], color=colors[kind], lw=0.4, alpha=0.7)
+                drawn = True
+    entries: list[tuple[Any, str]] = []
+    if drawn:
+        entries.append(
+            (
+                Patch(facecolor="0.6", alpha=0.4, lw=0),
+                "bands: 95% paired interval against the full cache (chosen, uniform)",
+            )
+        )
+    if missing:
+        what = "; ".join(f"{q} ({', '.join(kinds)})" for q, kinds in missing.items())
+        entries.append((Line2D([], [], color="none"), f"no 95% interval (too few samples):\n{what}"))
+    return entries

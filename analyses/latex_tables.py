@@ -20,7 +20,7 @@ import pandas as pd
 from headprobe.analyses.figures import format_ci, weights_label
 from headprobe.analyses.verdicts import CORRECTION_NAMES, NOT_TESTED, decided, effect_digits, ordered_rows, p_cell
 from headprobe.analyses.verdicts import label as verdict_label
-from headprobe.analyses.vocabulary import KV_TABLE_DIGITS, unreliable_picks
+from headprobe.analyses.vocabulary import KV_TABLE_DIGITS, kv_sample_sizes, kv_sample_text, unreliable_picks
 from headprobe.probe.core.errors import HeadprobeError
 
 _SPECIAL = {
@@ -382,15 +382,19 @@ def kv_tables(path: Path, summary: dict) -> dict[str, str]:
     """``policies``: kv's report table: the full cache (the reference), the chosen policy, one window
     on every group and each random policy at the same memory: KV groups full, cache fraction, natural-loss
     Δ, copy accuracy, its drop (kv's :data:`~headprobe.analyses.vocabulary.KV_TABLE_DIGITS`) and
-    long-range loss (3 decimals); each Δ and drop's 95% interval on the line below it, the headers on two
-    lines and the units in the caption, so that it fits a 397 pt text width (NeurIPS) in ``\\small``.
+    long-range loss (3 decimals); each Δ and drop's 95% interval on the line below it (the full cache's: its
+    copy accuracy's, :func:`_full_copy_ci`), the headers on two lines, the units, samples, interval methods
+    and the report's paired differences in the caption (:func:`_kv_samples_caption`,
+    :func:`_kv_differences_caption`), so that it fits a 397 pt text width (NeurIPS) in ``\\small`` with
+    4 pt between columns (382 pt on the committed run).
 
     Raises:
         HeadprobeError: summary.json without the policies' rows."""
     if not all(isinstance(summary.get(k), dict) for k in ("full", "chosen", "uniform")):
         raise HeadprobeError(f"--format latex: {path}/summary.json has no full, chosen and uniform rows to tabulate")
     d, a = KV_TABLE_DIGITS["natural_loss_increase"], KV_TABLE_DIGITS["copy_accuracy"]
-    named = [("full", {**summary["full"], "natural_loss_increase": 0.0}), ("chosen", summary["chosen"])]
+    full = {**summary["full"], "natural_loss_increase": 0.0, "copy_accuracy_ci95": _full_copy_ci(summary)}
+    named = [("full", full), ("chosen", summary["chosen"])]
     named += [("uniform", summary["uniform"])]
     named += [(f"random {r.get('seed')}", r) for r in (summary.get("random") or {}).get("rows", [])]
     cells = [line for name, r in named for line in _kv_lines(name, r, d, a)]
@@ -407,16 +411,20 @@ def kv_tables(path: Path, summary: dict) -> dict[str, str]:
         f"a full cache; KV cache: fraction of the full cache's bytes. Natural loss Δ: the natural text's loss "
         f"increase over the full cache in nats/token; copy acc.: top-1 on a random block planted "
         f"{', '.join(map(str, cfg.get('distances') or []))} tokens before its repeat, its drop against the full "
-        f"cache; long-range loss: nats/token on that block. Below each loss Δ and drop: its 95% paired interval. "
-        f"Text: {(summary.get('sources') or {}).get('natural')}."
+        f"cache; long-range loss: nats/token on that block. Below each loss Δ and drop: its 95% paired interval; "
+        f"below the full cache's copy accuracy: its 95% interval over the sequences. {_kv_samples_caption(summary)} "
+        f"{_kv_differences_caption(summary, d, a)} Text: {(summary.get('sources') or {}).get('natural')}."
     )
-    return {"policies": table_tex(table, caption, tex_label(path, "policies"), "lrrcrcr", small=True)}
+    text = table_tex(table, caption, tex_label(path, "policies"), "lrrcrcr", small=True)
+    # 4 pt between columns (6 by default): the full cache's copy-accuracy interval widens its column
+    return {"policies": text.replace("\n\\begin{tabular}", "\n\\setlength{\\tabcolsep}{4pt}\n\\begin{tabular}", 1)}
 
 
 def _kv_lines(name: str, r: Mapping, d: int, a: int) -> list[list[str]]:
     """One policy's lines of kv's table: ``r`` (summary.json's policy row) at ``d`` (loss) and ``a``
     (accuracy) decimals, then its loss Δ and drop intervals under them (empty cells elsewhere); the
-    full cache, the reference, one line without intervals or drop."""
+    full cache, the reference, without drop: under its copy accuracy the interval of the accuracy itself
+    (``copy_accuracy_ci95``, :func:`_full_copy_ci`)."""
     ref = name == "full"
     values = [
         name,
@@ -428,13 +436,81 @@ def _kv_lines(name: str, r: Mapping, d: int, a: int) -> list[list[str]]:
         f"{r['long_range_loss']:.3f}",
     ]
     if ref:
-        return [values]
+        return [values, ["", "", "", "", format_ci(r.get("copy_accuracy_ci95"), f".{a}f"), "", ""]]
 
     def ci(key: str, spec: str) -> str:
         nan = float("nan")  # no interval: [n/a]
         return format_ci([r.get(f"{key}_ci95_lo", nan), r.get(f"{key}_ci95_hi", nan)], spec)
 
     return [values, ["", "", "", ci("natural_loss_increase", f"+.{d}f"), "", ci("copy_accuracy_drop", f"+.{a}f"), ""]]
+
+
+def _full_copy_ci(summary: Mapping) -> list[float] | None:
+    """The full cache's copy accuracy's 95% interval over the long-range sequences: summary.json's
+    ``full.copy_accuracy_ci95`` (runs since it was written); for an older run whose distances each
+    have one sequence (``n_sequences`` 1), ``full.per_distance``'s accuracies are the sequences' own,
+    and the interval is kv's rule over them (:func:`~headprobe.analyses.statistics.bounded_mean_ci`
+    in [0, 1], as the run computes it); else None (``[n/a]``)."""
+    from headprobe.analyses.statistics import MIN_N_FOR_CI, bounded_mean_ci
+
+    full = summary.get("full") or {}
+    if "copy_accuracy_ci95" in full:
+        return full["copy_accuracy_ci95"]
+    per = list((full.get("per_distance") or {}).values())
+    if len(per) < MIN_N_FOR_CI or any(p.get("n_sequences") != 1 for p in per):
+        return None
+    return [float(x) for x in bounded_mean_ci([p["accuracy"] for p in per], 0.0, 1.0)]
+
+
+def _interval_method(summary: Mapping, key: str) -> str:
+    """The method of summary.json's ``definitions.intervals[key]`` as the run names it, up to "of the
+    mean" (``95% percentile block bootstrap``, ``95% Student-t interval``); "n/a" where it has none."""
+    rule = str(((summary.get("definitions") or {}).get("intervals") or {}).get(key) or "n/a")
+    return rule.split(" of the mean")[0]
+
+
+def _kv_samples_caption(summary: Mapping) -> str:
+    """kv's caption on its samples and interval methods (:func:`~headprobe.analyses.vocabulary.kv_sample_text`,
+    summary.json's ``definitions.intervals``) and on the intervals it could not make."""
+    n = kv_sample_sizes(summary)
+    why = summary.get("interval_null_reasons") or {}
+    none = "".join(
+        f" No {k.replace('_', ' ')} interval: {why[k]}." for k in ("natural_loss", "copy_accuracy") if k in why
+    )
+    one = (
+        " With one window the natural-loss interval is that window's token noise, not the spread from text to text."
+        if n["natural_windows"] == 1
+        else ""
+    )
+    return (
+        f"Samples: {kv_sample_text(summary)}. Intervals: natural loss by a "
+        f"{_interval_method(summary, 'natural_loss')} over the tokens, paired by token; copy accuracy by a "
+        f"{_interval_method(summary, 'copy_accuracy')} over the {n['copy_sequences']} sequences (the unit: a "
+        f"sequence's copied tokens succeed or fail together; an exact bound where all agree), paired by "
+        f"sequence.{one}{none}"
+    )
+
+
+def _kv_differences_caption(summary: Mapping, d: int, a: int) -> str:
+    """kv's caption on the chosen policy against uniform and the random mean: summary.json's
+    ``chosen_minus_*`` (the report's numbers, at its digits) with their 95% intervals and verdicts."""
+    parts = []
+    for key, name in (("chosen_minus_uniform", "uniform"), ("chosen_minus_random_mean", "the random policies' mean")):
+        c = summary.get(key)
+        if not c:
+            continue
+        nat, acc = c.get("natural_loss", float("nan")), c.get("copy_accuracy", float("nan"))
+        parts.append(
+            f"chosen minus {name}: natural loss {nat:+.{d}f} {format_ci(c.get('natural_loss_ci95'), f'+.{d}f')} "
+            f"nats/token, copy accuracy {acc:+.{a}f} {format_ci(c.get('copy_accuracy_ci95'), f'+.{a}f')}: "
+            f"{c.get('verdict')}"
+        )
+    if not parts:
+        return ""
+    return (
+        "Paired differences (lower loss and higher accuracy are better; an interval that covers 0 cannot tell "
+        f"the two apart at this sample size): {'; '.join(parts)}."
+    )
 
 
 CIRCUIT_TOP = 10

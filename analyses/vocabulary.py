@@ -307,3 +307,40 @@ def unreliable_picks(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[int]]:
         "disagree": [int(r["layer"]) for r in with_heads if not agree(r["best_head_halves_agree"])],
         "layers": [int(r["layer"]) for r in with_heads],
     }
+
+
+def kv_sample_sizes(summary: Mapping[str, Any]) -> dict[str, int | None]:
+    """The samples behind a ``headprobe kv`` run's numbers, from its summary.json: ``natural_windows`` x
+    ``natural_tokens`` scored tokens of natural text (as ``definitions.intervals.natural_loss`` states them:
+    the block bootstrap's rule names its counts; None where the summary does not), and
+    ``copy_sequences`` long-range sequences (``config``: distances x ``n_per_distance``) of
+    ``copy_tokens_each`` copied tokens (``block_len - 1``: the block's tokens 2..block_len)."""
+    import re
+
+    cfg = summary.get("config") or {}
+    rule = str(((summary.get("definitions") or {}).get("intervals") or {}).get("natural_loss", ""))
+    found = re.search(r"over \d+ tokens \((\d+) windows? of (\d+)\)", rule)
+    n_seq = len(cfg.get("distances") or []) * int(cfg.get("n_per_distance") or 0)
+    return {
+        "natural_windows": int(found[1]) if found else None,
+        "natural_tokens": int(found[2]) if found else None,
+        "copy_sequences": n_seq or None,
+        "copy_tokens_each": int(cfg["block_len"]) - 1 if cfg.get("block_len") else None,
+        "distances": len(cfg.get("distances") or []) or None,
+    }
+
+
+def kv_sample_text(summary: Mapping[str, Any]) -> str:
+    """``natural text: 1 window x 1,022 tokens; copy: 3 sequences (3 distances x 1), 45 copied tokens``:
+    :func:`kv_sample_sizes` in words, as kv's figure and LaTeX caption print them (``n/a`` for a count the
+    summary lacks)."""
+    n = kv_sample_sizes(summary)
+    w, t, s, each = n["natural_windows"], n["natural_tokens"], n["copy_sequences"], n["copy_tokens_each"]
+    natural = "n/a" if w is None or t is None else f"{w:,} window{'s' if w != 1 else ''} x {t:,} tokens"
+    if s is None or each is None:
+        return f"natural text: {natural}; copy: n/a"
+    per = (summary.get("config") or {}).get("n_per_distance")
+    return (
+        f"natural text: {natural}; copy: {s:,} sequence{'s' if s != 1 else ''} "
+        f"({n['distances']} distance{'s' if n['distances'] != 1 else ''} x {per}), {s * each:,} copied tokens"
+    )

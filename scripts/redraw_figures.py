@@ -171,7 +171,7 @@ def _save(figures: dict, d: Path, out: Path | None, formats) -> list[Path]:
 
 
 def redraw_kv(d: Path, out: Path | None = None, formats=None) -> list[Path]:
-    """Redraw a kv run's kv_curve figure from its curve.csv and summary.json's model and config with
+    """Redraw a kv run's kv_curve figure from its curve.csv and summary.json (model, weights, config, sample sizes) with
     today's figure code (:func:`headprobe.commands.kv_core.curve_figure`, what the command draws), into
     ``out`` (default ``d``). A curve.csv written before the ``uniform_window`` column draws the
     uniform entry without W'."""
@@ -179,7 +179,7 @@ def redraw_kv(d: Path, out: Path | None = None, formats=None) -> list[Path]:
 
     meta = json.loads((d / "summary.json").read_text())
     rows = pd.read_csv(d / "curve.csv").to_dict("records")
-    return _save({"kv_curve": curve_figure(rows, meta["model"], meta["config"])}, d, out, formats)
+    return _save({"kv_curve": curve_figure(rows, meta)}, d, out, formats)
 
 
 def redraw_ablate(d: Path, out: Path | None = None, formats=None) -> list[Path]:

@@ -259,7 +259,8 @@ def policy_rows(text: str) -> list[list[str]]:
         if line[0]:
             out.append(line)
             continue
-        assert out and [i for i, c in enumerate(line) if c] == [3, 5], line  # under loss Δ and drop only
+        # under loss Δ and drop; the full cache's (the first row) under its copy accuracy
+        assert out and [i for i, c in enumerate(line) if c] == ([4] if len(out) == 1 else [3, 5]), line
         out[-1] = [f"{a} {b}" if b else a for a, b in zip(out[-1], line)]
     return out
 
@@ -272,7 +273,7 @@ def test_kv_table_is_curve_csv_at_the_policy_budget(tex):
     got = policy_rows(tex["kv/policies"])
     full = csv[csv.policy == "full"].iloc[0]
     assert got[0][:2] == ["full", "all"] and float(got[0][3]) == 0 and got[0][5] == "-"
-    assert abs(float(got[0][4]) - full.copy_accuracy) <= 5e-4 + 1e-6
+    assert abs(interval(got[0][4])[0] - full.copy_accuracy) <= 5e-4 + 1e-6
     assert abs(float(got[0][6]) - full.long_range_loss) <= 5e-4 + 1e-6
     at = csv[(csv.budget == budget) & (csv.policy != "full")]
     assert [r[0] for r in got[1:]] == [p if p != "random" else f"random {int(s)}" for p, s in zip(at.policy, at.seed)]
@@ -286,6 +287,47 @@ def test_kv_table_is_curve_csv_at_the_policy_budget(tex):
         assert all(abs(x - y) <= 5e-4 + 1e-6 for x, y in zip((drop, lo, hi), want)), (r, want)
         assert abs(float(r[4]) - ref.copy_accuracy) <= 5e-4 + 1e-6
         assert abs(float(r[6]) - ref.long_range_loss) <= 5e-4 + 1e-6
+
+
+def test_kv_full_rows_copy_accuracy_has_its_interval_over_the_sequences(tex):
+    """The full cache's copy accuracy (0.733) had no interval. Under it now: the Student-t interval over the
+    run's 3 long-range sequences (one per distance, so full.per_distance's accuracies are the sequences'),
+    computed here with scipy and clipped to [0, 1]."""
+    import numpy as np
+    from scipy import stats
+
+    summary = json.loads((KV / "summary.json").read_text())
+    acc = np.array([p["accuracy"] for p in summary["full"]["per_distance"].values()])
+    assert all(p["n_sequences"] == 1 for p in summary["full"]["per_distance"].values()) and len(acc) == 3
+    half = stats.t.ppf(0.975, len(acc) - 1) * acc.std(ddof=1) / np.sqrt(len(acc))
+    value, lo, hi = interval(policy_rows(tex["kv/policies"])[0][4])
+    assert abs(value - acc.mean()) <= 5e-4 + 1e-6
+    assert (lo, hi) == pytest.approx((max(acc.mean() - half, 0.0), min(acc.mean() + half, 1.0)), abs=5e-4 + 1e-6)
+
+
+def test_kv_caption_gives_the_samples_the_interval_methods_and_the_paired_differences(tex):
+    """policies.tex's caption lacked the sample sizes (1 window of 1,022 natural tokens; 3 sequences, 45 copied
+    tokens), the interval methods and the chosen-minus-uniform / -random differences the report prints. Each is
+    read here off the run's summary.json: the counts from its config and interval rule, the method names from
+    ``definitions.intervals``, the differences and verdicts from ``chosen_minus_*`` at the report's digits."""
+    summary = json.loads((KV / "summary.json").read_text())
+    caption = re.search(r"\\caption\{(.*)\}\n\\label", tex["kv/policies"]).group(1).replace("$-$", "-")
+    cfg = summary["config"]
+    n_seq = len(cfg["distances"]) * cfg["n_per_distance"]
+    assert f"copy: {n_seq} sequences" in caption and f"{n_seq * (cfg['block_len'] - 1)} copied tokens" in caption
+    assert "natural text: 1 window x 1,022 tokens" in caption and "over 1022 tokens (1 window of 1022)" in str(
+        summary["definitions"]["intervals"]["natural_loss"]
+    )
+    assert "that window's token noise" in caption  # one window: the interval is conditional on it
+    for key, method in (("natural_loss", "percentile block bootstrap"), ("copy_accuracy", "Student-t interval")):
+        assert method in summary["definitions"]["intervals"][key] and f"95\\% {method}" in caption, method
+    for key, name in (("chosen_minus_uniform", "uniform"), ("chosen_minus_random_mean", "the random policies' mean")):
+        c = summary[key]
+        nat = f"{c['natural_loss']:+.4f} [{c['natural_loss_ci95'][0]:+.4f}, {c['natural_loss_ci95'][1]:+.4f}]"
+        acc = f"{c['copy_accuracy']:+.3f} [{c['copy_accuracy_ci95'][0]:+.3f}, {c['copy_accuracy_ci95'][1]:+.3f}]"
+        want = f"chosen minus {name}: natural loss {nat} nats/token, copy accuracy {acc}: {c['verdict']}"
+        assert want in caption, (want, caption)
+    assert "+0.422 [-0.576, +1.000]: not distinguishable at this sample size" in caption  # the walk's numbers
 
 
 def test_circuit_table_is_edges_csv_largest_edges(tex):

@@ -1851,3 +1851,92 @@ def test_the_circuit_legend_calls_the_width_an_estimate_and_gives_the_largest_ex
     assert "width: |EAP-IG score| (an estimate), largest 1.57 nats/token" in texts, texts
     assert "outlined: path patched (3 of 4),\nlargest exact effect +1.47 nats/token" in texts, texts
     assert _layout_faults(fig) == []
+
+
+def _band_span(ax, kind: str, x: float) -> tuple[float, float]:
+    """The y range of the ``kind`` band (:func:`figs._kv_bands`' fill) at the budget point ``x``."""
+    (band,) = [c for c in ax.collections if c.get_gid() == f"band:{kind}"]
+    ys = [y for path in band.get_paths() for xv, y in path.vertices if abs(xv - x) < 1e-9]
+    return min(ys), max(ys)
+
+
+def test_the_committed_kv_curve_draws_the_chosen_and_uniform_intervals_and_names_its_samples():
+    """kv_curve.png drew the chosen and uniform policies as bare lines (its 1,024-token copy gap, 0.711 against
+    0.289, is +0.422 [-0.576, +1.000] over 3 sequences), gave no sample sizes and titled ``smollm2-135m`` without
+    its 4-bit weights. Drawn from figures/smollm2-135m-kv as the command draws it: each policy's band at the
+    0.5 budget spans curve.csv's interval (copy: the full cache's accuracy minus the drop's interval, clipped);
+    the subtitle gives the walk's hand-counted samples (1,022 natural tokens; 3 sequences, 45 copied tokens); the
+    legend says which marks are intervals and which the random seeds' range."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from headprobe.commands.kv_core import curve_figure
+
+    d = Path(__file__).resolve().parents[1] / "figures" / "smollm2-135m-kv"
+    curve = pd.read_csv(d / "curve.csv")
+    fig = curve_figure(curve.to_dict("records"), json.loads((d / "summary.json").read_text()))
+    assert fig._suptitle.get_text().replace("\n", " ").startswith("smollm2-135m (4-bit weights): KV policy at 1024")
+    subtitle = fig.axes[0].get_title().replace("\n", " ")
+    assert "natural text: 1 window x 1,022 tokens; copy: 3 sequences (3 distances x 1), 45 copied tokens" in subtitle
+    full = curve[curve["policy"] == "full"].iloc[0]
+    for kind in ("chosen", "uniform"):
+        r = curve[(curve["policy"] == kind) & (curve["budget"] == 0.5)].iloc[0]
+        lo, hi = _band_span(fig.axes[0], kind, r["kv_fraction"])
+        assert (lo, hi) == pytest.approx((r["natural_loss_increase_ci95_lo"], r["natural_loss_increase_ci95_hi"]))
+        lo, hi = _band_span(fig.axes[1], kind, r["kv_fraction"])
+        want = np.clip(
+            [
+                full["copy_accuracy"] - r["copy_accuracy_drop_ci95_hi"],
+                full["copy_accuracy"] - r["copy_accuracy_drop_ci95_lo"],
+            ],
+            0,
+            1,
+        )
+        assert (lo, hi) == pytest.approx(tuple(want))
+    assert _band_span(fig.axes[1], "uniform", 0.496094) == pytest.approx((0.0, 1.0))  # 0.289 [0, 1]: no gap to read
+    texts = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "bands: 95% paired interval against the full cache (chosen, uniform)" in texts, texts
+    assert "random groups full (whiskers: range over 3 seeds)" in texts, texts
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)  # one draw at 300 dpi measures every text (_inside draws once per text)
+    fig.set_dpi(figs.SAVE_DPI)
+    canvas.draw()
+    for t in fig.legends[0].get_texts() + [fig._suptitle, fig.axes[0].title]:
+        box = t.get_window_extent(canvas.get_renderer())
+        assert box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y0 >= 0 and box.y1 <= fig.bbox.height, t.get_text()
+
+
+def test_the_kv_curve_says_where_there_is_no_interval():
+    """One long-range sequence gives no copy-accuracy interval (curve.csv's bounds empty): the figure drew
+    nothing there silently. The legend names the quantities without an interval, the subtitle says so from
+    summary.json's ``interval_null_reasons``, and no lower-panel band is drawn."""
+    from headprobe.commands.kv_core import curve_figure
+
+    nan = float("nan")
+    rows = [{"policy": "full", "budget": 1.0, "kv_fraction": 1.0, "natural_loss_increase": 0.0, "copy_accuracy": 0.8}]
+    for b in (0.25, 0.5):
+        for p in ("chosen", "uniform"):
+            rows.append(
+                {"policy": p, "budget": b, "kv_fraction": b, "natural_loss_increase": 0.1, "copy_accuracy": 0.5}
+                | {"natural_loss_increase_ci95_lo": 0.05, "natural_loss_increase_ci95_hi": 0.15}
+                | {"copy_accuracy_drop_ci95_lo": nan, "copy_accuracy_drop_ci95_hi": nan}
+            )
+    summary = {
+        "model": "m",
+        "weights_precision": "float32 (a checkpoint)",
+        "config": {"seq_len": 64, "sink": 2, "window": 8, "distances": [40], "n_per_distance": 1, "block_len": 6},
+        "definitions": {"intervals": {"natural_loss": "95% ... of the mean over 124 tokens (2 windows of 62), ..."}},
+        "interval_null_reasons": {"copy_accuracy": "undefined: ... (raise --n-per-distance)"},
+    }
+    fig = curve_figure(rows, summary)
+    assert fig._suptitle.get_text().startswith("m (float32 weights)")
+    subtitle = fig.axes[0].get_title().replace("\n", " ")
+    assert "natural text: 2 windows x 62 tokens; copy: 1 sequence (1 distance x 1), 5 copied tokens" in subtitle
+    assert subtitle.endswith("; no copy accuracy interval"), subtitle
+    texts = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "no 95% interval (too few samples):\ncopy accuracy (chosen, uniform)" in texts, texts
+    assert not [c for c in fig.axes[1].collections if str(c.get_gid()).startswith("band:")]
+    assert {c.get_gid() for c in fig.axes[0].collections} >= {"band:chosen", "band:uniform"}

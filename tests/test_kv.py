@@ -766,7 +766,25 @@ def test_the_uniform_window_written_is_the_kv_memory_it_claims(loss_tolerance, l
     assert ",uniform_window," in (tmp_path / "curve.csv").read_text().splitlines()[0] + ","
     assert f",{windows[0]}," in (tmp_path / "curve.csv").read_text()  # a whole number of tokens, not 20.000000
     assert r.summary()["uniform"]["uniform_window"] in windows
-    fig = curve_figure(curve.to_dict("records"), "m", r.summary()["config"])
+    fig = curve_figure(curve.to_dict("records"), r.summary())
+    # the subtitle's samples are the evaluations' own: the full cache's per-token losses and hits
+    (n_win, n_tok), (n_seq, each) = r.full.natural_token_loss.shape, r.full.copy_hits.shape
+    win = f"{n_win} window{'s' if n_win > 1 else ''} x {n_tok:,} tokens; copy: {n_seq} sequence"
+    assert f"natural text: {win}" in fig.axes[0].get_title().replace("\n", " ")
+    assert f"{n_seq * each:,} copied tokens" in fig.axes[0].get_title().replace("\n", " ")
+    # summary.json's full.copy_accuracy_ci95 (the LaTeX full row's): t over the sequences' accuracies, clipped to
+    # [0, 1]; where all agree at v, the exact bound [v (1 - c), 1 - (1 - v) c], c = 0.025^(1/n)
+    import numpy as np
+    from scipy import stats
+
+    acc = r.full.copy_hits.double().mean(1).numpy()
+    if np.ptp(acc) > 1e-9:
+        half = stats.t.ppf(0.975, len(acc) - 1) * acc.std(ddof=1) / np.sqrt(len(acc))
+        want = [max(acc.mean() - half, 0.0), min(acc.mean() + half, 1.0)]
+    else:
+        c = 0.025 ** (1 / len(acc))
+        want = [acc[0] * (1 - c), 1 - (1 - acc[0]) * c]
+    assert r.summary()["full"]["copy_accuracy_ci95"] == pytest.approx(want)
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     on_curve = [w for w, t in zip(windows, uniform["target"]) if t != "loss_tolerance"]
     assert any(f"W' = {', '.join(map(str, on_curve))} tokens" in t for t in labels), labels
@@ -890,3 +908,56 @@ def test_each_number_of_the_report_table_sits_under_its_own_name():
     assert [row[a:b] for a, b in cells] == ["0.0175 [+0.0047, +0.0311]", "0.717", "-0.017 [-0.150, +0.117]", "2.434"]
     for (a, b), (x, y) in zip(cells, names.values(), strict=True):
         assert a < y and x < b, (header, row)  # the cell overlaps its name's columns
+
+
+def test_the_results_kv_tables_give_each_estimate_its_interval():
+    """docs/results.md's kv tables bolded point estimates (chosen +0.0217, 0.711) with their intervals only in
+    the prose below, so a quoted cell lost its uncertainty. Each chosen/uniform cell now carries its 95% paired
+    interval (the copy accuracy its drop against the full cache's), the full cache's copy accuracy its t interval
+    over the sequences (scipy here), the header the sample sizes, and two rows the chosen-minus-uniform and
+    chosen-minus-random-mean differences with the verdict: each read off the committed run's summary.json."""
+    import re
+    from pathlib import Path
+
+    import numpy as np
+    from scipy import stats
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "docs" / "results.md").read_text()
+    for fraction, folder in (("0.497", "smollm2-135m-kv"), ("0.495", "smollm2-135m-kv-4096")):
+        s = json.loads((root / "figures" / folder / "summary.json").read_text())
+        block = text.split(f"| at {fraction} of the cache", 1)[1].split("\n\n", 1)[0]
+        header, *lines = [[c.strip() for c in ln.strip("|").split(" | ")] for ln in block.splitlines()]
+        rows = {r[0]: r[1:] for r in lines if r[0] != "---|---|---"}
+        n_tok = re.search(r"over \d+ tokens \(1 window of (\d+)\)", s["definitions"]["intervals"]["natural_loss"])[1]
+        cfg = s["config"]
+        n_seq = len(cfg["distances"]) * cfg["n_per_distance"]
+        assert f"1 window x {int(n_tok):,} tokens" in header[1] and "95% paired interval" in header[0], header
+        assert f"{n_seq} sequences, {n_seq * (cfg['block_len'] - 1)} copied tokens" in header[2], header
+
+        def ci(lo: float, hi: float, spec: str) -> str:
+            return f"[{lo:{spec}}, {hi:{spec}}]"
+
+        for label, key, bold in (
+            ("chosen (`retrieval`)", "chosen", "**"),
+            ("same window on every group", "uniform", ""),
+        ):
+            r = s[key]
+            (cells,) = [v for k, v in rows.items() if k.startswith(label) and " minus " not in k]
+            nat = ci(r["natural_loss_increase_ci95_lo"], r["natural_loss_increase_ci95_hi"], "+.4f")
+            assert cells[0] == f"{bold}{r['natural_loss_increase']:+.4f}{bold} {nat}", (folder, cells)
+            drop = ci(r["copy_accuracy_drop_ci95_lo"], r["copy_accuracy_drop_ci95_hi"], "+.3f")
+            assert cells[1] == f"{bold}{r['copy_accuracy']:.3f}{bold}: drop {r['copy_accuracy_drop']:+.3f} {drop}"
+        acc = np.array([p["accuracy"] for p in s["full"]["per_distance"].values()])
+        half = stats.t.ppf(0.975, len(acc) - 1) * acc.std(ddof=1) / np.sqrt(len(acc))
+        full = (
+            f"{acc.mean():.3f} {ci(max(acc.mean() - half, 0), min(acc.mean() + half, 1), '.3f')} over the 3 sequences"
+        )
+        assert rows["full cache"][1].startswith(full), (folder, rows["full cache"])
+        for control, name in (("uniform", "same window"), ("random_mean", "random mean")):
+            c = s[f"chosen_minus_{control}"]
+            (cells,) = [
+                v for k, v in rows.items() if f"minus {name}, paired" in k and c["verdict"].split(" at ")[0] in k
+            ]
+            assert cells[0] == f"{c['natural_loss']:+.4f} {ci(*c['natural_loss_ci95'], '+.4f')}", (folder, cells)
+            assert cells[1] == f"{c['copy_accuracy']:+.3f} {ci(*c['copy_accuracy_ci95'], '+.3f')}", (folder, cells)

@@ -151,7 +151,7 @@ class KVResult(CompactRepr, WritesOutputs):
                 "kv_fraction": self.policy_cost.kv_fraction,
                 **element_size(c.dtype, self.layout.bytes_per_element),
                 "cache_check": self.cache_check,
-                "full": self.full.to_dict(),
+                "full": {**self.full.to_dict(), "copy_accuracy_ci95": self._full_copy_ci()},
                 "chosen": by["chosen"],
                 "uniform": by["uniform"],
                 "random": {
@@ -229,6 +229,17 @@ class KVResult(CompactRepr, WritesOutputs):
             "random_mean": "the chosen policy minus the random policies' mean, token by token: given these "
             f"{self.config.n_random} draws (the spread over draws is the random rows' range, not in the interval)",
         }
+
+    def _full_copy_ci(self) -> list[float] | None:
+        """summary.json's ``full.copy_accuracy_ci95``: the full cache's copy accuracy's 95% interval over the
+        long-range sequences (each sequence's accuracy the unit, as ``definitions.intervals.copy_accuracy``;
+        not a difference, so clipped to [0, 1]); None (JSON null) from fewer than 2 sequences."""
+        from headprobe.analyses.statistics import MIN_N_FOR_CI, bounded_mean_ci
+
+        hits = self.full.copy_hits
+        if hits is None or hits.shape[0] < MIN_N_FOR_CI:
+            return None
+        return [float(x) for x in bounded_mean_ci(hits.double().mean(1).numpy(), 0.0, 1.0)]
 
     def _interval_null_reasons(self) -> dict[str, str]:
         """Why the natural-loss or copy-accuracy intervals are null (summary.json's
@@ -354,7 +365,7 @@ class KVResult(CompactRepr, WritesOutputs):
             return [out / "policy.json", out / "policy_budget.json"]
 
         def curve():
-            return curve_figure(self.curve.to_dict("records"), self.spec.name, dataclasses.asdict(self.config))
+            return curve_figure(self.curve.to_dict("records"), self.summary())
 
         tables = {
             "group_costs.csv": self.group_table().to_csv(index=False, float_format="%.6f"),
@@ -364,18 +375,28 @@ class KVResult(CompactRepr, WritesOutputs):
         return dict(summary=self.summary, tables=tables, figures={"kv_curve": curve}, extra=policy_files)
 
 
-def curve_figure(rows: list[dict], model: str, config: dict):
+def curve_figure(rows: list[dict], summary: dict):
     """kv_curve's figure (:func:`~headprobe.analyses.figures.kv_policy_curve`) of curve.csv's ``rows``
-    for ``model`` run with ``config`` (a :class:`KVConfig` as a dict: summary.json's ``config``;
-    ``seq_len``, ``sink``, ``window`` and ``loss_tolerance`` read): what ``headprobe kv`` draws, and
-    what scripts/redraw_figures.py redraws from a committed run's curve.csv and summary.json."""
+    for the run ``summary`` describes (summary.json: ``model``, ``weights_precision``, ``config``'s
+    ``seq_len``, ``sink``, ``window``, ``loss_tolerance`` and the sample sizes,
+    :func:`~headprobe.analyses.vocabulary.kv_sample_text`): what ``headprobe kv`` draws, and what
+    scripts/redraw_figures.py redraws from a committed run's curve.csv and summary.json. The title
+    names the weights as every figure does; the subtitle the samples, and which intervals could not be
+    made (summary.json's ``interval_null_reasons``)."""
     from headprobe.analyses import figures
+    from headprobe.analyses.vocabulary import kv_sample_text
 
+    config = summary["config"]
+    weights = summary.get("weights_precision")
+    model = f"{summary['model']} ({figures.weights_label(weights)})" if weights else summary["model"]
+    why = summary.get("interval_null_reasons") or {}
+    none = [f"no {k.replace('_', ' ')} interval" for k in ("natural_loss", "copy_accuracy") if k in why]
     return figures.kv_policy_curve(
         rows,
         f"{model}: KV policy at {config['seq_len']} tokens "
         f"(sink {config['sink']}, window {config['window']}; uniform: window W', same KV memory)",
         loss_tolerance=config.get("loss_tolerance"),
+        subtitle=kv_sample_text(summary) + "".join(f"; {n}" for n in none),
     )
 
 
