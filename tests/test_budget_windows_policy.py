@@ -128,6 +128,9 @@ def test_policy_file_round_trip_and_cli(tmp_path, capsys):
         (lambda d: d["groups"].pop(), "groups are not listed"),
         (lambda d: d["groups"].append(dict(d["groups"][0])), "listed twice"),
         (lambda d: d["groups"][1].update(window=0), "window must be a positive integer"),
+        # the file and the group named, as the other policy errors name them (it named neither)
+        (lambda d: d["groups"][1].update(window=0), "p.json: group (layer 0, kv_group 1): a streaming group's window"),
+        (lambda d: d["groups"][3].update(window=1.5), "p.json: group (layer 1, kv_group 1): a streaming group's sink must be"),
         (lambda d: d.update(n_layers=3), "has 2 layers x 2 KV groups"),
     ],
 )
