@@ -234,10 +234,14 @@ class KVConfig(ModelSettings):
         return (self.sink + self.window) / self.seq_len
 
     def preflight(self) -> None:
-        """Checks that need no model: the backend, ``seq_len`` within the context where the config
+        """Checks that need no model: the ``--text`` file readable, the backend, ``seq_len`` within the context where the config
         tells it without loading (:func:`headprobe.options.peek_context`; else :func:`run` checks it
         on the loaded model), an encoder where its config says so (:func:`headprobe.options.peek_encoder`),
         budgets above the all-streaming floor, distances in range."""
+        if self.text:  # refused after the model's load before (15 s for smollm2-135m on 2 cores)
+            from headprobe.probe.core.io import open_text_file
+
+            open_text_file(self.text)
         refuse_lacking(
             self.backend,
             "kv_policies",
