@@ -129,7 +129,8 @@ class KVConfig(ModelSettings):
         method: ``estimate`` (attention mass outside sink + window), ``retrieval`` (attention on the
             planted block from its repeat; max over a group's heads) or ``measured`` (one group streaming at a time).
         n_random: random policies per budget (seeds seed .. seed + n_random - 1).
-        seed: seeds the text windows, the random tokens and the random policies.
+        seed: seeds the natural-text windows and the random policies; ``seed + 1`` seeds the
+            long-range task (its text windows and planted blocks, :func:`~headprobe.analyses.data.long_range_tokens`).
     """
 
     text: str | None = shared(DataSettings, "text")
@@ -293,6 +294,8 @@ FLAGS = (
         helps={
             "seq_len": "tokens per sequence (default %(default)s)",
             "n_natural": "natural-text windows (default %(default)s)",
+            "seed": "seeds the natural-text windows, the random policies (seed .. seed + n-random - 1) and, as "
+            "seed + 1, the long-range task's sequences (default %(default)s)",
         },
     ),
 )
