@@ -215,7 +215,9 @@ def test_kv_run_on_the_zoo(case, method, tiny_tokenizer, text_file, tmp_path, ca
     summary = json.loads((out / "summary.json").read_text())
     budget_file = json.loads((out / "policy_budget.json").read_text())
     assert summary["kv_bytes"] == budget_file["kv_bytes"] == r.policy_cost.kv_bytes
-    assert KVPolicy.from_dict(json.loads((out / "policy.json").read_text())).full_groups == r.policy.full_groups
+    written = json.loads((out / "policy.json").read_text())
+    assert KVPolicy.from_dict(written).full_groups == r.policy.full_groups
+    assert written["measured_seq_len"] == 48  # the length budget --policy compares its --seq-len with
     lay = r.layout
     flags = [
         "--d-model",
@@ -248,7 +250,8 @@ def test_kv_run_on_the_zoo(case, method, tiny_tokenizer, text_file, tmp_path, ca
     )
     capsys.readouterr()
     assert main(["budget", *flags]) == 0
-    assert json.loads(capsys.readouterr().out)["policy"]["kv_bytes"] == summary["kv_bytes"]
+    costed = json.loads(capsys.readouterr().out)
+    assert costed["policy"]["kv_bytes"] == summary["kv_bytes"] and costed["policy_measured"]["note"] is None
     text = (out / "summary.json").read_text()
     assert "NaN" not in text and math.isfinite(summary["chosen"]["natural_loss"])
     lo, hi = summary["chosen"]["natural_loss_increase_ci95_lo"], summary["chosen"]["natural_loss_increase_ci95_hi"]

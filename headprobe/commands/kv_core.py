@@ -341,7 +341,10 @@ class KVResult(CompactRepr, WritesOutputs):
         last, summary.json."""
 
         def policy_files(out: Path) -> list[Path]:
-            write_json(out / "policy.json", self.policy.to_dict())
+            from headprobe.analyses.exchange import MEASURED_SEQ_LEN
+
+            # the length its quality was measured at: budget --policy at another length says so
+            write_json(out / "policy.json", {**self.policy.to_dict(), MEASURED_SEQ_LEN: self.config.seq_len})
             write_json(
                 out / "policy_budget.json",
                 {
