@@ -908,3 +908,24 @@ def test_seeds_help_says_the_long_range_task_draws_with_seed_plus_one(llama, tex
     assert main(["kv", "--help"]) == 0
     seed_help = " ".join(capsys.readouterr().out.split("--seed SEED", 1)[1].split())
     assert "as seed + 1, the long-range task's sequences" in seed_help, seed_help
+
+
+@pytest.mark.parametrize("n_natural", [1, 2])
+def test_a_one_window_runs_natural_interval_is_called_conditional_on_its_text(n_natural, llama, text_file):
+    """kv's default natural text is one window, and its interval resamples blocks of that window's
+    tokens: a walker's import of the same policy on 8 windows fell outside it. The report says so in
+    a NOTE where there is one window, and summary.json's rule states the unit (blocks, not texts)."""
+    from headprobe.commands.kv_core import ONE_WINDOW_NOTE
+
+    _, model = llama
+    cfg = KVConfig(
+        model="llama", seq_len=24, block_len=6, sink=2, window=6, text=str(text_file), distances=(12,),
+        n_random=1, budgets=(0.5,), n_natural=n_natural,
+    )  # fmt: skip
+    r = run(model, cfg, progress=False)
+    notes = [x for x in r.report().splitlines() if x.startswith("NOTE: the natural-loss intervals resample")]
+    assert len(notes) == (n_natural == 1)  # from Python the flags read as keywords (n_natural=1)
+    assert "not an interval over texts" in ONE_WINDOW_NOTE and "--n-natural" in ONE_WINDOW_NOTE
+    rule = r.summary()["definitions"]["intervals"]["natural_loss"]
+    window = "window" if n_natural == 1 else "windows"
+    assert f"the unit is a block of contiguous tokens, not a text: the interval is conditional on these {n_natural} {window}" in rule
