@@ -495,7 +495,7 @@ def add_flags(
             target.required = target.required or bool(meta.get("required"))
         action = target.add_argument(*flags, **kwargs)
         if meta.get("hints"):  # read by the parser's choice check (headprobe.cli)
-            setattr(action, "hints", meta["hints"])
+            vars(action)["hints"] = meta["hints"]
 
 
 def from_args(cls, args: argparse.Namespace, **changes):

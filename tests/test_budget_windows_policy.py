@@ -147,7 +147,9 @@ def test_a_policy_costed_at_another_length_says_where_its_quality_was_measured(t
     assert r["policy_measured"]["note"] == note.removeprefix("NOTE: ")
     assert r["policy_measured"]["seq_len"] == (None if beside == "none" else 1024)
     if beside != "none":  # at the measured length: nothing to say
-        assert budget_json(capsys, *MISTRAL, "--seq-len", "1024", "--policy", str(path))["policy_measured"]["note"] is None
+        assert (
+            budget_json(capsys, *MISTRAL, "--seq-len", "1024", "--policy", str(path))["policy_measured"]["note"] is None
+        )
 
 
 @pytest.mark.parametrize(
@@ -159,7 +161,10 @@ def test_a_policy_costed_at_another_length_says_where_its_quality_was_measured(t
         (lambda d: d["groups"][1].update(window=0), "window must be a positive integer"),
         # the file and the group named, as the other policy errors name them (it named neither)
         (lambda d: d["groups"][1].update(window=0), "p.json: group (layer 0, kv_group 1): a streaming group's window"),
-        (lambda d: d["groups"][3].update(window=1.5), "p.json: group (layer 1, kv_group 1): a streaming group's sink must be"),
+        (
+            lambda d: d["groups"][3].update(window=1.5),
+            "p.json: group (layer 1, kv_group 1): a streaming group's sink must be",
+        ),
         (lambda d: d.update(n_layers=3), "has 2 layers x 2 KV groups"),
     ],
 )

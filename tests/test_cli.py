@@ -435,7 +435,10 @@ def test_every_command_refuses_a_bad_flag_before_heavy_imports(name):
         (["budget", "--preset", "gpt2-small", "--dtype", "bf61"], "unknown dtype 'bf61'"),
         (["sccan"], "invalid choice: 'sccan'"),
         # a word no spelling distance finds, given as a hint (export's FORMAT_HINTS): no suggestion before
-        (["export", "--from", "x", "--out", "x", "--format", "kvpress"], "'duo'? DuoAttention's format, which kvpress reads)"),
+        (
+            ["export", "--from", "x", "--out", "x", "--format", "kvpress"],
+            "'duo'? DuoAttention's format, which kvpress reads)",
+        ),
         (["export", "--from", "x", "--out", "x", "--format", "DuoAttention"], "invalid choice: 'DuoAttention'"),
     ],
 )

@@ -928,4 +928,7 @@ def test_a_one_window_runs_natural_interval_is_called_conditional_on_its_text(n_
     assert "not an interval over texts" in ONE_WINDOW_NOTE and "--n-natural" in ONE_WINDOW_NOTE
     rule = r.summary()["definitions"]["intervals"]["natural_loss"]
     window = "window" if n_natural == 1 else "windows"
-    assert f"the unit is a block of contiguous tokens, not a text: the interval is conditional on these {n_natural} {window}" in rule
+    assert (
+        f"the unit is a block of contiguous tokens, not a text: the interval is conditional on these {n_natural} {window}"
+        in rule
+    )

@@ -855,7 +855,12 @@ def format_policy(
             "",
         ],
     ]
-    return f"KV policy {path}\n" + (f"NOTE: {note}\n" if note else "") + "\n" + _table(rows, ["quantity", "value", "note"], right={1})
+    return (
+        f"KV policy {path}\n"
+        + (f"NOTE: {note}\n" if note else "")
+        + "\n"
+        + _table(rows, ["quantity", "value", "note"], right={1})
+    )
 
 
 def kv_batch_label(batch: int, seq_len: int) -> str:

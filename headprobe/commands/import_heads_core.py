@@ -97,8 +97,9 @@ class ImportResult(CompactRepr):
             lines.append(f"(effect [lo, hi]: {interval_rule()}; [n/a]: none)")
         if rule is not None and any(v.tested for v in self.verifications):
             lines.append(f"(the rule: a verdict is CONFIRMED when {rule.condition()})")
-        lines += [kv_row(r) for r in s["kv"] or []]
-        lines += ([kv_data_line(s["kv_data"])] if s["kv"] and s["kv_data"] else []) + ([KV_INTERVALS] if s["kv"] else [])
+        if s["kv"]:
+            lines += [kv_row(r) for r in s["kv"]] + ([kv_data_line(s["kv_data"])] if s["kv_data"] else [])
+            lines.append(KV_INTERVALS)
         return "\n".join([*lines, *(f"NOTE: {n}" for n in s["notes"])])
 
 
@@ -183,9 +184,7 @@ def run(model: LoadedModel, config: ImportConfig, progress: bool = True) -> Impo
     kv, kv_notes, kv_data = measure_policy(model, cfg, hf) if config.measure_kv else (None, [], None)
     notes = [*_notes(hf), *left_out_notes(natural), *kv_notes]
     notes += design.get("notes", [])  # the verification's, as scan prints them
-    return ImportResult(
-        config, hf, heads, verifications, design, kv, kv_data, time.perf_counter() - t0, notes=notes
-    )
+    return ImportResult(config, hf, heads, verifications, design, kv, kv_data, time.perf_counter() - t0, notes=notes)
 
 
 def _head_file(model: LoadedModel, config: ImportConfig) -> ex.HeadFile:
