@@ -294,7 +294,7 @@ def kv_data_line(d: dict) -> str:
         f"{d['text'] or 'the default text'} (--n-natural {w}), {d['long_range_sequences']} long-range sequences "
         f"({d['n_per_distance']} per distance at {','.join(map(str, d['distances']))}, blocks of {d['block_len']}), "
         f"seed {d['seed']} (long-range {d['long_range_seed']}): a kv run measures these tokens with the same "
-        "--seq-len, --n-natural, --seed and --text and kv's default --distances, --block-len and --n-per-distance)"
+        "--seq-len, --n-natural, --seed and --text and kv's default distances, block length and sequences per distance)"
     )
 
 
