@@ -1009,6 +1009,29 @@ def describe(heads: list[Head], limit: int = 12) -> str:
     return ", ".join(names[:limit]) + (f", ... ({len(names)} heads)" if len(names) > limit else "")
 
 
+MEASURED_SEQ_LEN = "measured_seq_len"
+"""The policy file's field (headprobe kv writes it): the tokens per sequence its quality was measured at."""
+
+
+def kv_policy_measured_length(path: str | Path) -> tuple[int | None, str | None]:
+    """The tokens per sequence the quality of KV policy file ``path`` was measured at, and the file
+    that says so: its own :data:`MEASURED_SEQ_LEN`, else (a kv run's policy.json written before the
+    field) the ``seq_len`` of the policy_budget.json or kv summary.json beside it; ``(None, None)``
+    where none records it (a hand-made policy). A file beside it that cannot be read counts as none."""
+    path = Path(path)
+    candidates = [(path, MEASURED_SEQ_LEN, None), (path.with_name("policy_budget.json"), "seq_len", "layout")]
+    candidates.append((path.with_name("summary.json"), "seq_len", "full_groups"))  # kv's: full_groups beside seq_len
+    for file, key, kind in candidates:
+        try:
+            d = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue
+        value = d.get(key) if isinstance(d, dict) and (kind is None or kind in d) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value, file.name
+    return None, None
+
+
 def read_kv_policy(path: str | Path) -> KVPolicy:
     """The ``headprobe-kv-policy`` v1 file ``path`` (docs/kv.md).
 

@@ -507,15 +507,19 @@ def make_plan(
             }
             for x, n, r in zip(family, sizes, reach)
         ],
-        **_planned_sets(tests, streams, len(settings.kinds), n_secondary),
+        **_planned_sets(tests, streams, settings.kinds, settings.primary_kind, n_secondary),
     }
 
 
-def _planned_sets(tests: list[_Test], streams: list[list[list[Head]]], n_kinds: int, n_secondary: int) -> dict:
+def _planned_sets(
+    tests: list[_Test], streams: list[list[list[Head]]], kinds: Sequence[str], primary: str, n_secondary: int
+) -> dict:
     """The most sets a verification ablates (``max_sets``) and what they are: ``top_sets`` (every
-    test's top-k set, each kind) and ``untested_sets``, the control sets of the streams only tests
-    without a verdict draw from (``untested``: those types, reported, not in the family); the rest
-    are the family's control sets."""
+    test's top-k set, each kind), ``untested_sets``, the control sets of the streams only tests
+    without a verdict draw from (``untested``: those types, reported, not in the family), and
+    ``secondary_sets``, the control sets ablated again by the reported kinds (``secondary_kinds``:
+    each stream's first ``n_secondary``); the rest are the family's control sets."""
+    n_kinds = len(kinds)
     per_stream = [len(s) + min(n_secondary, len(s)) * (n_kinds - 1) for s in streams]
     untested = [x for x in tests if x.no_verdict is not None]
     only_untested = {x.stream for x in untested} - {x.stream for x in tests if x.no_verdict is None}
@@ -524,6 +528,8 @@ def _planned_sets(tests: list[_Test], streams: list[list[list[Head]]], n_kinds: 
         "top_sets": len(tests) * n_kinds,
         "untested": [x.head_type for x in untested],
         "untested_sets": sum(per_stream[s] for s in only_untested),
+        "secondary_sets": sum(min(n_secondary, len(s)) * (n_kinds - 1) for s in streams),
+        "secondary_kinds": [k for k in kinds if k != primary],
     }
 
 
@@ -975,12 +981,27 @@ def _sets_breakdown(plan: dict) -> str:
     over sets that were the untested types'. Empty where every type is in the family."""
     untested = plan.get("untested") or []
     if not untested:
-        return ""
+        return _family_sets(plan)
     m, top, rest = plan["family_size"], plan["top_sets"], plan["untested_sets"]
     names = ", ".join(t.replace("_", "-") for t in untested)
     return (
         f" ({top} top-k sets, {plan['max_sets'] - top - rest} control sets for the {_tests(m)}, {rest} for the "
         f"{len(untested)} type{'' if len(untested) == 1 else 's'} reported without a verdict: {names})"
+    )
+
+
+def _family_sets(plan: dict) -> str:
+    """:func:`_sets_breakdown` where every type is in the family: `` (2 top-k sets: 1 test x 2 kinds;
+    10 control sets; 5 of them again as zero-ablation)``. "--n-random 10 ...; at most 17 sets" did not
+    say what the 17 counted. Empty for a plan without the counts (written before them)."""
+    if "top_sets" not in plan or "secondary_sets" not in plan:
+        return ""
+    m, top, again = plan["family_size"], plan["top_sets"], plan["secondary_sets"]
+    kinds = "/".join(plan.get("secondary_kinds") or [])
+    return (
+        f" ({top} top-k sets: {_tests(m)} x {top // max(m, 1)} kinds; {plan['max_sets'] - top - again} control sets"
+        + (f"; {again} of them again as {kinds}-ablation" if again else "")
+        + ")"
     )
 
 

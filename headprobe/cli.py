@@ -67,7 +67,7 @@ class OneLineErrorParser(argparse.ArgumentParser):
         choices = action.choices
         if choices is not None and value not in choices:
             listed = ", ".join(map(repr, choices))
-            hint = did_you_mean(str(value), [str(c) for c in choices])
+            hint = did_you_mean(str(value), [str(c) for c in choices], hints=getattr(action, "hints", None))
             raise argparse.ArgumentError(action, f"invalid choice: {value!r} (choose from {listed}){hint}")
 
     def error(self, message: str):

@@ -321,6 +321,7 @@ def setting(
     parse: Callable[[Any], Any] | None = None,
     kw_only: bool = False,
     needs: Needs | None = None,
+    hints: dict[str, tuple[str, str]] | None = None,
 ) -> Any:
     """A dataclass field that is also a command-line flag: its ``default``, its ``help`` (argparse's
     ``%(default)s`` allowed) and how the flag reads it. ``flag`` defaults to ``--field-name``
@@ -334,7 +335,8 @@ def setting(
     the field's (:func:`from_args`). The help is the field's documentation (:func:`field_help`).
     A ``type=float`` flag reads its value with :func:`number` (a finite float). ``needs``: the
     setting acts only where another setting holds a value (:class:`Needs`); given elsewhere it is
-    refused (:func:`refuse_inert`)."""
+    refused (:func:`refuse_inert`). ``hints``: words that are not ``choices`` but name one
+    (``kvpress`` -> duo), suggested in the refusal (:func:`~headprobe.probe.core.registry.did_you_mean`)."""
     meta = {
         "help": help,
         "flag": flag,
@@ -351,6 +353,7 @@ def setting(
         "text": text,
         "parse": parse,
         "needs": needs,
+        "hints": hints,
     }
     return field(
         default=default, kw_only=kw_only, metadata={k: v for k, v in meta.items() if v not in (None, False, ())}
@@ -490,7 +493,9 @@ def add_flags(
                 exclusive[meta["exclusive"]] = parser.add_mutually_exclusive_group()
             target = exclusive[meta["exclusive"]]
             target.required = target.required or bool(meta.get("required"))
-        target.add_argument(*flags, **kwargs)
+        action = target.add_argument(*flags, **kwargs)
+        if meta.get("hints"):  # read by the parser's choice check (headprobe.cli)
+            vars(action)["hints"] = meta["hints"]
 
 
 def from_args(cls, args: argparse.Namespace, **changes):

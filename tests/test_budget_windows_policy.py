@@ -121,6 +121,37 @@ def test_policy_file_round_trip_and_cli(tmp_path, capsys):
     assert r["policy"]["kv_bytes_full"] == r["kv_bytes_per_request"]
 
 
+@pytest.mark.parametrize("beside", ["itself", "policy_budget.json", "none"])
+def test_a_policy_costed_at_another_length_says_where_its_quality_was_measured(tmp_path, capsys, beside):
+    """``budget --policy`` of a policy measured at 1,024 tokens, at 32,768, printed "KV cache fraction
+    0.4245" with no word that its window (128) was 1/8 of the measured sequence and is 1/256 here: a
+    NOTE under the header (and ``policy_measured`` in --json) gives both shares, the length read from
+    the file (kv writes measured_seq_len), else from a kv run's policy_budget.json beside it, else "not
+    recorded"; none at the measured length."""
+    d = KVPolicy.with_full(32, 8, [(layer, 0) for layer in range(32)], Streaming(4, 124)).to_dict()
+    if beside == "itself":
+        d["measured_seq_len"] = 1024
+    elif beside == "policy_budget.json":
+        (tmp_path / beside).write_text(json.dumps({"layout": {}, "seq_len": 1024}))
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(d))
+    note = {  # (4 + 124) / 1024 = 12.5%, / 32768 = 0.391%
+        "none": "NOTE: the length this policy's quality was measured at is not recorded (headprobe kv's "
+        "policy.json records it; sink 4 + window 124)",
+    }.get(beside, "NOTE: this policy's quality was measured at 1,024 tokens (sink 4 + window 124 = 12.5% of it)")
+    note += "; at 32,768 tokens the window is 0.391%: the cost is exact, the quality is not measured at this length"
+    assert main(["budget", *MISTRAL, "--seq-len", "32768", "--policy", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[lines.index(f"KV policy {path}") + 1] == note
+    r = budget_json(capsys, *MISTRAL, "--seq-len", "32768", "--policy", str(path))
+    assert r["policy_measured"]["note"] == note.removeprefix("NOTE: ")
+    assert r["policy_measured"]["seq_len"] == (None if beside == "none" else 1024)
+    if beside != "none":  # at the measured length: nothing to say
+        assert (
+            budget_json(capsys, *MISTRAL, "--seq-len", "1024", "--policy", str(path))["policy_measured"]["note"] is None
+        )
+
+
 @pytest.mark.parametrize(
     "edit, message",
     [
@@ -128,6 +159,12 @@ def test_policy_file_round_trip_and_cli(tmp_path, capsys):
         (lambda d: d["groups"].pop(), "groups are not listed"),
         (lambda d: d["groups"].append(dict(d["groups"][0])), "listed twice"),
         (lambda d: d["groups"][1].update(window=0), "window must be a positive integer"),
+        # the file and the group named, as the other policy errors name them (it named neither)
+        (lambda d: d["groups"][1].update(window=0), "p.json: group (layer 0, kv_group 1): a streaming group's window"),
+        (
+            lambda d: d["groups"][3].update(window=1.5),
+            "p.json: group (layer 1, kv_group 1): a streaming group's sink must be",
+        ),
         (lambda d: d.update(n_layers=3), "has 2 layers x 2 KV groups"),
     ],
 )

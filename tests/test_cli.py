@@ -434,6 +434,12 @@ def test_every_command_refuses_a_bad_flag_before_heavy_imports(name):
         (["budget", "--preset", "llama3-8"], "unknown preset 'llama3-8'"),
         (["budget", "--preset", "gpt2-small", "--dtype", "bf61"], "unknown dtype 'bf61'"),
         (["sccan"], "invalid choice: 'sccan'"),
+        # a word no spelling distance finds, given as a hint (export's FORMAT_HINTS): no suggestion before
+        (
+            ["export", "--from", "x", "--out", "x", "--format", "kvpress"],
+            "'duo'? DuoAttention's format, which kvpress reads)",
+        ),
+        (["export", "--from", "x", "--out", "x", "--format", "DuoAttention"], "invalid choice: 'DuoAttention'"),
     ],
 )
 def test_a_value_from_a_fixed_set_gets_the_closest_names(argv, said, capsys, tmp_path):
@@ -455,6 +461,8 @@ def test_a_value_from_a_fixed_set_gets_the_closest_names(argv, said, capsys, tmp
         "llama3-8": "llama3-8b",
         "bf61": "bf16",
         "sccan": "scan",
+        "kvpress": "duo",
+        "DuoAttention": "duo",
     }
     typo = next(w for w in meant if w in said)
     assert f"did you mean '{meant[typo]}'" in lines[0] and not (tmp_path / "x").exists()
@@ -465,6 +473,7 @@ def test_a_value_from_a_fixed_set_gets_the_closest_names(argv, said, capsys, tmp
     [
         ("headprobe.commands.kv:KVConfig", "method", "retrival", "retrieval"),
         ("headprobe.commands.export:ExportConfig", "format", "headkvv", "headkv"),
+        ("headprobe.commands.export:ExportConfig", "format", "kvpress", "duo"),
         ("headprobe.commands.circuit:CircuitConfig", "method", "eap-igg", "eap-ig"),
         ("headprobe.commands.ablate:AblateConfig", "estimate", "atpp", "atp"),
         ("headprobe.commands.patch:PatchConfig", "site", "residd", "resid"),

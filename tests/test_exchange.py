@@ -347,6 +347,17 @@ def test_import_measures_a_duo_files_policy(runs, tmp_path, tiny_dir, text_file)
         and "[" not in lines["kv     full (reference, point estimates)"]
     )
     assert "(kv [lo, hi]: 95% CI of the paired difference from the full cache" in result.report()
+    # the tokens measured on, named (a walker's import --kv, on import's 8 windows, differed from the kv run's
+    # numbers without saying why): here kv's data, 1 window and kv's default long-range set, hence its numbers
+    assert (result.kv_data["natural_windows"], result.kv_data["long_range_sequences"]) == (
+        1,
+        len(kv["config"]["distances"]),
+    )
+    data = next(ln for ln in result.report().splitlines() if ln.startswith("(kv data: "))
+    assert data.startswith(
+        f"(kv data: 1 natural-text window x 64 tokens of {text_file} (n_natural=1), 4 long-range "
+    ), data
+    assert "seed 0 (long-range 1)" in data and result.summary()["kv_data"] == result.kv_data
 
 
 def _cli(argv, capsys) -> tuple[int, list[str]]:

@@ -215,7 +215,9 @@ def test_kv_run_on_the_zoo(case, method, tiny_tokenizer, text_file, tmp_path, ca
     summary = json.loads((out / "summary.json").read_text())
     budget_file = json.loads((out / "policy_budget.json").read_text())
     assert summary["kv_bytes"] == budget_file["kv_bytes"] == r.policy_cost.kv_bytes
-    assert KVPolicy.from_dict(json.loads((out / "policy.json").read_text())).full_groups == r.policy.full_groups
+    written = json.loads((out / "policy.json").read_text())
+    assert KVPolicy.from_dict(written).full_groups == r.policy.full_groups
+    assert written["measured_seq_len"] == 48  # the length budget --policy compares its --seq-len with
     lay = r.layout
     flags = [
         "--d-model",
@@ -248,7 +250,8 @@ def test_kv_run_on_the_zoo(case, method, tiny_tokenizer, text_file, tmp_path, ca
     )
     capsys.readouterr()
     assert main(["budget", *flags]) == 0
-    assert json.loads(capsys.readouterr().out)["policy"]["kv_bytes"] == summary["kv_bytes"]
+    costed = json.loads(capsys.readouterr().out)
+    assert costed["policy"]["kv_bytes"] == summary["kv_bytes"] and costed["policy_measured"]["note"] is None
     text = (out / "summary.json").read_text()
     assert "NaN" not in text and math.isfinite(summary["chosen"]["natural_loss"])
     lo, hi = summary["chosen"]["natural_loss_increase_ci95_lo"], summary["chosen"]["natural_loss_increase_ci95_hi"]
@@ -961,3 +964,42 @@ def test_the_results_kv_tables_give_each_estimate_its_interval():
             ]
             assert cells[0] == f"{c['natural_loss']:+.4f} {ci(*c['natural_loss_ci95'], '+.4f')}", (folder, cells)
             assert cells[1] == f"{c['copy_accuracy']:+.3f} {ci(*c['copy_accuracy_ci95'], '+.3f')}", (folder, cells)
+
+
+def test_seeds_help_says_the_long_range_task_draws_with_seed_plus_one(llama, text_file, capsys):
+    """Rebuilding kv's long-range sequences with ``--seed`` gave other sequences (the walker's full
+    copy accuracy 0.706, the run's 0.661): kv draws them with seed + 1, which --seed's help now says."""
+    from headprobe.commands.kv_core import _token_sets
+
+    _, model = llama
+    config = tiny_kv(text_file, seed=5, n_per_distance=2)
+    lr = _token_sets(model, config)[1]
+    rebuilt = lambda seed: long_range_tokens(model, 48, list(config.distances), 6, seed, 2, text_file.read_text())
+    assert torch.equal(lr.tokens, rebuilt(6).tokens) and not torch.equal(lr.tokens, rebuilt(5).tokens)
+    assert main(["kv", "--help"]) == 0
+    seed_help = " ".join(capsys.readouterr().out.split("--seed SEED", 1)[1].split())
+    assert "as seed + 1, the long-range task's sequences" in seed_help, seed_help
+
+
+@pytest.mark.parametrize("n_natural", [1, 2])
+def test_a_one_window_runs_natural_interval_is_called_conditional_on_its_text(n_natural, llama, text_file):
+    """kv's default natural text is one window, and its interval resamples blocks of that window's
+    tokens: a walker's import of the same policy on 8 windows fell outside it. The report says so in
+    a NOTE where there is one window, and summary.json's rule states the unit (blocks, not texts)."""
+    from headprobe.commands.kv_core import ONE_WINDOW_NOTE
+
+    _, model = llama
+    cfg = KVConfig(
+        model="llama", seq_len=24, block_len=6, sink=2, window=6, text=str(text_file), distances=(12,),
+        n_random=1, budgets=(0.5,), n_natural=n_natural,
+    )  # fmt: skip
+    r = run(model, cfg, progress=False)
+    notes = [x for x in r.report().splitlines() if x.startswith("NOTE: the natural-loss intervals resample")]
+    assert len(notes) == (n_natural == 1)  # from Python the flags read as keywords (n_natural=1)
+    assert "not an interval over texts" in ONE_WINDOW_NOTE and "--n-natural" in ONE_WINDOW_NOTE
+    rule = r.summary()["definitions"]["intervals"]["natural_loss"]
+    window = "window" if n_natural == 1 else "windows"
+    assert (
+        f"the unit is a block of contiguous tokens, not a text: the interval is conditional on these {n_natural} {window}"
+        in rule
+    )

@@ -429,3 +429,26 @@ def test_an_encoder_is_refused_before_the_load(tmp_path_factory, tmp_path, argv,
         assert (code, errors) == (2, [f"headprobe: error: {line.format(name=name)}"]), errors
         assert not torch_loaded
         assert not out.exists()
+
+
+def test_every_command_with_a_text_file_checks_it_before_the_model_loads(tmp_path):
+    """``kv --text /nonexistent`` was refused only after the model's load (its preflight did not
+    read the file, scan's did): every command whose settings have ``text`` refuses an unreadable
+    one in its preflight, which runs before the load (:func:`headprobe.options.run_command`)."""
+    import dataclasses
+
+    from headprobe.commands import COMMANDS
+    from headprobe.probe.core.errors import HeadprobeError
+
+    missing, checked = tmp_path / "nonexistent.txt", []
+    required = {"heads_file": str(tmp_path / "heads.tsv"), "b": "smollm2-135m", "model": "smollm2-135m"}
+    for name in COMMANDS.names():
+        cls = COMMANDS.get(name).config_class()
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if "text" not in fields:
+            continue
+        needed = {k: v for k, v in required.items() if k in fields and fields[k].default is dataclasses.MISSING}
+        with pytest.raises(HeadprobeError, match=f"cannot read text file {missing}"):
+            cls(text=str(missing), **needed).preflight()  # atlas refuses it when its config is made
+        checked.append(name)
+    assert {"scan", "kv", "import", "diff"} <= set(checked), checked

@@ -1265,3 +1265,32 @@ def test_the_control_rule_states_the_own_pool_of_a_tiny_model(tiny_llama_gqa, te
     assert all(sorted(v.control_excludes) == sorted(v.top_heads) for v in result.verifications if v.task == "natural")
     rule = result.summary()["verification"]["control_rule"]
     assert "or, where those leave fewer than 2k heads (a tiny model), outside its own top-k" in rule, rule
+
+
+def test_the_plan_line_says_what_its_most_sets_count_when_every_type_is_tested():
+    """import's plan line read "--n-random 10 kept (--keep-n-random); at most 17 sets" with nothing on
+    the 17: one test's top-k set under each of 2 kinds, its 10 control sets, and the first 5 of them
+    (SECONDARY_DRAWS) ablated again by zero-ablation. The counts are the plan's, counted here by hand."""
+    from headprobe.analyses.verification import _planned_sets, _Test, plan_lines
+
+    tests = [_Test("imported", "repeated", [(0, 0)], stream=0)]
+    counts = _planned_sets(tests, [[[(1, 0)]] * 10], ("mean", "zero"), "mean", 5)
+    assert (counts["max_sets"], counts["top_sets"], counts["secondary_sets"]) == (1 * 2 + 10 + 5, 2, 5)
+    plan = {
+        "family_size": 1,
+        "lone_draws_needed": 19,
+        "n_random": 10,
+        "family": ["imported"],
+        "correction": "bh",
+        "alpha": 0.05,
+        "raised": False,
+        "kept": True,
+        "n_random_requested": 10,
+        "tests": [],
+        **counts,
+    }  # fmt: skip
+    line = plan_lines(plan)[0]
+    assert line.endswith(
+        "--n-random 10 kept (--keep-n-random); at most 17 sets (2 top-k sets: 1 test x 2 kinds; 10 control sets; "
+        "5 of them again as zero-ablation)"
+    ), line

@@ -46,7 +46,7 @@ from headprobe.probe.core.reprs import CompactRepr
 from headprobe.probe.core.sizes import exact, fixed
 from headprobe.probe.core.vocabulary import unsupported_dtype
 from headprobe.probe.layout import cost
-from headprobe.probe.layout.attention import attention_module, windows_from_hf_config
+from headprobe.probe.layout.attention import KVPolicy, attention_module, windows_from_hf_config
 from headprobe.probe.layout.cost import AttentionLayout, format_bytes, format_flops, format_tflop, format_whole
 from headprobe.settings import Flags, setting
 
@@ -810,9 +810,32 @@ def causal_keys_txt(lay: AttentionLayout) -> str:
     )
 
 
-def format_policy(pc: dict[str, Any], path: str, lay: AttentionLayout, dtype: str = cost.BUDGET_DTYPE) -> str:
+def measured_length_note(policy: KVPolicy, measured: int | None, seq_len: int) -> str | None:
+    """The NOTE under ``--policy``'s header where the policy is costed at ``seq_len`` tokens and its
+    quality was measured at another length (``measured``; None: not recorded): the window's share of
+    the sequence there and here. None at the measured length or without a streaming group.
+    (A window of 128 is 1/8 of 1,024 tokens and 1/256 of 32,768: the cost is exact at any length,
+    the quality was measured at one.)"""
+    spans = {(s.sink, s.window) for row in policy.groups for s in row if s is not None}
+    if not spans or measured == seq_len:
+        return None
+    sink, window = max(spans, key=sum)
+    kept = f"sink {sink} + window {window}" if len(spans) == 1 else f"sink + window up to {sink} + {window}"
+    share = lambda n: f"{100 * (sink + window) / n:.3g}%"
+    said = (
+        f"this policy's quality was measured at {measured:,} tokens ({kept} = {share(measured)} of it)"
+        if measured is not None
+        else f"the length this policy's quality was measured at is not recorded (headprobe kv's policy.json records it; {kept})"
+    )
+    return f"{said}; at {seq_len:,} tokens the window is {share(seq_len)}: the cost is exact, the quality is not measured at this length"
+
+
+def format_policy(
+    pc: dict[str, Any], path: str, lay: AttentionLayout, dtype: str = cost.BUDGET_DTYPE, note: str | None = None
+) -> str:
     """The ``--policy`` rows: the policy's cache, FLOPs and attention matrix next to all-full; the
-    notes name the keys the FLOPs count on ``lay`` (its layers' windows apply)."""
+    notes name the keys the FLOPs count on ``lay`` (its layers' windows apply); ``note``
+    (:func:`measured_length_note`) under the header."""
     full = causal_keys_txt(lay)
     streaming = "min(S+W, pos+1)" if lay.windows is None else "min(S+W, pos+1) within the layer's window"
     rows = [
@@ -832,7 +855,12 @@ def format_policy(pc: dict[str, Any], path: str, lay: AttentionLayout, dtype: st
             "",
         ],
     ]
-    return f"KV policy {path}\n\n" + _table(rows, ["quantity", "value", "note"], right={1})
+    return (
+        f"KV policy {path}\n"
+        + (f"NOTE: {note}\n" if note else "")
+        + "\n"
+        + _table(rows, ["quantity", "value", "note"], right={1})
+    )
 
 
 def kv_batch_label(batch: int, seq_len: int) -> str:
@@ -1516,7 +1544,8 @@ class BudgetResult(CompactRepr):
         else:
             text = format_report(d, self.layout, c.dtype)
         if self.mode == "policy":
-            text += "\n\n" + format_policy(d["policy"], d["policy_file"], self.layout, c.dtype)
+            note = d.get("policy_measured", {}).get("note")
+            text += "\n\n" + format_policy(d["policy"], d["policy_file"], self.layout, c.dtype, note)
         if "beyond_context" in d:
             b = d["beyond_context"]
             text += (
@@ -1563,6 +1592,7 @@ class BudgetResult(CompactRepr):
             "windowed_layers",
             "policy",
             "policy_file",
+            "policy_measured",
             "beyond_context",
             "kv_bytes_per_token_spans",
             "kv_bytes_per_token_spans_mha",
@@ -1702,15 +1732,21 @@ def _report(
     else:
         mode, out = "report", report(lay, config.workload_seq_len, config.batch, *model_shape(config, shape))
     if config.policy is not None:
-        from headprobe.analyses.exchange import read_kv_policy
+        from headprobe.analyses.exchange import kv_policy_measured_length, read_kv_policy
 
         policy = read_kv_policy(config.policy)
+        measured, read_from = kv_policy_measured_length(config.policy)
         mode, out = (
             "policy",
             {
                 **out,
                 "policy_file": str(config.policy),
                 "policy": cost.policy_cost(lay, policy, config.workload_seq_len, config.batch).to_dict(),
+                "policy_measured": {
+                    "seq_len": measured,
+                    "read_from": read_from,
+                    "note": measured_length_note(policy, measured, config.workload_seq_len),
+                },
             },
         )
     longest = max(lengths) if lengths is not None else config.workload_seq_len

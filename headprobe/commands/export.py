@@ -44,6 +44,12 @@ HELP = (
 )
 CHOICES = (*FORMATS, "latex", "all")
 """``--format``: the exchange formats, LaTeX tables, or every one the source has."""
+
+FORMAT_HINTS = {
+    name: ("duo", "DuoAttention's format, which kvpress reads")
+    for name in ("kvpress", "duoattention", "duo-attention", "duo_attention")
+}
+"""``--format`` words that name a format by its tool (refused with the format as the hint)."""
 DUO_SINK, DUO_RECENT = 128, 256
 """``sink_size`` and ``recent_size`` written for a scan source when ``--sink`` / ``--recent`` are not given."""
 
@@ -91,6 +97,7 @@ class ExportConfig:
         "all",
         f"{', '.join(CHOICES[:-1])} or all (every format the source has; default %(default)s)",
         choices=CHOICES,
+        hints=FORMAT_HINTS,
     )
     score: str | None = setting(
         None,
@@ -115,7 +122,7 @@ class ExportConfig:
     def __post_init__(self):
         if self.format not in CHOICES:
             raise HeadprobeError(
-                f"--format must be one of {', '.join(CHOICES)}, got {self.format!r}{did_you_mean(str(self.format), CHOICES)}"
+                f"--format must be one of {', '.join(CHOICES)}, got {self.format!r}{did_you_mean(str(self.format), CHOICES, hints=FORMAT_HINTS)}"
             )
         if not str(self.source).strip():  # "" is the current folder to Path: refuse it as --out "" is
             raise HeadprobeError(

@@ -40,6 +40,8 @@ class ImportResult(CompactRepr):
     verifications: list[Verification]
     design: dict
     kv: list[dict] | None = None
+    kv_data: dict | None = None
+    """The tokens ``kv`` was measured on (:func:`measure_policy`), or None."""
     seconds: float = 0.0
     load_s: float | None = load_seconds()
     notes: list[str] = field(default_factory=list)
@@ -64,6 +66,7 @@ class ImportResult(CompactRepr):
             "ablations": [v.to_dict() if hasattr(v, "to_dict") else vars(v) for v in self.verifications],
             "design": self.design,
             "kv": self.kv,
+            "kv_data": self.kv_data,
             # a CONFIRMED verdict whose interval over sequences reaches 0 says what that means, as scan's does
             "notes": [*self.notes, *scan_core.wide_interval_notes(self.verifications)],
         }
@@ -94,7 +97,9 @@ class ImportResult(CompactRepr):
             lines.append(f"(effect [lo, hi]: {interval_rule()}; [n/a]: none)")
         if rule is not None and any(v.tested for v in self.verifications):
             lines.append(f"(the rule: a verdict is CONFIRMED when {rule.condition()})")
-        lines += [kv_row(r) for r in s["kv"] or []] + ([KV_INTERVALS] if s["kv"] else [])
+        if s["kv"]:
+            lines += [kv_row(r) for r in s["kv"]] + ([kv_data_line(s["kv_data"])] if s["kv_data"] else [])
+            lines.append(KV_INTERVALS)
         return "\n".join([*lines, *(f"NOTE: {n}" for n in s["notes"])])
 
 
@@ -176,10 +181,10 @@ def run(model: LoadedModel, config: ImportConfig, progress: bool = True) -> Impo
         say=scan_core._say,
         ranked=False,  # a file's heads: -k picks them only from a score file, with its ties cut
     )
-    kv, kv_notes = measure_policy(model, cfg, hf) if config.measure_kv else (None, [])
+    kv, kv_notes, kv_data = measure_policy(model, cfg, hf) if config.measure_kv else (None, [], None)
     notes = [*_notes(hf), *left_out_notes(natural), *kv_notes]
     notes += design.get("notes", [])  # the verification's, as scan prints them
-    return ImportResult(config, hf, heads, verifications, design, kv, time.perf_counter() - t0, notes=notes)
+    return ImportResult(config, hf, heads, verifications, design, kv, kv_data, time.perf_counter() - t0, notes=notes)
 
 
 def _head_file(model: LoadedModel, config: ImportConfig) -> ex.HeadFile:
@@ -206,17 +211,20 @@ def _notes(hf: ex.HeadFile) -> list[str]:
     return [] if tie is None else [tie]
 
 
-def measure_policy(model: LoadedModel, cfg: ImportConfig, hf: ex.HeadFile) -> tuple[list[dict] | None, list[str]]:
-    """``(rows, notes)``: ``headprobe kv``'s measurement of the file's policy at ``cfg.seq_len``: full caches, the
+def measure_policy(
+    model: LoadedModel, cfg: ImportConfig, hf: ex.HeadFile
+) -> tuple[list[dict] | None, list[str], dict | None]:
+    """``(rows, notes, data)``: ``headprobe kv``'s measurement of the file's policy at ``cfg.seq_len``: full caches, the
     policy and one window on every group at the same KV memory (``kv_core``'s token sets,
     :mod:`headprobe.analyses.kvpolicy`'s exact per-group masks), and the NOTE on the long-range
-    set's windows left out as mostly one token (the natural ones are the verification's). Rows
-    None: the file has no policy.
+    set's windows left out as mostly one token (the natural ones are the verification's), and the
+    tokens measured on (:func:`kv_data_line`: import's --n-natural, kv's other data defaults). Rows
+    and data None: the file has no policy.
 
     Raises:
         HeadprobeError: a backend without per-group KV masks, or a window covering the whole sequence."""
     if hf.policy is None:
-        return None, []
+        return None, [], None
     from headprobe.analyses import kvpolicy as kp
     from headprobe.analyses.data import left_out_notes
     from headprobe.commands import kv_core
@@ -262,7 +270,32 @@ def measure_policy(model: LoadedModel, cfg: ImportConfig, hf: ex.HeadFile) -> tu
             for name in ("natural_loss_increase", "copy_accuracy_drop"):
                 row[f"{name}_ci95"] = [ci[f"{name}_ci95_lo"], ci[f"{name}_ci95_hi"]]
         rows.append(row)
-    return rows, left_out_notes(lr, "long-range set (--kv)")
+    data = {
+        "natural_windows": int(natural.tokens.shape[0]),
+        "seq_len": cfg.seq_len,
+        "text": str(cfg.text) if cfg.text else None,
+        "long_range_sequences": int(lr.tokens.shape[0]),
+        "distances": list(kvc.distances or ()),
+        "n_per_distance": kvc.n_per_distance,
+        "block_len": kvc.block_len,
+        "seed": cfg.seed,
+        "long_range_seed": cfg.seed + 1,
+    }
+    return rows, left_out_notes(lr, "long-range set (--kv)"), data
+
+
+def kv_data_line(d: dict) -> str:
+    """The report's line on the tokens the ``--kv`` rows were measured on (``ImportResult.kv_data``):
+    import's own natural windows (--n-natural, default 8; kv's is 1) and kv's default long-range set,
+    so a kv run's numbers differ unless its data flags are these."""
+    w = d["natural_windows"]
+    return (
+        f"(kv data: {w} natural-text window{'s' if w != 1 else ''} x {d['seq_len']} tokens of "
+        f"{d['text'] or 'the default text'} (--n-natural {w}), {d['long_range_sequences']} long-range sequences "
+        f"({d['n_per_distance']} per distance at {','.join(map(str, d['distances']))}, blocks of {d['block_len']}), "
+        f"seed {d['seed']} (long-range {d['long_range_seed']}): a kv run measures these tokens with the same "
+        "--seq-len, --n-natural, --seed and --text and kv's default distances, block length and sequences per distance)"
+    )
 
 
 KV_INTERVALS = (

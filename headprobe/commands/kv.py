@@ -129,7 +129,8 @@ class KVConfig(ModelSettings):
         method: ``estimate`` (attention mass outside sink + window), ``retrieval`` (attention on the
             planted block from its repeat; max over a group's heads) or ``measured`` (one group streaming at a time).
         n_random: random policies per budget (seeds seed .. seed + n_random - 1).
-        seed: seeds the text windows, the random tokens and the random policies.
+        seed: seeds the natural-text windows and the random policies; ``seed + 1`` seeds the
+            long-range task (its text windows and planted blocks, :func:`~headprobe.analyses.data.long_range_tokens`).
     """
 
     text: str | None = shared(DataSettings, "text")
@@ -234,10 +235,14 @@ class KVConfig(ModelSettings):
         return (self.sink + self.window) / self.seq_len
 
     def preflight(self) -> None:
-        """Checks that need no model: the backend, ``seq_len`` within the context where the config
+        """Checks that need no model: the ``--text`` file readable, the backend, ``seq_len`` within the context where the config
         tells it without loading (:func:`headprobe.options.peek_context`; else :func:`run` checks it
         on the loaded model), an encoder where its config says so (:func:`headprobe.options.peek_encoder`),
         budgets above the all-streaming floor, distances in range."""
+        if self.text:  # refused after the model's load before (15 s for smollm2-135m on 2 cores)
+            from headprobe.probe.core.io import open_text_file
+
+            open_text_file(self.text)
         refuse_lacking(
             self.backend,
             "kv_policies",
@@ -289,6 +294,8 @@ FLAGS = (
         helps={
             "seq_len": "tokens per sequence (default %(default)s)",
             "n_natural": "natural-text windows (default %(default)s)",
+            "seed": "seeds the natural-text windows, the random policies (seed .. seed + n-random - 1) and, as "
+            "seed + 1, the long-range task's sequences (default %(default)s)",
         },
     ),
 )

@@ -209,7 +209,7 @@ class KVResult(CompactRepr, WritesOutputs):
             "minus the control's",
             "natural_loss": "unavailable (no per-token losses)"
             if nat is None
-            else block_bootstrap_rule(nat.shape[1], nat.shape[0]),
+            else block_bootstrap_rule(nat.shape[1], nat.shape[0]) + "; " + natural_unit_rule(nat.shape[0]),
             "copy_accuracy": "unavailable (no per-token hits)"
             if hits is None
             else interval_rule("long-range sequences") + f" ({hits.shape[0]} here, {hits.shape[1]} copied tokens "
@@ -340,6 +340,8 @@ class KVResult(CompactRepr, WritesOutputs):
         from headprobe.analyses.data import left_out_notes_of
 
         notes = left_out_notes_of(self.windows)
+        if self.full.natural_token_loss is not None and self.full.natural_token_loss.shape[0] == 1:
+            notes.append(ONE_WINDOW_NOTE)
         if self.untrusted:
             notes.append(
                 f"the natural-text losses cannot rank these policies: {self.untrusted} (summary.json's "
@@ -352,7 +354,10 @@ class KVResult(CompactRepr, WritesOutputs):
         last, summary.json."""
 
         def policy_files(out: Path) -> list[Path]:
-            write_json(out / "policy.json", self.policy.to_dict())
+            from headprobe.analyses.exchange import MEASURED_SEQ_LEN
+
+            # the length its quality was measured at: budget --policy at another length says so
+            write_json(out / "policy.json", {**self.policy.to_dict(), MEASURED_SEQ_LEN: self.config.seq_len})
             write_json(
                 out / "policy_budget.json",
                 {
@@ -423,6 +428,23 @@ def _tolerance_line(target: dict) -> str:
         f"{target['natural_loss_increase']:+.{d}f} {format_ci(target['natural_loss_increase_ci95'], f'+.{d}f')} "
         f"{target['verdict']} (within_tolerance: {'null' if flag is None else str(flag).lower()})"
     )
+
+
+def natural_unit_rule(n_windows: int) -> str:
+    """What the natural-loss interval covers (summary.json's rule): its unit is a block of tokens,
+    not a text, so it is conditional on the ``n_windows`` windows read."""
+    return (
+        f"the unit is a block of contiguous tokens, not a text: the interval is conditional on these {n_windows} "
+        f"window{'s' if n_windows != 1 else ''} of text (token-to-token noise) and covers text-to-text spread only "
+        "as far as several windows (--n-natural) differ; another text can fall outside it"
+    )
+
+
+ONE_WINDOW_NOTE = (
+    "the natural-loss intervals resample blocks of tokens of one window of text (--n-natural 1): they are "
+    "conditional on that text, not an interval over texts; more windows (--n-natural 8) bring text-to-text spread into the blocks it resamples"
+)
+"""The report's NOTE of a run whose natural text is one window (kv's default)."""
 
 
 def _table_row(name: str, r: dict, interval: bool = True) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Generic, TypeVar
 
 from headprobe.probe.core.errors import HeadprobeError
@@ -28,9 +28,19 @@ from headprobe.probe.core.errors import HeadprobeError
 T = TypeVar("T")
 
 
-def did_you_mean(name: str, choices: Iterable[str], n: int = 2, cutoff: float = 0.6) -> str:
+def did_you_mean(
+    name: str,
+    choices: Iterable[str],
+    n: int = 2,
+    cutoff: float = 0.6,
+    hints: Mapping[str, tuple[str, str]] | None = None,
+) -> str:
     """``" (did you mean 'a' or 'b'?)"`` for the ``n`` choices closest to ``name`` by
-    :func:`difflib.get_close_matches` (ratio at least ``cutoff``), or ``""`` where none is close."""
+    :func:`difflib.get_close_matches` (ratio at least ``cutoff``), or ``""`` where none is close.
+    ``hints``: a word no spelling distance finds (lower case) -> ``(choice, why)``, e.g. ``"kvpress"``
+    -> ``("duo", "DuoAttention's format, which kvpress reads")``: ``" (did you mean 'duo'? why)"``."""
+    if hints and (hint := hints.get(str(name).lower())):
+        return f" (did you mean {hint[0]!r}? {hint[1]})"
     close = difflib.get_close_matches(str(name), list(choices), n=n, cutoff=cutoff)
     return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
 

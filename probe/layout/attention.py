@@ -497,6 +497,23 @@ def _json_int(d: dict, key: str, source: str) -> int:
     return value
 
 
+def _streaming(e: dict, layer: int, g: int, source: str) -> Streaming:
+    """The :class:`Streaming` group of policy entry ``e``, its refusal naming the file and the group.
+
+    Raises:
+        KeyError: no sink or window. HeadprobeError: a bad one, as the policy's other errors do."""
+    where, sink, window = f"{source}: group (layer {layer}, kv_group {g})", e["sink"], e["window"]
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in (sink, window)):  # 1.5, "4": before Streaming's types
+        raise HeadprobeError(
+            f"{where}: a streaming group's sink must be an integer >= 0 and its window a positive integer, "
+            f"got sink {sink!r}, window {window!r}"
+        )
+    try:
+        return Streaming(sink, window)
+    except HeadprobeError as err:
+        raise HeadprobeError(f"{where}: {err}") from None
+
+
 @dataclass(frozen=True)
 class KVPolicy:
     """A head-level KV-cache policy: ``groups[layer][kv_group]`` is None (a full cache) or a
@@ -611,7 +628,7 @@ class KVPolicy:
                     )
                 if e["cache"] not in ("full", "streaming"):
                     raise HeadprobeError(f'{source}: a group\'s cache is "full" or "streaming", not {e["cache"]!r}')
-                grid[layer][g] = None if e["cache"] == "full" else Streaming(e["sink"], e["window"])
+                grid[layer][g] = None if e["cache"] == "full" else _streaming(e, layer, g, source)
         except HeadprobeError:  # a ValueError too: its own line, not wrapped as a malformed policy
             raise
         except (KeyError, TypeError, ValueError) as err:
