@@ -311,19 +311,23 @@ def unreliable_picks(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[int]]:
 
 def kv_sample_sizes(summary: Mapping[str, Any]) -> dict[str, int | None]:
     """The samples behind a ``headprobe kv`` run's numbers, from its summary.json: ``natural_windows`` x
-    ``natural_tokens`` scored tokens of natural text (as ``definitions.intervals.natural_loss`` states them:
-    the block bootstrap's rule names its counts; None where the summary does not), and
+    ``natural_tokens`` scored tokens of natural text (``natural_text_sample``; in a run written before it,
+    as ``definitions.intervals.natural_loss`` states them; None where the summary has neither), and
     ``copy_sequences`` long-range sequences (``config``: distances x ``n_per_distance``) of
     ``copy_tokens_each`` copied tokens (``block_len - 1``: the block's tokens 2..block_len)."""
     import re
 
     cfg = summary.get("config") or {}
+    counts = summary.get("natural_text_sample") or {}  # written since 2026-12-07; older runs: the rule's words
     rule = str(((summary.get("definitions") or {}).get("intervals") or {}).get("natural_loss", ""))
     found = re.search(r"over \d+ tokens \((\d+) windows? of (\d+)\)", rule)
+    windows, each = counts.get("windows"), counts.get("tokens_each")
+    if windows is None and found:
+        windows, each = int(found[1]), int(found[2])
     n_seq = len(cfg.get("distances") or []) * int(cfg.get("n_per_distance") or 0)
     return {
-        "natural_windows": int(found[1]) if found else None,
-        "natural_tokens": int(found[2]) if found else None,
+        "natural_windows": windows,
+        "natural_tokens": each,
         "copy_sequences": n_seq or None,
         "copy_tokens_each": int(cfg["block_len"]) - 1 if cfg.get("block_len") else None,
         "distances": len(cfg.get("distances") or []) or None,

@@ -775,6 +775,7 @@ def test_the_uniform_window_written_is_the_kv_memory_it_claims(loss_tolerance, l
     win = f"{n_win} window{'s' if n_win > 1 else ''} x {n_tok:,} tokens; copy: {n_seq} sequence"
     assert f"natural text: {win}" in fig.axes[0].get_title().replace("\n", " ")
     assert f"{n_seq * each:,} copied tokens" in fig.axes[0].get_title().replace("\n", " ")
+    assert r.summary()["natural_text_sample"] == {"windows": n_win, "tokens_each": n_tok}  # recorded, not parsed
     # summary.json's full.copy_accuracy_ci95 (the LaTeX full row's): t over the sequences' accuracies, clipped to
     # [0, 1]; where all agree at v, the exact bound [v (1 - c), 1 - (1 - v) c], c = 0.025^(1/n)
     import numpy as np

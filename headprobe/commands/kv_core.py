@@ -165,6 +165,7 @@ class KVResult(CompactRepr, WritesOutputs):
                 "chosen_minus_random_mean": _difference(by["chosen"], rnd, "random_mean"),
                 **({"interval_null_reasons": why} if (why := self._interval_null_reasons()) else {}),
                 "sources": self.sources,
+                "natural_text_sample": self._natural_counts(),
                 "windows": self.windows,
                 "natural_text_untrusted": self.untrusted,
                 "definitions": {
@@ -195,6 +196,12 @@ class KVResult(CompactRepr, WritesOutputs):
             config=c,
             timings_s={"load_s": self.load_s, "run_s": self.seconds},
         )
+
+    def _natural_counts(self) -> dict | None:
+        """summary.json's ``natural_text_sample``: ``windows`` of natural text x ``tokens_each`` scored
+        tokens (the per-token losses' shape); None without per-token losses."""
+        nat = self.full.natural_token_loss
+        return None if nat is None else {"windows": int(nat.shape[0]), "tokens_each": int(nat.shape[1])}
 
     def _interval_rules(self) -> dict:
         """summary.json's ``definitions.intervals``: how each 95% interval is made, on this run's counts."""
