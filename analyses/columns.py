@@ -162,7 +162,6 @@ for _name in (
     "induction",
     "first_token",
     "positional",
-    "self_token",
     "next_token",
     "last_token",
 ):

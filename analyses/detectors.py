@@ -226,9 +226,6 @@ def _stats_scores(name: str, st, S: int | None, start: int) -> dict[str, Tensor]
     if name == "positional":
         _check_len(T, 2)
         return dict(zip(("positional_offset", "positional_fraction"), positional_from_argmax(st.argmax[..., 1:], T)))
-    if name == "self_token":
-        _check_len(T, 2)
-        return {name: diagonal_mean(st.diagonal(0), 0, 1)}
     if name == "next_token":
         _check_len(T, 3)
         return {name: st.diagonal(-1)[..., 1:].float().mean(dim=(0, 2))}
@@ -374,15 +371,6 @@ POSITIONAL = Detector(
     integer_columns=("positional_offset",),
     top_head_extras=(("offset", "positional_offset"),),
     score_stats=_stats("positional"),
-)
-SELF_TOKEN = Detector(
-    "self_token",
-    ("self_token",),
-    _one("self_token", lambda p: offset_score(p, offset=0, first_query=1)),
-    "natural",
-    "natural",
-    figures=(HeatmapStyle("self_token", "self-token score", "attention to i"),),
-    score_stats=_stats("self_token"),
 )
 NEXT_TOKEN = Detector(
     "next_token",
