@@ -170,6 +170,11 @@ for _name in ("copying", "sink_rate", "entropy", "retrieval", "dla", "local_frac
     HEAD_COLUMNS.register(_name, f"headprobe.analyses.metrics:{_name.upper()}", group=METRIC)
 del _name
 
+ENCODER_ONLY_TYPES: tuple[str, ...] = ("next_token", "last_token")
+"""The head types whose records say ``encoder_only``, named here, torch-free, so that a command that
+needs a causal model (diff, robustness) refuses them before the model loads
+(:func:`refuse_encoder_only`); tests/test_where_to_add.py checks it equals the records' flags."""
+
 HEAD_TYPES: Choices = HEAD_COLUMNS.choices(group=HEAD_TYPE)
 """The head types' names (a live view: a type registered at run time is in it), in column order."""
 
@@ -207,6 +212,18 @@ def score_columns(causal: bool = True) -> tuple[str, ...]:
 def metric_columns() -> tuple[str, ...]:
     """head_scores.csv's metric columns, after the head types' columns, in order."""
     return tuple(c for m in METRICS.values() for c in m.columns)
+
+
+def refuse_encoder_only(types: Sequence[str] | None, why: str) -> None:
+    """Refuse encoder-only head types (:data:`ENCODER_ONLY_TYPES`) among ``types`` (registry names)
+    for a command that needs causal models, before anything loads; ``why`` says what it needs.
+
+    Raises:
+        HeadprobeError: one line naming them, e.g. ``next-token is scored on encoders only ...``.
+    """
+    if bad := [t.replace("_", "-") for t in types or () if t in ENCODER_ONLY_TYPES]:
+        verb = "is" if len(bad) == 1 else "are"
+        raise HeadprobeError(f"{', '.join(bad)} {verb} scored on encoders only (bidirectional attention); {why}")
 
 
 def select_head_types(types: str | Sequence[str] | None = None) -> tuple[str, ...]:

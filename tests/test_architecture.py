@@ -198,7 +198,22 @@ def test_every_model_parameter_names_the_interface():
     offences = {
         str(p.relative_to(ROOT)): f for p in _sources() if (f := _loose_model_parameters(p.read_text(encoding="utf-8")))
     }
-    assert not offences, offences
+    assert not offences, model_parameter_message(offences)
+
+
+def model_parameter_message(offences: dict[str, list[str]]) -> str:
+    """The failure's message: the rule and the fix, then the offences (file -> ``function(param: annotation)``)."""
+    return (
+        "a function's model parameter must be annotated `model: LoadedModel` (from "
+        "headprobe.probe.backends.base; the one model interface, CONTRIBUTING.md 'Layout and layering'), "
+        f"not left unannotated or Any; annotate these: {offences}"
+    )
+
+
+def test_the_model_parameter_message_says_the_rule_and_the_fix():
+    """It printed only ``{'analyses/detectors.py': ['_copy_suppression(model: None)']}``."""
+    msg = model_parameter_message({"analyses/x.py": ["f(model: None)"]})
+    assert "`model: LoadedModel`" in msg and "f(model: None)" in msg and "analyses/x.py" in msg
 
 
 def test_the_model_parameter_count_can_fail():

@@ -16,6 +16,7 @@ import zoo
 
 import headprobe
 from headprobe.analyses import atlas as atlas_lib
+from headprobe.analyses.columns import DETECTORS
 from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV
 from headprobe.cli import main
 from headprobe.commands import atlas as atlas_cmd
@@ -162,13 +163,7 @@ def test_atlas_records_a_failing_model_and_goes_on(atlas_run):
         and "\n" not in summary["models"][models[1]]["error"]
     )
     types = atlas_lib.table_types(pd.read_csv(out / "atlas.csv"))
-    assert set(types) == {
-        "previous_token",
-        "duplicate_token",
-        "induction",
-        "first_token",
-        "positional",
-    }  # decoders' types
+    assert set(types) == {t for t, d in DETECTORS.items() if d.applies_to(True)}  # decoders' types
     for stem in ["atlas", *(f"atlas_{t}" for t in types)]:
         assert (out / f"{stem}.png").is_file() and (out / f"{stem}.pdf").is_file(), stem
     # --no-model-figures: each model's scan folder holds its tables, no figure in any format

@@ -386,9 +386,10 @@ def test_scan_of_all_minilm_l6_v2_gives_72_rows_with_verdicts():
     assert len(result.table) == 72 and {"next_token", "last_token"} <= set(result.table.columns)
     assert (
         len(result.verifications) == 2 * len(ENCODER_SCORE_COLUMNS) - 2
-    )  # 7 types (positional has 2 columns) x 2 kinds
+    )  # every encoder type (positional has 2 columns) x 2 kinds
     assert all((v.confirmed is not None) == v.tested for v in result.verifications)  # zero: reported, not tested
-    assert sum(v.tested for v in result.verifications) == 7 == result.verification["family_size"]
+    n_types = sum(d.applies_to(False) for d in DETECTORS.values())  # 7: all but a causal_only type
+    assert sum(v.tested for v in result.verifications) == n_types == result.verification["family_size"]
 
 
 def test_encoder_pattern_example_keeps_the_separator_the_last_token_score_is_about(bert, tmp_path):

@@ -55,8 +55,79 @@ def model(tiny_dir):
     return headprobe.load_model(str(tiny_dir), device="cpu")
 
 
+def scan_rows_missing(doc: Path = ROOT / "docs" / "scan.md") -> dict[str, list[str]]:
+    """The stricter docs check: the head types that docs/scan.md's ``--types`` row does not name, and the
+    columns of every head type and metric that its head_scores.csv row does not name (each in backticks)."""
+    lines = doc.read_text(encoding="utf-8").splitlines()
+    row = {k: next(line for line in lines if line.startswith(f"| `{k}` |")) for k in ("--types", "head_scores.csv")}
+    columns = [c for name in HEAD_COLUMNS.names() for c in HEAD_COLUMNS.get(name).columns]
+    return {
+        "--types": [t for t in HEAD_COLUMNS.names(HEAD_TYPE) if f"`{t}`" not in row["--types"]],
+        "head_scores.csv": [c for c in columns if f"`{c}`" not in row["head_scores.csv"]],
+    }
+
+
 def test_every_registered_head_column_is_documented():
-    assert undocumented_columns() == []
+    missing = undocumented_columns()
+    assert missing == [], (
+        f"docs/scan.md does not name the columns {missing} (in backticks): define a head type's columns in its "
+        "section there and a metric's in the head-metrics table (CONTRIBUTING.md, 'Where to add')"
+    )
+
+
+def test_the_types_row_and_the_csv_row_of_scan_md_name_every_type_and_column():
+    """A type named anywhere in docs/scan.md passed the check above while its ``--types`` row and its
+    head_scores.csv row stayed stale (the encoders' ``next_token`` and ``last_token`` were missing from the
+    CSV row)."""
+    missing = scan_rows_missing()
+    assert missing == {"--types": [], "head_scores.csv": []}, (
+        f"docs/scan.md: add these head types to the `--types` row of its flags table and these columns to the "
+        f"`head_scores.csv` row of its outputs table: {missing}"
+    )
+
+
+def test_the_torch_free_encoder_only_list_is_the_records_flags():
+    from headprobe.analyses.columns import DETECTORS, ENCODER_ONLY_TYPES
+
+    assert set(ENCODER_ONLY_TYPES) == {n for n, d in DETECTORS.items() if d.encoder_only}, (
+        "analyses/columns.py: ENCODER_ONLY_TYPES must name exactly the head types whose record says encoder_only"
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["diff", "no-such-model-a", "no-such-model-b", "--types", "induction,next_token"],
+        ["robustness", "--model", "no-such-model", "--types", "last-token"],
+    ],
+)
+def test_diff_and_robustness_refuse_an_encoder_only_type_before_loading(argv, capsys, tmp_path):
+    """They need causal models: diff refused ``--types next_token`` after loading (as "no head type
+    given"), robustness ran it for minutes. Now one line before the model loads (a load of these
+    names would fail with another message) and no folder."""
+    from headprobe.cli import main
+
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "scored on encoders only" in err and "causal" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_readme_counts_of_the_default_scan_are_the_registrys():
+    """README says how many control sets the default scan of a decoder plans, "for five types": true
+    only while five head types apply to decoders. The number is plan_draws' for the decoders' type count."""
+    from headprobe.analyses.columns import DETECTORS
+    from headprobe.analyses.verification import VerificationSettings, plan_draws
+
+    n = sum(d.applies_to(True) for d in DETECTORS.values())
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    claims = re.findall(
+        r"(\d+) (?:layer-matched )?control sets per (?:head )?type (?:for|that) (\w+) (?:types|verdicts)", text
+    )
+    assert len(claims) == 2, claims
+    words = {5: "five", 6: "six", 7: "seven", 8: "eight"}
+    draws = plan_draws(n, VerificationSettings(k=10, n_random=50, alpha=0.05))
+    assert all(c == (str(draws), words.get(n, str(n))) for c in claims), (claims, n, draws)
 
 
 # ---- a head type: one HEAD_COLUMNS entry (group "head type") and its record ------------------------
@@ -77,13 +148,21 @@ def _prev_copy() -> HeadColumn:
     )
 
 
+def vocab_types() -> tuple[str, ...]:
+    from headprobe.analyses.columns import HEAD_TYPES
+
+    return tuple(HEAD_TYPES)
+
+
 def test_a_head_type_is_a_cli_choice(registered, capsys):
     from headprobe.analyses.columns import select_head_types
     from headprobe.cli import main
 
     registered("prev_copy", _prev_copy(), HEAD_TYPE)
     assert main(["scan", "--help"]) == 0
-    assert "prev_copy" in " ".join(capsys.readouterr().out.split())  # --types' help lists every type
+    words = capsys.readouterr().out.split()
+    # --types' help lists every type, none cut at a line end ("first_" / "token" when listed without spaces)
+    assert {"prev_copy", *vocab_types()} <= {w.strip(",;()") for w in words}
     assert select_head_types("prev-copy") == ("prev_copy",)
     with pytest.raises(HeadprobeError, match=r"did you mean prev_copy\?"):
         select_head_types("prev-cpy")
@@ -124,8 +203,15 @@ def test_a_head_type_reaches_the_csv_summary_figures_and_viewer(registered, mode
 
 
 def test_a_head_type_must_be_documented(registered):
+    before = set(undocumented_columns())
+    rows_before = scan_rows_missing()
     registered("prev_copy", _prev_copy(), HEAD_TYPE)
-    assert undocumented_columns() == ["prev_copy"]  # docs/scan.md must define it
+    assert set(undocumented_columns()) - before == {"prev_copy"}  # docs/scan.md must define it
+    rows = scan_rows_missing()  # and name it in its --types row and its head_scores.csv row
+    assert {k: set(v) - set(rows_before[k]) for k, v in rows.items()} == {
+        "--types": {"prev_copy"},
+        "head_scores.csv": {"prev_copy"},
+    }
 
 
 # ---- a reported metric: one HEAD_COLUMNS entry (group "metric") and its record ---------------------
@@ -183,9 +269,11 @@ def test_a_metric_reaches_the_csv_summary_figures_and_viewer(registered, model, 
 
 
 def test_a_metric_must_be_documented(registered):
+    before = set(undocumented_columns())
     for record in _metric_records():
         registered(record.name, record, METRIC)
-    assert undocumented_columns() == ["sink_copy", "never"]
+    assert set(undocumented_columns()) - before == {"sink_copy", "never"}
+    assert set(scan_rows_missing()["head_scores.csv"]) >= {"sink_copy", "never"}
 
 
 # ---- a backend: one BACKEND_REGISTRY entry and its LoadedModel subclass -------------------------------

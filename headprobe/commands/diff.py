@@ -16,6 +16,7 @@ from pathlib import Path
 
 from headprobe import options, settings
 from headprobe.analyses import vocabulary as vocab
+from headprobe.analyses.columns import refuse_encoder_only
 from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
@@ -154,6 +155,7 @@ class DiffConfig(ModelSettings, DataSettings):
 
     def __post_init__(self):
         object.__setattr__(self, "types", vocab.select_head_types(self.types) if self.types is not None else None)
+        refuse_encoder_only(self.types, NEEDS_CAUSAL)
         super().__post_init__()
         vocab.check_verification_choices(self.alpha, "layer-matched", self.correction)
         if not 0 <= self.min_change < float("inf"):

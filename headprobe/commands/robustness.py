@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from headprobe import options, settings
 from headprobe.analyses import vocabulary as vocab
+from headprobe.analyses.columns import refuse_encoder_only
 from headprobe.commands import Command, lazy_names
 from headprobe.options import positive_int
 from headprobe.probe.core.errors import HeadprobeError
@@ -115,6 +116,7 @@ class RobustnessConfig(ModelSettings, DataSettings):
 
     def __post_init__(self):
         object.__setattr__(self, "types", vocab.select_head_types(self.types))
+        refuse_encoder_only(self.types, NEEDS_CAUSAL)
         object.__setattr__(self, "vary", _names(self.vary, GROUPS, "--vary"))
         from headprobe.probe.core import ablation_kinds
 

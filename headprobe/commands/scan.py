@@ -181,7 +181,7 @@ class ScanConfig(ModelSettings, DataSettings):
     types: str | Sequence[str] | None = setting(
         None,
         lambda: (
-            f"score, verify and draw only these head types (default: all of {','.join(vocab.HEAD_TYPES)}; "
+            f"score, verify and draw only these head types (default: all of {', '.join(vocab.HEAD_TYPES)}; "
             "a decoder skips the encoder-only ones, which read keys after the query: docs/scan.md)"
         ),
         metavar="TYPE[,TYPE...]",
