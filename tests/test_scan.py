@@ -800,12 +800,12 @@ def test_a_quick_scans_console_says_each_thing_once_and_consistently(
     # the report: one WARNING naming the type, no threshold; the type's p-value line short
     assert report.count(f"--n-random {need}") == 0 and "cannot reach alpha" not in report, report
     warned = [ln for ln in report.splitlines() if ln.startswith("WARNING: no verdict for")]
-    assert warned == [
-        "WARNING: no verdict for induction: --n-random 10 is too few (the NOTE before the verification says how "
+    assert warned == [  # a Python run's report: the keyword, as its NOTE
+        "WARNING: no verdict for induction: n_random=10 is too few (the NOTE before the verification says how "
         "many are enough)"
     ], report
     (line,) = [ln for ln in report.splitlines() if ln.startswith("  induction: ")]
-    assert line.endswith("; no verdict: --n-random 10 too few (WARNING above)") and len(line) < 160, line
+    assert line.endswith("; no verdict: n_random=10 too few (WARNING above)") and len(line) < 160, line
     # the natural task's untrusted reason: its WARNING once, the types' lines point to it
     nat = [ln for ln in report.splitlines() if ln.startswith("  previous-token: ")]
     assert nat and nat[0].endswith("no verdict: see the natural task's WARNING above"), nat
