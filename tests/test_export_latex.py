@@ -412,15 +412,20 @@ def test_a_scan_without_verification_has_no_verdict_table(tmp_path, capsys):
     assert not (tmp_path / "all" / "latex").exists() and (tmp_path / "all" / "heads.parquet").is_file()
 
 
-def test_all_includes_latex_and_imports_no_torch(tmp_path):
-    """``--format all`` of the scan writes latex/verdicts.tex beside the exchange files, in a process that never imports torch."""
+def export_without_torch(source: Path, out: Path, *flags: str) -> None:
+    """``headprobe export --from source --out out *flags`` in a fresh process: exit 0, torch never imported."""
+    argv = ["export", "--from", str(source), "--out", str(out), *flags]
     code = (
-        "import sys; from headprobe.cli import main; "
-        f"rc = main(['export', '--from', {str(SCAN)!r}, '--out', {str(tmp_path / 'o')!r}]); "
+        f"import sys; from headprobe.cli import main; rc = main({argv!r}); "
         "assert rc == 0 and 'torch' not in sys.modules, (rc, 'torch' in sys.modules)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
+
+
+def test_all_includes_latex_and_imports_no_torch(tmp_path):
+    """``--format all`` of the scan writes latex/verdicts.tex beside the exchange files, in a process that never imports torch."""
+    export_without_torch(SCAN, tmp_path / "o")
     files = json.loads((tmp_path / "o" / "summary.json").read_text())["files"]
     assert "latex/verdicts.tex" in files and "heads.parquet" in files and "full_attention_heads.tsv" in files
 
@@ -591,11 +596,5 @@ def test_study_tables_compile_and_fit_a_neurips_page(study_tex, tmp_path):
 
 def test_a_study_export_imports_no_torch(tmp_path):
     """A study's table is read from results.csv and study.json in a process that never imports torch."""
-    code = (
-        "import sys; from headprobe.cli import main; "
-        f"rc = main(['export', '--from', {str(STUDIES['layouts'])!r}, '--out', {str(tmp_path / 'o')!r}, '--format', 'latex']); "
-        "assert rc == 0 and 'torch' not in sys.modules, (rc, 'torch' in sys.modules)"
-    )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
+    export_without_torch(STUDIES["layouts"], tmp_path / "o", "--format", "latex")
     assert (tmp_path / "o" / "latex" / "study.tex").is_file()
