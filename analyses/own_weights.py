@@ -12,18 +12,17 @@ effect (it moves when any head downstream changes); this is the head's own chang
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
+from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core.errors import HeadprobeError
 
 PARTS = ("W_Q", "W_K", "W_V", "W_O")
 """The weight slices of a head, each with its bias where the model has one (none for ``W_O``)."""
 
 
-def _slices(model: Any, layer: int) -> dict[str, torch.Tensor]:
+def _slices(model: LoadedModel, layer: int) -> dict[str, torch.Tensor]:
     """Part -> ``[n_heads, n]`` float64: each query head's flattened slice of that part (its key/value
     head's for ``W_K``, ``W_V``) with the part's bias appended; a part the model lacks per head (latent
     attention's W_Q/W_K/W_V) is left out."""
@@ -41,7 +40,7 @@ def _slices(model: Any, layer: int) -> dict[str, torch.Tensor]:
     return {p: out[p] for p in PARTS if p in out}
 
 
-def own_weight_change(a: Any, b: Any) -> dict[str, np.ndarray]:
+def own_weight_change(a: LoadedModel, b: LoadedModel) -> dict[str, np.ndarray]:
     """Each head's own parameter change from ``a`` to ``b`` (loaded models of one layout).
 
     Returns:

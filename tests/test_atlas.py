@@ -120,8 +120,10 @@ def test_no_verdict_and_one_layer_models():
 
 
 def _unloadable(d: Path) -> Path:
-    """A folder that looks like a model (config.json, a weights file) but does not load."""
+    """A folder that looks like a model (config.json, a weights file, a tokenizer file) but does not load:
+    its architecture is unknown (a folder without tokenizer files is refused before, for that)."""
     (d / "config.json").write_text('{"model_type": "no_such_architecture"}')
+    (d / "tokenizer_config.json").write_text("{}")
     (d / "model.safetensors").write_bytes(b"")
     return d
 

@@ -376,7 +376,7 @@ def test_a_new_backend_implementing_only_the_hooks_gets_every_range_check(tiny_g
     hooks = (
         "_W_O _sink_logits _projection _b_O _norm_weights _post_attention_norm_hooks _attn_out_hook "
         "_post_attention_norm_weight _resume_scored_losses _scored_losses_from _forward_from _attention_input "
-        "_attention_scale _qk_terms _online_stats_geometry"
+        "_attention_scale _qk_terms _online_stats_geometry _qkv_bias"
     ).split()
     HooksOnly = type("HooksOnly", (LoadedModel,), {"name": "hooks-only", **{h: hook(h) for h in hooks}})
     spec = tiny_gpt2_native.spec
@@ -401,6 +401,7 @@ def test_a_new_backend_implementing_only_the_hooks_gets_every_range_check(tiny_g
         "attention_scale": (model.attention_scale, "_attention_scale"),
         "qk_terms": (lambda l: model.qk_terms(l, -1, "q", x[0], x[0, 0], 1), "_qk_terms"),
         "online_stats_geometry": (model.online_stats_geometry, "_online_stats_geometry"),
+        "qkv_bias": (lambda l: model.qkv_bias(l, "q"), "_qkv_bias"),
     }
     assert set(cases) == _public_per_layer_methods()  # a new per-layer method joins this test
     for method, (call, name) in cases.items():

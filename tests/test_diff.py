@@ -606,7 +606,7 @@ def test_a_diff_figure_where_no_head_could_be_boxed_says_so(tmp_path):
     rng = np.random.default_rng(0)
     pd.DataFrame(
         {"layer": np.repeat(range(3), 4), "head": np.tile(range(4), 3)}
-        | {f"{q}_change": rng.normal(size=12) for q in quantities}
+        | {f"{q}_{c}": rng.normal(size=12) for q in quantities for c in ("a", "b", "change")}  # diff.csv's columns
     ).to_csv(tmp_path / "diff.csv", index=False)
     summary = {
         "model": "a",
