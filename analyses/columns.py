@@ -114,6 +114,9 @@ class HeadColumn:
             pattern, ``(stats: headprobe.probe.hooks.online_stats.HeadStats, period, start) -> {column:
             [head]}`` (the same numbers, for long contexts; docs/long-context.md); None: the head
             type needs the pattern, and a streamed scan refuses it in one line.
+        score_range: ``(low, high)``, the range every column but ``integer_columns`` lies in by its
+            definition (a share of attention or of queries: ``(0.0, 1.0)``); an interval of a column's
+            mean is clipped to it (:meth:`column_range`). None: not bounded.
     """
 
     name: str
@@ -129,6 +132,12 @@ class HeadColumn:
     encoder_only: bool = False
     causal_only: bool = False
     score_stats: Callable | None = None
+    score_range: tuple[float, float] | None = None
+
+    def column_range(self, column: str) -> tuple[float, float] | None:
+        """``column``'s range by definition (:attr:`score_range`); None for an integer column (an
+        offset) or a column not bounded."""
+        return None if column in self.integer_columns else self.score_range
 
     def __post_init__(self) -> None:
         if not self.rank_by:

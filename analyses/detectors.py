@@ -247,6 +247,10 @@ head does (18.6, an induction head, has offset -10 at 0.02), and those heads are
 Voita et al. 2019's "positional" is stricter (>= 0.9, docs/scan.md); the fraction map shows both."""
 
 
+SHARE = (0.0, 1.0)
+"""The range of every head type's score: a share of a query's attention (or of queries, the positional
+fraction), averaged; :attr:`~headprobe.analyses.columns.HeadColumn.score_range`."""
+
 Detector = HeadColumn
 """A head type's record (:class:`headprobe.analyses.columns.HeadColumn` with ``task`` set)."""
 
@@ -320,6 +324,7 @@ PREVIOUS_TOKEN = Detector(
     "natural",
     figures=(HeatmapStyle("previous_token", "previous-token score", "attention to i−1"),),
     score_stats=_stats("previous_token"),
+    score_range=SHARE,
 )
 DUPLICATE_TOKEN = Detector(
     "duplicate_token",
@@ -329,6 +334,7 @@ DUPLICATE_TOKEN = Detector(
     "natural",
     figures=(HeatmapStyle("duplicate_token", "duplicate-token score", "attention to earlier copy"),),
     score_stats=_stats("duplicate_token"),
+    score_range=SHARE,
 )
 INDUCTION = Detector(
     "induction",
@@ -338,6 +344,7 @@ INDUCTION = Detector(
     "repeated",
     figures=(HeatmapStyle("induction", "induction score", "attention to token after copy"),),
     score_stats=_stats("induction"),
+    score_range=SHARE,
 )
 FIRST_TOKEN = Detector(
     "first_token",
@@ -347,6 +354,7 @@ FIRST_TOKEN = Detector(
     "natural",
     figures=(HeatmapStyle("first_token", "first-token (sink) score", "attention to position 0"),),
     score_stats=_stats("first_token"),
+    score_range=SHARE,
 )
 POSITIONAL = Detector(
     "positional",
@@ -371,6 +379,7 @@ POSITIONAL = Detector(
     integer_columns=("positional_offset",),
     top_head_extras=(("offset", "positional_offset"),),
     score_stats=_stats("positional"),
+    score_range=SHARE,
 )
 NEXT_TOKEN = Detector(
     "next_token",
@@ -381,6 +390,7 @@ NEXT_TOKEN = Detector(
     figures=(HeatmapStyle("next_token", "next-token score", "attention to i+1"),),
     encoder_only=True,
     score_stats=_stats("next_token"),
+    score_range=SHARE,
 )
 LAST_TOKEN = Detector(
     "last_token",
@@ -391,6 +401,7 @@ LAST_TOKEN = Detector(
     figures=(HeatmapStyle("last_token", "last-token score", "attention to the last position ([SEP])"),),
     encoder_only=True,
     score_stats=_stats("last_token"),
+    score_range=SHARE,
 )
 """The head types, each registered by name in :data:`headprobe.analyses.columns.HEAD_COLUMNS`
 (which :data:`DETECTORS` views, in head_scores.csv's column order)."""

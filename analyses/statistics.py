@@ -121,8 +121,8 @@ def no_interval_reason(n_sequences: int, units: str = "sequences") -> str | None
 
 SPEARMAN_INTERVAL_RULE = (
     "95% interval of each Spearman rho over the heads ranked: Fisher's z = atanh(rho) +- 1.96 "
-    "sqrt((1 + rho^2 / 2) / (n - 3)), back through tanh (Bonett & Wright 2000); none from fewer than 4 "
-    "heads or at |rho| = 1"
+    "sqrt((1 + rho^2 / 2) / (n - 3)), back through tanh (Bonett & Wright 2000); no interval from fewer "
+    "than 4 heads (n - 3 > 0) or at |rho| = 1"
 )
 """The one-line statement of :func:`spearman_ci` that outputs carry."""
 

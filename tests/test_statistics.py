@@ -127,6 +127,23 @@ def test_verdicts_carry_p_values_and_intervals(tiny_llama_gqa, tmp_path):
     assert lo <= top["induction"][0]["score"] <= hi
 
 
+def test_score_ci95_is_clipped_to_the_scores_range():
+    """A first-token score near 1 over 4 sequences: its t interval (mean_ci, the reference) passes 1,
+    and score_ci95 clips it to [0, 1], the range of a share of attention; an offset (integer column,
+    no range) keeps the raw interval. The reviewer's 18.8: 0.9995 with [0.9985, 1.0005]."""
+    from headprobe.commands.scan_core import _score_ci95
+
+    per_seq = torch.tensor([0.999, 1.0, 0.9995, 0.9995], dtype=torch.float64).reshape(4, 1, 1)
+    offsets = torch.tensor([-1.0, -1.0, -3.0, -5.0], dtype=torch.float64).reshape(4, 1, 1)
+    seqs = {"first_token": per_seq, "positional_offset": offsets}
+    scores = {c: v.mean(0).numpy() for c, v in seqs.items()}
+    raw = mean_ci(per_seq.numpy())[:, 0, 0]
+    assert raw[1] > 1.0  # the unclipped interval leaves the range
+    ci = _score_ci95(seqs, scores)
+    assert ci["first_token"][:, 0, 0].tolist() == [raw[0], 1.0]
+    assert ci["positional_offset"][:, 0, 0].tolist() == mean_ci(offsets.numpy())[:, 0, 0].tolist()
+
+
 def test_besag_clifford_h_is_exact_at_every_decimal_level():
     """``h = floor(alpha n) + 1`` against ``fractions.Fraction`` over alpha in 0.001..0.499 (step
     0.001) and n in 5..2000: in floating point 0.072 * 375 = 26.999999999999996 gave h one too small."""

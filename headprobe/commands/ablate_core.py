@@ -194,7 +194,7 @@ def _rank_correlation(
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     ok = np.isfinite(a) & np.isfinite(b)
     if ok.sum() < MIN_RANKED_HEADS:
-        return None, f"fewer than {MIN_RANKED_HEADS} heads swept, too few to rank", None
+        return None, f"rho needs at least {MIN_RANKED_HEADS} heads swept, {int(ok.sum())} were: too few to rank", None
     flat = [name for name, x in zip(names, (a[ok], b[ok])) if x.min() == x.max()]
     if flat:
         why = f"undefined: {' and '.join(flat)} {'is' if len(flat) == 1 else 'are'} the same for every head"
@@ -503,7 +503,10 @@ class AblateResult(CompactRepr, WritesOutputs):
                 f"{r['gradient_importance_vs_abs_effect']} (signed {r['gradient_importance']}), "
                 f"attribution {r['attribution_patching']}{why}"
             )
-        lines.append(f"(Spearman rho [lo, hi]: {s['spearman_interval_rule']})")
+        lines.append(  # two thresholds, each named with its quantity: rho's (here) and its interval's (the rule)
+            f"(Spearman rho: reported from {MIN_RANKED_HEADS} heads swept; its interval [lo, hi]: "
+            f"{s['spearman_interval_rule']})"
+        )
         resumed = sum(len(r.effect[np.isfinite(r.effect)]) for r in t.values()) - self.swept
         lines.append(
             f"head ablations (one per head and task): {self.swept} swept on {self.ranks} rank{'s' * (self.ranks > 1)}, "

@@ -104,7 +104,7 @@ class ScanResult(CompactRepr, ReadsInputs):
             above ln(vocabulary)) or a type's test cannot reach one, one
             :class:`~headprobe.analyses.verdicts.NoVerdictWarning` each (``str()``: summary.json's line).
         score_ci95: column -> ``[2, layer, head]`` 95% t interval over sequences (columns that are a
-            mean over sequences; not ``positional_*``, a most-frequent offset).
+            mean over sequences; not ``positional_*``, a most-frequent offset), clipped to the score's range.
         patterns: every head's pattern on each token set's first sequence (``natural``, ``repeated``;
             :func:`headprobe.analyses.viewer.head_patterns`), or None (``pattern_len`` 0).
         metrics: the head metrics' summary (:func:`metrics_summary`): why a metric is missing, the
@@ -576,13 +576,18 @@ def _untrusted_tasks(
 
 
 def _score_ci95(per_seq: dict[str, torch.Tensor], scores: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Each score column's 95% interval over the sequences, only where the score is the mean of its
-    per-sequence scores."""
-    return {
-        c: mean_ci(v.double().numpy())
-        for c, v in per_seq.items()
-        if np.allclose(v.double().mean(0).numpy(), scores[c], atol=1e-5)
-    }
+    """Each score column's 95% interval over the sequences (``[2, layer, head]``), only where the
+    score is the mean of its per-sequence scores (``per_seq``: column -> ``[sequence, layer, head]``),
+    clipped to the score's range where its record states one (a share of attention, [0, 1]: a t
+    interval of 0.9995 read [0.9985, 1.0005]); a column no record bounds is left as it is."""
+    ranges = {c: d.column_range(c) for d in DETECTORS.values() for c in d.columns}
+    out = {}
+    for c, v in per_seq.items():
+        if not np.allclose(v.double().mean(0).numpy(), scores[c], atol=1e-5):
+            continue
+        ci, bounds = mean_ci(v.double().numpy()), ranges.get(c)
+        out[c] = ci if bounds is None else np.clip(ci, *bounds)
+    return out
 
 
 def _metrics(model: LoadedModel, cfg: ScanConfig, text, natural: TokenSet, scores: dict, removed: list):
@@ -730,7 +735,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
             "removed_heads": [format_head(h) for h in result.removed_heads],
             "interval_rule": interval_rule() + ": top_effect_ci95 of each "
             "ablation's mean per-sequence effect, score_ci95 of each listed head's mean per-sequence score "
-            "(not for positional scores, a most-frequent offset)",
+            "(not for positional scores, a most-frequent offset), clipped to the score's range ([0, 1], a share)",
             **({"interval_null_reasons": no_ci} if (no_ci := interval_null_reasons(result)) else {}),
             "ablations": [v.to_dict() for v in result.verifications],
             "metrics": result.metrics,
