@@ -338,18 +338,20 @@ def evaluate(loaded: LoadedModel, held_out: Tensor, repeated, held_out_text: Ten
 def induction_formed(per_sequence: np.ndarray) -> dict:
     """Whether an induction head formed: the head of highest mean induction score (``per_sequence``
     ``[layer, head, sequence]``) with the lower bound of its 95% interval over the sequences
-    (:func:`~headprobe.analyses.statistics.mean_ci`) above :data:`INDUCTION_FORMED`. The largest of
+    (:func:`~headprobe.analyses.statistics.mean_ci`, clipped to the score's range [0, 1]) above :data:`INDUCTION_FORMED`. The largest of
     several noisy means leans upward, so its mean alone above 0.5 does not say a head formed.
 
     Returns:
         ``{"formed": bool, "head": (layer, head), "score": its mean, "ci95": (lo, hi)}``; from one
         sequence the interval is NaN and ``formed`` False.
     """
+    from headprobe.analyses.detectors import DETECTORS
     from headprobe.analyses.statistics import mean_ci
 
     means = per_sequence.mean(axis=-1)
     layer, head = (int(i) for i in np.unravel_index(np.argmax(means), means.shape))
-    lo, hi = (float(b) for b in mean_ci(per_sequence[layer, head]))
+    bounds = DETECTORS["induction"].column_range("induction") or (-np.inf, np.inf)
+    lo, hi = (float(np.clip(b, *bounds)) for b in mean_ci(per_sequence[layer, head]))  # the score's range
     return {
         "formed": bool(lo > INDUCTION_FORMED),
         "head": (layer, head),

@@ -697,6 +697,9 @@ def test_induction_formed_needs_the_top_heads_lower_bound_above_one_half(tiny_ru
         assert summary["induction_formed"] is formed and summary["final"]["top_induction_score"] == 0.55
         assert summary["final"]["top_induction_score_ci95"][0] == round(lo, 4)
     assert induction_formed(np.full((1, 1, 1), 0.9))["formed"] is False  # one sequence: no interval
+    near_one = np.array([[[0.999, 1.0, 0.95, 1.0]]])  # t interval [0.9477, 1.0268]: past the score's range
+    raw_hi = near_one.mean() + stats.t.ppf(0.975, 3) * near_one.std(ddof=1) / 2
+    assert raw_hi > 1 and induction_formed(near_one)["ci95"][1] == 1.0  # clipped, as scan's score_ci95
 
 
 def test_the_top_induction_interval_is_around_the_logged_score(tiny_run):
