@@ -83,18 +83,22 @@ def describe(own: dict[str, np.ndarray], layer: int, head: int) -> str:
     return f"{part} {'-' if ratio < 1 else '+'}{100 * change:.3g}%"
 
 
+def moved_heads(own: dict[str, np.ndarray]) -> list[tuple[int, int]]:
+    """The ``(layer, head)`` whose own slices changed (``own_change`` finite and not 0), largest first."""
+    change = own["own_change"]
+    moved = [(int(x), int(y)) for x, y in zip(*np.nonzero(np.isfinite(change) & (change != 0)))]
+    return sorted(moved, key=lambda h: -change[h])
+
+
 def own_change_line(own: dict[str, np.ndarray], n_largest: int = 6) -> str:
     """The report's line naming the heads whose own weights changed most, e.g. ``own weights changed:
     2 of 12 heads, the other 10 identical; most: 1.2 58% (W_O -100%), 2.0 ...``."""
     from headprobe.probe.hooks.ablation import format_head
 
     change = own["own_change"]
-    finite = np.isfinite(change)
-    moved = [(int(x), int(y)) for x, y in zip(*np.nonzero(finite & (change != 0)))]
-    total = int(finite.sum())
+    moved, total = moved_heads(own), int(np.isfinite(change).sum())
     if not moved:
         return f"own weights changed: none (all {total} heads' W_Q, W_K, W_V, W_O slices identical in A and B)"
-    moved.sort(key=lambda h: -change[h])
     most = ", ".join(f"{format_head(h)} {100 * change[h]:.3g}% ({describe(own, *h)})" for h in moved[:n_largest])
     rest = total - len(moved)
     return (

@@ -137,7 +137,7 @@ def test_loaded_models_of_other_layouts_are_refused(tiny_tokenizer):
 def test_a_top_k_swap_counts_as_a_flip_only_with_a_real_change():
     """The rule on hand-made tests: two heads swap across the top-1 boundary; only the one whose
     score moved significantly by more than the floor (half a pooled sd over the heads) flipped."""
-    from headprobe.commands.diff_core import _flips, changed_heads
+    from headprobe.commands.diff_core import changed_heads, role_changes
 
     a = np.array([[0.50, 0.49, 0.10, 0.12]])
     change = np.array([[-0.02, 0.30, 0.0, 0.001]])
@@ -148,10 +148,10 @@ def test_a_top_k_swap_counts_as_a_flip_only_with_a_real_change():
     assert changed_heads(test, a, b, 0.05, 0.5).tolist() == [[abs(-0.02) >= floor, True, False, False]]
     top = {"induction": {"A": [(0, 0)], "B": [(0, 1)]}}
     means = {"A": {"induction": a}, "B": {"induction": b}}
-    flips = _flips({"induction": test}, means, top, 0.05, 0.5)
+    flips, _ = role_changes({"induction": test}, means, top, 0.05, 0.5, {})
     assert [f["head"] for f in flips] == ["0.1"] and "changed by +0.3" in flips[0]["why"][0]
     # without the floor the boundary neighbour 0.0 (a significant but tiny change) would flip too
-    assert [f["head"] for f in _flips({"induction": test}, means, top, 0.05, 0.0)] == ["0.0", "0.1"]
+    assert [f["head"] for f in role_changes({"induction": test}, means, top, 0.05, 0.0, {})[0]] == ["0.0", "0.1"]
 
 
 def _permuted_tokenizer(tmp_path):

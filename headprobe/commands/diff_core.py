@@ -235,12 +235,12 @@ class DiffResult(CompactRepr, WritesOutputs):
     def own_summary(self) -> dict:
         """summary.json's ``own_weights``: the rule, the heads whose own slices changed (largest first,
         with the largest part) and how many are identical."""
-        from headprobe.analyses.own_weights import PARTS, describe
+        from headprobe.analyses.own_weights import PARTS, describe, moved_heads
 
         ch = self.own.get("own_change")
         if ch is None:
             return {}
-        moved = sorted(_heads(np.isfinite(ch) & (ch != 0)), key=lambda h: -ch[h])
+        moved = moved_heads(self.own)
         return {
             "rule": "own_change: ||W_B - W_A||_F / ||W_A||_F over the head's W_Q, W_K, W_V, W_O slices together "
             "(q/k/v biases with their slices; b_O is the layer's, no head's); under GQA a key/value head's slices "
@@ -347,13 +347,6 @@ def changed_heads(
     floor = change_floor(a_values, b_values, min_change)
     with np.errstate(invalid="ignore"):
         return (test["p_adjusted"] <= alpha) & (np.abs(test["change"]) >= floor)
-
-
-def _flips(
-    tests: dict, means: dict, top: dict, alpha: float, min_change: float, baselines: dict | None = None
-) -> list[dict]:
-    """Each head whose role flipped (:func:`role_changes`'s first list)."""
-    return role_changes(tests, means, top, alpha, min_change, baselines or {})[0]
 
 
 def role_changes(
