@@ -12,12 +12,13 @@ characters escaped, the few non-ASCII signs headprobe writes spelled as LaTeX). 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
-from headprobe.analyses.figures import format_ci, weights_label
+from headprobe.analyses.figures import format_ci, format_interval, weights_label
 from headprobe.analyses.verdicts import CORRECTION_NAMES, NOT_TESTED, decided, effect_digits, ordered_rows, p_cell
 from headprobe.analyses.verdicts import label as verdict_label
 from headprobe.analyses.vocabulary import KV_TABLE_DIGITS, kv_sample_sizes, kv_sample_text, unreliable_picks
@@ -651,17 +652,43 @@ def _study_results(path: Path) -> pd.DataFrame:
 
     Raises:
         HeadprobeError: missing, unreadable, cut, empty or lacking a column."""
-    file = path / "results.csv"
+    return _run_table(
+        path / "results.csv",
+        "a study's results table",
+        STUDY_COLUMNS,
+        "no rows",
+        "study's results.csv",
+        dtype={"variant": str, "corpus": str},
+    )
+
+
+def _run_table(
+    file: Path,
+    what: str,
+    columns: Sequence[str],
+    no_rows: str,
+    run: str,
+    rows: Callable[[pd.DataFrame], pd.DataFrame] | None = None,
+    **read_csv: Any,
+) -> pd.DataFrame:
+    """A run's CSV ``file`` (``read_csv``: pandas' keywords) with ``columns`` checked and, where it has
+    them, the ``rows`` its table reads kept.
+
+    Raises:
+        HeadprobeError: missing, unreadable or cut (``cannot read <file> as <what>``), lacking a column
+            or without rows (``no_rows``): not a finished headprobe ``run``."""
     try:
-        table = pd.read_csv(file, dtype={"variant": str, "corpus": str})
+        table = pd.read_csv(file, **read_csv)
     except (OSError, UnicodeDecodeError, ValueError, pd.errors.EmptyDataError, pd.errors.ParserError) as err:
         why = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise HeadprobeError(f"--format latex: cannot read {file} as a study's results table: {why}") from None
-    missing = [c for c in STUDY_COLUMNS if c not in table.columns]
+        raise HeadprobeError(f"--format latex: cannot read {file} as {what}: {why}") from None
+    missing = [c for c in columns if c not in table.columns]
+    if not missing and rows is not None:
+        table = rows(table)
     if missing or table.empty:
         raise HeadprobeError(
-            f"--format latex: {file} has {'no rows' if not missing else 'no column ' + ', '.join(missing)}: "
-            "not a finished headprobe study's results.csv"
+            f"--format latex: {file} has {no_rows if not missing else 'no column ' + ', '.join(missing)}: "
+            f"not a finished headprobe {run}"
         )
     return table
 
@@ -728,7 +755,11 @@ def train_tables(path: Path, summary: dict) -> dict[str, str]:
     has_low = "top_induction_ci95_low" in log.columns
     cells = []
     for step, r in rows.iterrows():
-        ci = f" [{r['in_context_loss_ci95_low']:.3f}, {r['in_context_loss_ci95_high']:.3f}]" if has_ci else ""
+        ci = (
+            " " + format_interval(r["in_context_loss_ci95_low"], r["in_context_loss_ci95_high"], ".3f")
+            if has_ci
+            else ""
+        )
         low = f" ({r['top_induction_ci95_low']:.3f})" if has_low else ""
         cells.append(
             [
@@ -756,20 +787,14 @@ def _train_log(path: Path) -> pd.DataFrame:
 
     Raises:
         HeadprobeError: missing, unreadable, cut, without evaluations or lacking a column."""
-    file = path / "train_log.csv"
-    try:
-        log = pd.read_csv(file)
-    except (OSError, UnicodeDecodeError, ValueError, pd.errors.EmptyDataError, pd.errors.ParserError) as err:
-        why = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise HeadprobeError(f"--format latex: cannot read {file} as a training log: {why}") from None
-    missing = [c for c in TRAIN_COLUMNS if c not in log.columns]
-    log = log if missing else log.dropna(subset=["eval_loss"])
-    if missing or log.empty:
-        raise HeadprobeError(
-            f"--format latex: {file} has {'no evaluation rows' if not missing else 'no column ' + ', '.join(missing)}: "
-            "not a finished headprobe train run's log"
-        )
-    return log
+    return _run_table(
+        path / "train_log.csv",
+        "a training log",
+        TRAIN_COLUMNS,
+        "no evaluation rows",
+        "train run's log",
+        rows=lambda log: log.dropna(subset=["eval_loss"]),
+    )
 
 
 def _train_rows(steps: list[int], around: list[int]) -> list[int]:
