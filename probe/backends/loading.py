@@ -144,6 +144,13 @@ def _names_generic_tokenizer(source: str | Path) -> bool:
         return False
 
 
+def _family_class_over_named(source: str | Path, tokenizer: Any) -> bool:
+    """Whether transformers gave ``tokenizer`` the family's class (``Qwen2Tokenizer``) where directory
+    ``source``'s ``tokenizer_config.json`` names the generic one (:data:`GENERIC_TOKENIZERS`): that
+    class rebuilds a different tokenizer from the files."""
+    return _names_generic_tokenizer(source) and type(tokenizer).__name__ not in GENERIC_TOKENIZERS
+
+
 def _read_tokenizer(source: str, kwargs: dict[str, Any]) -> Any:
     """The tokenizer of ``source`` (``kwargs``: ``from_pretrained``'s, ``gguf_file`` among them) as
     headprobe reads it: ``AutoTokenizer``, except where a directory's ``tokenizer_config.json`` names
@@ -158,9 +165,7 @@ def _read_tokenizer(source: str, kwargs: dict[str, Any]) -> Any:
     if not gguf:
         refuse_folder_without_tokenizer(source)
     tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    if not gguf and _names_generic_tokenizer(source) and type(tokenizer).__name__ not in GENERIC_TOKENIZERS:
-        # transformers picks the family's tokenizer class (Qwen2Tokenizer) over the generic one the
-        # directory names, and that class rebuilds a different tokenizer from the files: use the named one
+    if not gguf and _family_class_over_named(source, tokenizer):  # use the class the directory names
         from transformers import PreTrainedTokenizerFast
 
         tokenizer = PreTrainedTokenizerFast.from_pretrained(source, **kwargs)
@@ -452,12 +457,11 @@ def _tokenizer_warning(hf_model: Any, tokenizer: Any) -> str | None:
     tokenizer.json; see :func:`load_tokenizer`)."""
     source = getattr(tokenizer, "name_or_path", "") or ""
     fix = _tokenizer_fix(tokenizer)
-    if source and Path(source).is_dir() and _names_generic_tokenizer(source):
-        if type(tokenizer).__name__ not in GENERIC_TOKENIZERS:
-            return (
-                f"this {type(tokenizer).__name__} was read from {source}, whose tokenizer_config.json names "
-                f"PreTrainedTokenizerFast: transformers rebuilt other tokens from its files; {fix}"
-            )
+    if source and Path(source).is_dir() and _family_class_over_named(source, tokenizer):
+        return (
+            f"this {type(tokenizer).__name__} was read from {source}, whose tokenizer_config.json names "
+            f"PreTrainedTokenizerFast: transformers rebuilt other tokens from its files; {fix}"
+        )
     rows = _embedding_rows(hf_model)
     try:
         size = len(tokenizer)
