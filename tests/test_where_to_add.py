@@ -884,3 +884,24 @@ def test_the_code_map_names_every_module(tmp_path):
     (tmp_path / "analyses" / "new_detector.py").write_text("")
     (tmp_path / "analyses" / "data.py").write_text("")
     assert unmapped_modules(code_map, tmp_path) == ["analyses/new_detector.py"]
+
+
+@pytest.mark.parametrize("model", ["smollm2-135m", "tiny_dir"])
+def test_scan_refuses_only_encoder_only_types_for_a_decoder_before_loading(
+    model, tiny_dir, capsys, tmp_path, monkeypatch
+):
+    """``scan --types next-token`` on a decoder was refused only after the model loaded (seconds to
+    minutes): the embedded SmolLM2 and a Llama folder's config.json say causal, so now before the load
+    (a load is made to fail here: the refusal must come first), one line, no folder."""
+    from headprobe.cli import main
+    from headprobe.probe.backends import loading
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(loading, "load_model", no_load)
+    name = str(tiny_dir) if model == "tiny_dir" else model
+    assert main(["scan", "--model", name, "--types", "next-token", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "scored on encoders only" in err and "is causal" in err, err
+    assert not (tmp_path / "out").exists()

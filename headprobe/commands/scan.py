@@ -227,12 +227,32 @@ class ScanConfig(ModelSettings, DataSettings):
         (:func:`headprobe.options.peek_config`; else after loading, :meth:`resolved`).
 
         Raises:
-            HeadprobeError: as :meth:`read_text`; ``k`` at least the head count; a sequence longer than the context.
+            HeadprobeError: as :meth:`read_text`; ``k`` at least the head count; a sequence longer than the context;
+                only encoder-only head types for a model :func:`headprobe.options.peek_encoder` reads as causal.
         """
+        from headprobe.probe.backends.sources import canonical_name
+
         self.read_text()
+        if options.peek_encoder(self.model) is False:
+            self._check_types(causal=True, name=canonical_name(self.model))
         cfg = options.peek_config(self.model)
         if cfg:
             self._check_layout(cfg["n_layers"] * cfg["n_heads"], cfg["n_ctx"])
+
+    def _check_types(self, causal: bool, name: str) -> tuple[str, ...]:
+        """The asked head types that apply to a ``causal`` model (or an encoder), in order.
+
+        Raises:
+            HeadprobeError: none applies (encoder-only types for the causal model ``name``)."""
+        from headprobe.analyses.columns import DETECTORS
+
+        assert self.types is not None  # set by __post_init__
+        if not (types := tuple(t for t in self.types if DETECTORS[t].applies_to(causal))):
+            raise HeadprobeError(
+                f"head types {', '.join(self.types).replace('_', '-')} are scored on encoders only "
+                f"(bidirectional attention); {name} is causal"
+            )
+        return types
 
     def _check_layout(self, n_heads: int, n_ctx: int | None) -> None:
         """The checks of ``seq_len``, ``period`` and ``k`` against a model's context and head count
@@ -275,15 +295,8 @@ class ScanConfig(ModelSettings, DataSettings):
         n_heads = spec.n_layers * spec.n_heads
         self._check_layout(n_heads, spec.n_ctx)
         from headprobe.analyses.data import fit_lengths
-        from headprobe.analyses.detectors import DETECTORS
 
-        assert self.types is not None  # set by __post_init__
-        types = tuple(t for t in self.types if DETECTORS[t].applies_to(spec.causal))
-        if not types:
-            raise HeadprobeError(
-                f"head types {', '.join(self.types).replace('_', '-')} are scored on encoders only "
-                f"(bidirectional attention); {spec.name} is causal"
-            )
+        types = self._check_types(spec.causal, spec.name)
         seq_len, period = fit_lengths(spec.n_ctx, self.seq_len, self.period, trained_periods)
         k = self.k or max(1, min(DEFAULT_K, n_heads // 4))
         return replace(self, types=types, seq_len=seq_len, period=period, k=k)
