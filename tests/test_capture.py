@@ -431,3 +431,23 @@ def test_no_backend_overrides_a_per_layer_template():
     assert {"W_O", "forward_from", "qk_terms", "resume_scored_losses"} <= methods
     overrides = {name: sorted(methods & set(vars(BACKEND_REGISTRY.get(name)))) for name in BACKEND_REGISTRY.names()}
     assert all(not o for o in overrides.values()), overrides
+
+
+@pytest.mark.parametrize("backend", ["tiny_gpt2", "tiny_gpt2_native"])
+def test_qkv_bias_is_the_checkpoints_bias_split_by_head(backend, tiny_gpt2_checkpoint, request):
+    """``qkv_bias(layer, which)`` on both backends is GPT-2's ``c_attn.bias`` (``[q | k | v]``, each
+    ``n_heads * d_head``) cut into heads, read from the Hugging Face model itself; a bias-free Llama
+    gives None. (The bridge's accessor was reached only through own_weights, never compared.)"""
+    model = request.getfixturevalue(backend)
+    hf = tiny_gpt2_checkpoint.hf_model
+    n_heads, d_model = hf.config.n_head, hf.config.n_embd
+    for layer, block in enumerate(hf.transformer.h):
+        expected = block.attn.c_attn.bias.detach().split(d_model)
+        for i, which in enumerate("qkv"):
+            got = model.qkv_bias(layer, which)
+            assert got is not None and got.shape == (n_heads, d_model // n_heads), (backend, layer, which)
+            torch.testing.assert_close(got.detach().float().cpu(), expected[i].view(n_heads, -1), rtol=0, atol=1e-6)
+
+
+def test_a_bias_free_model_has_no_qkv_bias(tiny_llama_gqa_native):
+    assert all(tiny_llama_gqa_native.qkv_bias(0, which) is None for which in "qkv")
