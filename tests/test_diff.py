@@ -25,7 +25,7 @@ def _pair(tokenizer, scale: float):
     nats of ln(vocabulary) whatever a head writes."""
     import zoo
 
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     a, b = zoo.make_checkpoint("llama", tokenizer), zoo.make_checkpoint("llama", tokenizer)
     cfg = b.hf_model.config
@@ -125,7 +125,7 @@ def test_loaded_models_of_other_layouts_are_refused(tiny_tokenizer):
     import zoo
 
     from headprobe.commands.diff_core import diff
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
     from headprobe.probe.core.errors import HeadprobeError
 
     a = wrap(zoo.make_checkpoint("llama", tiny_tokenizer), backend="native")
@@ -169,7 +169,7 @@ def test_a_permuted_vocabulary_of_the_same_size_is_refused(tiny_tokenizer, tmp_p
     import zoo
 
     from headprobe.commands.diff_core import diff
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
     from headprobe.probe.core.errors import HeadprobeError
 
     permuted = _permuted_tokenizer(tmp_path / "tok")
@@ -239,7 +239,7 @@ def test_requantizing_one_loaded_model_leaves_the_callers_model_and_compares_cop
     import zoo
 
     from headprobe.commands.diff_core import diff
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     m = wrap(zoo.make_checkpoint("llama", tiny_tokenizer), backend="native")
     before = _state(m)
@@ -259,7 +259,7 @@ def test_a_loaded_b_is_not_requantized_in_place(tiny_tokenizer, text_file):
     import zoo
 
     from headprobe.commands.diff_core import diff
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     a, b = (wrap(zoo.make_checkpoint("llama", tiny_tokenizer), backend="native") for _ in range(2))
     before = _state(b)
@@ -273,7 +273,7 @@ def test_requantization_changes_every_weight_matrix_of_a_moe_block(tiny_tokenize
     (int3: at most 8 values per group of 32 inputs of each expert's rows); norms, biases and sinks are not."""
     import zoo
 
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
     from headprobe.probe.requantize import requantize
 
     m = wrap(zoo.make_checkpoint(family, tiny_tokenizer), backend="native")
@@ -698,7 +698,7 @@ def zeroed_pair(tiny_tokenizer):
     """The tiny Qwen2 (GQA, q/k/v biases) and a copy with head 1.2's W_O slice (o_proj's columns) zeroed."""
     import zoo
 
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     a, b = zoo.make_checkpoint("qwen2", tiny_tokenizer), zoo.make_checkpoint("qwen2", tiny_tokenizer)
     cfg = b.hf_model.config
@@ -726,7 +726,7 @@ def test_own_change_is_nonzero_for_exactly_the_edited_head_and_matches_the_raw_w
     # a bias-only edit of a shared KV head counts, whole, for each query head reading it
     import zoo
 
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     cc = zoo.make_checkpoint("qwen2", tiny_tokenizer)
     with torch.no_grad():
