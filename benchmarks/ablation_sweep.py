@@ -51,7 +51,9 @@ def main(argv: list[str] | None = None) -> None:
     from headprobe.analyses.ablation import exact_sweep, head_importance, spearman, sweep_loop
     from headprobe.analyses.attribution import N_PROBES, atp_star, forward_equivalents, second_order
     from headprobe.analyses.data import natural_text_tokens
-    from headprobe.probe.backends.loading import device_auto, load_checkpoint, wrap
+    from headprobe.probe.backends.hf_checkpoint import load_checkpoint
+    from headprobe.probe.backends.loading import device_auto
+    from headprobe.probe.backends.wrapping import wrap
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])

@@ -21,7 +21,8 @@ import time
 
 import torch
 
-from headprobe.probe.backends.loading import _load_hf, _resolve, boot_bridge, canonical_name
+from headprobe.probe.backends.hf_checkpoint import _load_hf
+from headprobe.probe.backends.loading import _resolve, boot_bridge, canonical_name
 from headprobe.probe.model.convert import from_hf
 
 

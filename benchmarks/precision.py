@@ -27,7 +27,9 @@ def main(argv: list[str] | None = None) -> None:
     from headprobe.analyses.ablation import exact_sweep, spearman
     from headprobe.analyses.data import natural_text_tokens
     from headprobe.analyses.verdicts import VerdictRule
-    from headprobe.probe.backends.loading import device_auto, load_checkpoint, wrap
+    from headprobe.probe.backends.hf_checkpoint import load_checkpoint
+    from headprobe.probe.backends.loading import device_auto
+    from headprobe.probe.backends.wrapping import wrap
 
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")

@@ -470,7 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     import headprobe
-    from headprobe.probe.backends.loading import load_checkpoint, wrap_model
+    from headprobe.probe.backends.hf_checkpoint import load_checkpoint
+    from headprobe.probe.backends.wrapping import wrap_model
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tiny = args.tiny or device == "cpu"

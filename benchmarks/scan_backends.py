@@ -20,7 +20,8 @@ import torch
 from headprobe.analyses.ablation import top_heads
 from headprobe.analyses.detectors import DETECTORS, SCORE_COLUMNS
 from headprobe.commands.scan import ScanConfig, run_scan
-from headprobe.probe.backends.loading import load_checkpoint, wrap
+from headprobe.probe.backends.hf_checkpoint import load_checkpoint
+from headprobe.probe.backends.wrapping import wrap
 
 
 def main() -> None:

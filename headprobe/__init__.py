@@ -57,7 +57,7 @@ _EXPORTS = {
     "edge_attribution": ("headprobe.analyses.circuit", "edge_attribution"),
     "qk_attribution": ("headprobe.analyses.qk_attribution", "qk_attribution"),
     "load_model": ("headprobe.options", "load_model"),
-    "wrap": ("headprobe.probe.backends.loading", "wrap_model"),
+    "wrap": ("headprobe.probe.backends.wrapping", "wrap_model"),
     "load_tokenizer": ("headprobe.probe.backends.loading", "load_tokenizer"),
     "LoadedModel": ("headprobe.probe.backends.loading", "LoadedModel"),
     "capture_heads": ("headprobe.probe.hooks.capture", "capture_heads"),

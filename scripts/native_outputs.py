@@ -25,7 +25,7 @@ sys.path.insert(0, "tests")
 import zoo
 from conftest import make_tiny_tokenizer
 
-from headprobe.probe.backends.loading import wrap
+from headprobe.probe.backends.wrapping import wrap
 from headprobe.probe.model.cache import KVCache
 from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.transformer import Transformer

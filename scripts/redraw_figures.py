@@ -102,12 +102,12 @@ def redraw_circuit(d: Path, out: Path | None = None, formats=None) -> list[Path]
 
 def redraw_diff(d: Path) -> list[Path]:
     """A ``headprobe diff`` folder's diff.png from its diff.csv and summary.json
-    (:func:`headprobe.commands.diff_core.redraw`), once each quantity's largest change in diff.csv
+    (:func:`headprobe.commands.diff_drawing.redraw`), once each quantity's largest change in diff.csv
     is the one summary.json recorded (to diff.csv's 6 digits)."""
     import numpy as np
 
     from headprobe.analyses.figures import save_figure
-    from headprobe.commands.diff_core import redraw
+    from headprobe.commands.diff_drawing import redraw
 
     summary, table = json.loads((d / "summary.json").read_text()), pd.read_csv(d / "diff.csv")
     for q, v in summary["quantities"].items():

@@ -144,19 +144,19 @@ def make_tiny_tokenizer(tmp_dir, n_words: int = 100):
 
 
 def _checkpoint(hf_model, tokenizer, name, hf_name):
-    from headprobe.probe.backends.loading import Checkpoint
+    from headprobe.probe.layout.spec import Checkpoint
 
     return Checkpoint(name, hf_name, "float32 (random init)", hf_model.eval(), tokenizer)
 
 
 def _bridge(ckpt):
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     return wrap(dataclasses.replace(ckpt, hf_model=copy.deepcopy(ckpt.hf_model)), backend="transformer-lens")
 
 
 def _native(ckpt):
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     return wrap(ckpt, backend="native")
 
@@ -261,7 +261,7 @@ TINY_MODELS = ["tiny_gpt2", "tiny_llama_gqa", "tiny_gpt2_native", "tiny_llama_gq
 @pytest.fixture(scope="session")
 def smollm2_checkpoint():
     """The real SmolLM2-135M-Instruct (4-bit Q4_1 GGUF, dequantized to float32), loaded once (~30 s)."""
-    from headprobe.probe.backends.loading import load_checkpoint
+    from headprobe.probe.backends.hf_checkpoint import load_checkpoint
 
     return load_checkpoint("smollm2-135m")
 

@@ -71,7 +71,7 @@ def _register_with_transformers() -> None:
 def family(tiny_tokenizer):
     """(family name, Hugging Face checkpoint, the model wrap(backend="auto") gives), as in
     test_native_families, with the new family registered while this module runs."""
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     _register_with_transformers()
     FAMILIES.register(MODEL_TYPE, _toy_family())

@@ -257,7 +257,7 @@ PRUNINGS = [  # (family, removed heads): the zoo has 2 layers of 4 query heads (
 
 
 def _native(family, tokenizer):
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     return wrap(zoo.make_checkpoint(family, tokenizer), backend="native")
 

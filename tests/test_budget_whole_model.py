@@ -120,7 +120,7 @@ def test_resizing_a_model_drops_its_whole_model_rows(zoo_dir, capsys):
 def test_a_pruned_checkpoint_counts_without_its_removed_heads(family, removed, tiny_tokenizer, tmp_path, capsys):
     """``prune --save-pruned``'s directory: the pruned count is the small model's numel (removed
     heads' weights absent), the unpruned one the full native model's."""
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
     from headprobe.probe.model.pruned import keep_mask_from, load_pruned_dir, remove_heads, save_pruned_dir
 
     full = wrap(zoo.make_checkpoint(family, tiny_tokenizer), backend="native")
@@ -141,7 +141,7 @@ def test_a_pruned_checkpoint_counts_without_its_removed_heads(family, removed, t
 
 def test_a_trained_checkpoint_counts_its_model(tiny_tokenizer, tmp_path, capsys):
     """``headprobe train``'s directory format (the native model saved): its numel."""
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     model = wrap(zoo.make_checkpoint("llama", tiny_tokenizer), backend="native")
     d = tmp_path / "trained"

@@ -83,7 +83,7 @@ def sentinel_models(tiny_tokenizer):
 
     import zoo
 
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     out = {}
     for family in dict(SENTINEL_CASES):

@@ -68,7 +68,7 @@ def test_the_fingerprint_of_a_model_moves_with_one_weights_last_bit(tiny_llama_g
     import copy
     import dataclasses
 
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     def fingerprint(hf_model):
         return wrap(

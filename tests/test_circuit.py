@@ -27,7 +27,8 @@ from headprobe.analyses.circuit import (
     prepare_runs,
     verify_edges,
 )
-from headprobe.probe.backends.loading import LoadedModel, wrap
+from headprobe.probe.backends.loading import LoadedModel
+from headprobe.probe.backends.wrapping import wrap
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.convert import spec_from_native

@@ -25,7 +25,7 @@ def _pair(tokenizer, scale: float):
     nats of ln(vocabulary) whatever a head writes."""
     import zoo
 
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     a, b = zoo.make_checkpoint("llama", tokenizer), zoo.make_checkpoint("llama", tokenizer)
     cfg = b.hf_model.config
@@ -125,7 +125,7 @@ def test_loaded_models_of_other_layouts_are_refused(tiny_tokenizer):
     import zoo
 
     from headprobe.commands.diff_core import diff
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
     from headprobe.probe.core.errors import HeadprobeError
 
     a = wrap(zoo.make_checkpoint("llama", tiny_tokenizer), backend="native")
@@ -137,7 +137,7 @@ def test_loaded_models_of_other_layouts_are_refused(tiny_tokenizer):
 def test_a_top_k_swap_counts_as_a_flip_only_with_a_real_change():
     """The rule on hand-made tests: two heads swap across the top-1 boundary; only the one whose
     score moved significantly by more than the floor (half a pooled sd over the heads) flipped."""
-    from headprobe.commands.diff_core import changed_heads, role_changes
+    from headprobe.commands.diff_stats import changed_heads, role_changes
 
     a = np.array([[0.50, 0.49, 0.10, 0.12]])
     change = np.array([[-0.02, 0.30, 0.0, 0.001]])
@@ -169,7 +169,7 @@ def test_a_permuted_vocabulary_of_the_same_size_is_refused(tiny_tokenizer, tmp_p
     import zoo
 
     from headprobe.commands.diff_core import diff
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
     from headprobe.probe.core.errors import HeadprobeError
 
     permuted = _permuted_tokenizer(tmp_path / "tok")
@@ -187,7 +187,7 @@ def test_another_special_token_is_refused(tiny_tokenizer, tmp_path):
     """The same vocabulary with another BOS: the sequences B would see start with another token."""
     import zoo
 
-    from headprobe.commands.diff_core import tokenizer_refusal
+    from headprobe.commands.diff_measure import tokenizer_refusal
 
     other = type(tiny_tokenizer).from_pretrained(tiny_tokenizer.name_or_path, bos_token="t5")
     assert other.get_vocab() == tiny_tokenizer.get_vocab()
@@ -239,7 +239,7 @@ def test_requantizing_one_loaded_model_leaves_the_callers_model_and_compares_cop
     import zoo
 
     from headprobe.commands.diff_core import diff
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     m = wrap(zoo.make_checkpoint("llama", tiny_tokenizer), backend="native")
     before = _state(m)
@@ -259,7 +259,7 @@ def test_a_loaded_b_is_not_requantized_in_place(tiny_tokenizer, text_file):
     import zoo
 
     from headprobe.commands.diff_core import diff
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     a, b = (wrap(zoo.make_checkpoint("llama", tiny_tokenizer), backend="native") for _ in range(2))
     before = _state(b)
@@ -273,7 +273,7 @@ def test_requantization_changes_every_weight_matrix_of_a_moe_block(tiny_tokenize
     (int3: at most 8 values per group of 32 inputs of each expert's rows); norms, biases and sinks are not."""
     import zoo
 
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
     from headprobe.probe.requantize import requantize
 
     m = wrap(zoo.make_checkpoint(family, tiny_tokenizer), backend="native")
@@ -346,7 +346,7 @@ def test_detection_limit_agrees_with_the_corrected_p_values_of_compare(n, correc
     adjusted p-values pass alpha exactly when detection_limit says a change (any, or a lone one)
     is detectable; the sequences it names are the fewest that allow it."""
     from headprobe.analyses.robustness import detection_limit
-    from headprobe.commands.diff_core import compare
+    from headprobe.commands.diff_stats import compare
 
     rng = np.random.default_rng(0)
     a = {"q": rng.normal(size=(n, 5, 6))}
@@ -455,11 +455,12 @@ def test_diff_figure_labels_every_colour_bar_and_is_readable_at_its_size():
 
 def test_diff_png_redrawn_from_the_saved_folder_is_the_runs_figure(tiny_tokenizer, text_file, tmp_path):
     """scripts/redraw_figures.py redraws diff.png from diff.csv and summary.json
-    (``diff_core.redraw``): the same panels, changes (to diff.csv's 6 digits), boxes and dots as the
+    (``diff_drawing.redraw``): the same panels, changes (to diff.csv's 6 digits), boxes and dots as the
     figure drawn from the run itself."""
     from matplotlib.patches import Rectangle
 
-    from headprobe.commands.diff_core import diff, redraw
+    from headprobe.commands.diff_core import diff
+    from headprobe.commands.diff_drawing import redraw
 
     a, b = _pair(tiny_tokenizer, 1000.0)
     r = diff(a, b, text=str(text_file), **SMALL)
@@ -600,7 +601,7 @@ def test_a_diff_figure_where_no_head_could_be_boxed_says_so(tmp_path):
     import pandas as pd
 
     from headprobe.analyses import figures
-    from headprobe.commands.diff_core import redraw
+    from headprobe.commands.diff_drawing import redraw
 
     quantities = {"previous_token": "natural", "induction": "repeated"}
     rng = np.random.default_rng(0)
@@ -637,7 +638,7 @@ def test_a_diff_figure_where_no_head_could_be_boxed_says_so(tmp_path):
 def test_the_no_box_caveat_names_the_tasks_it_covers():
     """Where only one task's panels cannot be boxed, the caveat says which sequences; different counts are each
     named; every task detectable: no caveat."""
-    from headprobe.commands.diff_core import no_box_caveat
+    from headprobe.commands.diff_drawing import no_box_caveat
 
     both = {"natural": _limit(4, False), "repeated": _limit(5, False)}
     assert no_box_caveat(both, ["natural", "repeated", "natural"], "bh") == (
@@ -656,7 +657,7 @@ def test_the_diff_title_names_the_correction_and_the_top_k_as_the_other_figures_
     correction (Benjamini-Hochberg, Holm) and the run's k, and no bare "bh" or "top-k" is left."""
     import re
 
-    from headprobe.commands.diff_core import figure_title
+    from headprobe.commands.diff_drawing import figure_title
 
     for correction, name in (("bh", "Benjamini-Hochberg"), ("holm", "Holm")):
         title = figure_title("a", "b", "int3", correction, 0.05, 0.5, 10)
@@ -697,7 +698,7 @@ def zeroed_pair(tiny_tokenizer):
     """The tiny Qwen2 (GQA, q/k/v biases) and a copy with head 1.2's W_O slice (o_proj's columns) zeroed."""
     import zoo
 
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     a, b = zoo.make_checkpoint("qwen2", tiny_tokenizer), zoo.make_checkpoint("qwen2", tiny_tokenizer)
     cfg = b.hf_model.config
@@ -725,7 +726,7 @@ def test_own_change_is_nonzero_for_exactly_the_edited_head_and_matches_the_raw_w
     # a bias-only edit of a shared KV head counts, whole, for each query head reading it
     import zoo
 
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     cc = zoo.make_checkpoint("qwen2", tiny_tokenizer)
     with torch.no_grad():
@@ -762,7 +763,7 @@ def test_diff_reports_own_change_in_its_table_report_and_summary(zeroed_pair, te
 def test_a_top_k_crossing_at_or_below_a_uniform_heads_score_is_not_a_role():
     """qwen-a vs its fine-tune reported duplicate-token flips of heads scoring about what a head
     attending uniformly scores; the scan's rule (analyses.verdicts.uniform_baselines) now decides."""
-    from headprobe.commands.diff_core import role_changes
+    from headprobe.commands.diff_stats import role_changes
 
     base = 0.0136
     a = np.array([[0.010, 0.030, 0.005, 0.004]])
@@ -784,7 +785,7 @@ def test_a_top_k_crossing_at_or_below_a_uniform_heads_score_is_not_a_role():
 def test_diff_panels_share_the_quantitys_scale_say_when_nothing_changed_and_stay_on_the_page():
     """Each panel auto-scaled to its largest change, so a 0.001 score change was as dark as a 0.08
     ablation change; a panel with no boxed head said nothing; a long title left the page."""
-    from headprobe.commands.diff_core import draw_diff
+    from headprobe.commands.diff_drawing import draw_diff
 
     n = np.zeros((3, 4))
     small, big = n.copy(), n.copy()

@@ -26,7 +26,7 @@ from headprobe.analyses.detectors import (
     positional_score,
     previous_token_score,
 )
-from headprobe.probe.backends.loading import wrap
+from headprobe.probe.backends.wrapping import wrap
 from headprobe.probe.core.errors import HeadprobeError
 
 
@@ -372,7 +372,7 @@ def test_a_decoders_scan_still_writes_its_measured_clean_loss(tiny_llama_gqa_nat
 @pytest.mark.real_model
 def test_scan_of_all_minilm_l6_v2_gives_72_rows_with_verdicts():
     from headprobe.commands.scan import ScanConfig, run
-    from headprobe.probe.backends.loading import load_checkpoint
+    from headprobe.probe.backends.hf_checkpoint import load_checkpoint
 
     ckpt = load_checkpoint("all-minilm-l6-v2", quiet=True)
     ids = torch.tensor([[101, 1996, 4937, 2938, 2006, 1996, 13523, 1012, 102]])

@@ -246,7 +246,7 @@ def test_config_json_says_what_the_hugging_face_block_does(tmp_path, model_type,
 def test_a_loaded_model_says_whether_its_mlp_reads_its_attention(tiny_tokenizer, family, change, backend):
     """LoadedModel.parallel_attn_mlp on both backends against the Hugging Face block (the
     sequential NeoX variant included)."""
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     ckpt = zoo.make_checkpoint(family, tiny_tokenizer, **change)
     want = not _mlp_reads_its_attention(ckpt.hf_model)
@@ -320,7 +320,7 @@ def test_import_refuses_a_graph_whose_parallel_flag_is_not_the_models(
     from headprobe.analyses.exchange import read_head_file
     from headprobe.commands.import_heads import ImportConfig
     from headprobe.commands.import_heads_core import _layout
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
     from headprobe.probe.core.errors import HeadprobeError
 
     graph = tmp_path / "e" / "circuit_graph.json"

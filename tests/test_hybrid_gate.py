@@ -13,7 +13,7 @@ import zoo
 
 from headprobe.analyses import metrics
 from headprobe.analyses.data import TokenSet
-from headprobe.probe.backends.loading import wrap
+from headprobe.probe.backends.wrapping import wrap
 from headprobe.probe.core.errors import HeadprobeError
 
 

@@ -18,7 +18,7 @@ from headprobe.analyses import kvpolicy as kp
 from headprobe.analyses.data import long_range_tokens, natural_text_tokens
 from headprobe.cli import main
 from headprobe.commands.kv import KVConfig, run
-from headprobe.probe.backends.loading import wrap
+from headprobe.probe.backends.wrapping import wrap
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.layout import cost
 from headprobe.probe.layout.attention import KVPolicy, Streaming

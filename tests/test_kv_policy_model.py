@@ -13,7 +13,7 @@ import pytest
 import torch
 import zoo
 
-from headprobe.probe.backends.loading import wrap
+from headprobe.probe.backends.wrapping import wrap
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.layout import cost
 from headprobe.probe.layout.attention import KVPolicy, Streaming

@@ -18,7 +18,7 @@ import zoo
 from test_kv_policy_model import _hand_mask  # causal, the layer window, the group's streaming, by loops
 
 from headprobe.analyses import kvpolicy as kp
-from headprobe.probe.backends.loading import wrap
+from headprobe.probe.backends.wrapping import wrap
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.layout import cost
 from headprobe.probe.layout.attention import AttentionLayout, KVPolicy, Streaming

@@ -140,7 +140,7 @@ def test_wrapping_prints_nothing_on_stdout(tiny_tokenizer, capfd):
     """A command's stdout is its report: the bridge's own "Moving model to device" must not reach it."""
     from zoo import make_checkpoint
 
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     for backend in ("transformer-lens", "native"):
         wrap(make_checkpoint("llama", tiny_tokenizer), backend=backend)

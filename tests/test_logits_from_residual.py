@@ -18,7 +18,8 @@ import torch
 import zoo
 
 from headprobe.probe.backends.base import scored_loss
-from headprobe.probe.backends.loading import Checkpoint, wrap
+from headprobe.probe.backends.wrapping import wrap
+from headprobe.probe.layout.spec import Checkpoint
 
 BACKENDS = ["native", "transformer-lens"]
 

@@ -203,7 +203,7 @@ def shared_unembedding_direction(tiny_llama_gqa_checkpoint):
     import copy
     import dataclasses
 
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     g = torch.Generator().manual_seed(7)
 
@@ -341,7 +341,8 @@ def _tiny_granite(tokenizer, backend):
     import zoo
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from headprobe.probe.backends.loading import Checkpoint, wrap
+    from headprobe.probe.backends.wrapping import wrap
+    from headprobe.probe.layout.spec import Checkpoint
 
     cfg = AutoConfig.for_model(
         "granite", **zoo.TINY_FIELDS, logits_scaling=GRANITE_LOGITS_SCALING, architectures=["GraniteForCausalLM"]

@@ -20,7 +20,8 @@ import torch
 import zoo
 
 from headprobe.analyses.ablation import exact_sweep, sweep_loop
-from headprobe.probe.backends.loading import load_native, wrap
+from headprobe.probe.backends.native_loading import load_native
+from headprobe.probe.backends.wrapping import wrap
 from headprobe.probe.model.checkpoint import save_native
 from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.convert import supports

@@ -14,7 +14,7 @@ import zoo
 
 import headprobe
 from headprobe.analyses.ablation import masked_scored_losses, set_ablation_losses
-from headprobe.probe.backends.loading import wrap
+from headprobe.probe.backends.wrapping import wrap
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.hooks.capture import capture_heads
 

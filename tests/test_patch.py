@@ -25,7 +25,7 @@ from headprobe.analyses.patching import (
     patch_heads,
 )
 from headprobe.cli import main
-from headprobe.probe.backends.loading import wrap
+from headprobe.probe.backends.wrapping import wrap
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.heads import all_heads
 from headprobe.probe.hooks.ablation import head_ablation_hooks

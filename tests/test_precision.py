@@ -76,7 +76,7 @@ def _compare(ref, half, score_tol, effect_tol, tokens):
 
 
 def _native_pair(family, tokenizer, dtype, **change):
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     ckpt = make_checkpoint(family, tokenizer, **change)
     ref = wrap(ckpt, backend="native")
@@ -99,7 +99,7 @@ def test_half_precision_scores_and_effects_on_the_zoo(family, dtype, tiny_tokeni
 def test_float16_large_queries_and_keys_give_no_nan(tiny_tokenizer):
     """A native Llama with q/k weights scaled 1000x: q k^T overflows float16 (65504). The eager (pattern)
     path used to give NaN pattern rows where the fused path gave none; now scores are float32."""
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
     from headprobe.probe.hooks.capture import capture_internal
 
     ckpt = make_checkpoint("llama", tiny_tokenizer)
@@ -120,7 +120,7 @@ def test_float16_large_queries_and_keys_give_no_nan(tiny_tokenizer):
 
 def test_rotary_frequencies_stay_float32_through_a_cast(tiny_llama_gqa_checkpoint):
     """Cast to bfloat16, the rotary frequencies stay float32 (bfloat16 ones are off by radians at position 8,000)."""
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
     from headprobe.probe.model.positions import Rotary
 
     model = wrap(tiny_llama_gqa_checkpoint, backend="native").to(torch.bfloat16)
@@ -135,7 +135,7 @@ def test_rotary_frequencies_stay_float32_through_a_cast(tiny_llama_gqa_checkpoin
 def test_self_check_in_half_precision_passes_rounding_and_catches_a_real_failure(tiny_llama_gqa_checkpoint):
     """Checked in bfloat16 (dtype-dependent tolerance, 8 eps), a sound model passes; a 1.5x-rescaled
     attention output (a real decomposition failure) still fails."""
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
     from headprobe.probe.hooks.selfcheck import run_self_check, tolerance
 
     model = wrap(tiny_llama_gqa_checkpoint, backend="native")
@@ -163,7 +163,7 @@ def test_float16_is_refused_on_the_bridge():
 def test_half_precision_on_smollm2(smollm2_checkpoint):
     """SmolLM2-135M in bfloat16 and float16: scores and exact-sweep effects (the last two layers'
     heads only, to stay short) within the measured tolerances of float32; no NaN."""
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     ref = wrap(smollm2_checkpoint, backend="native")
     tokens = _tokens(10000, 1, 20, bos=ref.bos_token_id)

@@ -15,7 +15,7 @@ import torch
 import zoo
 
 from headprobe.analyses.qk_attribution import qk_attribution
-from headprobe.probe.backends.loading import wrap
+from headprobe.probe.backends.wrapping import wrap
 from headprobe.probe.core.errors import HeadprobeError
 
 T = 12

@@ -23,7 +23,7 @@ def test_a_kv_runs_figure_is_what_the_redraw_draws_from_its_csv(tiny_tokenizer, 
     redraw from curve.csv and summary.json gives the same image; its curve.csv without ``uniform_window``
     (a run older than the column) still draws, and differs (the legend loses W')."""
     from headprobe.commands.kv import KVConfig, run
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     model = wrap(zoo.make_checkpoint("gpt2", tiny_tokenizer), backend="native")
     cfg = KVConfig(model="gpt2", seq_len=48, block_len=6, sink=2, window=6, text=str(text_file), loss_tolerance=0.0)

@@ -76,7 +76,7 @@ def test_fake_quantize_by_hand():
 def tiny(tiny_tokenizer):
     import zoo
 
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     return wrap(zoo.make_checkpoint("llama", tiny_tokenizer), backend="native")
 
@@ -256,7 +256,7 @@ def test_the_default_other_period_is_never_the_fitted_period(tiny_tokenizer, tex
 
     from headprobe.commands.robustness import RobustnessConfig
     from headprobe.commands.robustness_core import conditions, resolved
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
     from headprobe.probe.core.errors import HeadprobeError
 
     model = wrap(zoo.make_checkpoint("llama", tiny_tokenizer, max_position_embeddings=n_ctx), backend="native")

@@ -47,7 +47,7 @@ def _hf_attention_added(hf_model, family: str, tokens: torch.Tensor) -> dict[int
 
 
 def _wrap(ckpt, backend):
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     return wrap(ckpt, backend=backend)
 

@@ -19,7 +19,7 @@ import zoo
 
 from headprobe.analyses import kvpolicy, metrics
 from headprobe.analyses.data import TokenSet
-from headprobe.probe.backends.loading import wrap
+from headprobe.probe.backends.wrapping import wrap
 
 T, W, SINK = 40, 16, 2.0
 

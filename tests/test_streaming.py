@@ -21,7 +21,7 @@ WINDOWS = (3, 8, 16)
 
 
 def _native(family, tokenizer):
-    from headprobe.probe.backends.loading import wrap
+    from headprobe.probe.backends.wrapping import wrap
 
     return wrap(zoo.make_checkpoint(family, tokenizer), backend="native")
 

@@ -510,7 +510,7 @@ def test_scan_of_a_trained_model_uses_a_period_it_was_trained_on(tiny_run, tmp_p
     twice) is a repeat length the model never saw, so the scan takes its eval period (8); an
     explicit --period and a default inside the trained range are kept."""
     from headprobe.commands.scan import ScanConfig
-    from headprobe.probe.backends.loading import load_native
+    from headprobe.probe.backends.native_loading import load_native
 
     tiny_run.save(tmp_path)
     model = load_native(tmp_path)

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from headprobe.probe.backends import weights_cache
-from headprobe.probe.backends.loading import load_checkpoint, quiet_progress_bars
+from headprobe.probe.backends.hf_checkpoint import load_checkpoint, quiet_progress_bars
 
 TEXTS = ["the then t e", "hello there, theta!", "<|endoftext|>the", ""]
 
@@ -295,21 +295,21 @@ def test_a_failed_write_does_not_stop_the_load(tiny_gguf, reference, cache, monk
 
 CHILD = textwrap.dedent("""
     import hashlib, os, pathlib, sys, time
-    import headprobe.probe.backends.loading as loading
+    import headprobe.probe.backends.hf_checkpoint as hf_checkpoint
     import transformers.modeling_gguf_pytorch_utils, transformers.models.llama.modeling_llama  # imports before the race
 
-    build = loading._load_hf
+    build = hf_checkpoint._load_hf
     def slow_build(*args, **kwargs):  # hold the lock long enough for the other process to meet it
         out = build(*args, **kwargs)
         if kwargs.get("gguf_file"):
             time.sleep(3)
         return out
-    loading._load_hf = slow_build
+    hf_checkpoint._load_hf = slow_build
     barrier = pathlib.Path(sys.argv[2])  # both processes start loading once both have imported everything
     (barrier / str(os.getpid())).touch()
     while len(list(barrier.iterdir())) < 2:
         time.sleep(0.01)
-    ckpt = loading.load_checkpoint(sys.argv[1])
+    ckpt = hf_checkpoint.load_checkpoint(sys.argv[1])
     h = hashlib.sha256()
     for name, t in sorted(ckpt.hf_model.state_dict().items()):
         h.update(name.encode()); h.update(t.numpy().tobytes())
@@ -377,7 +377,7 @@ def test_smollm2_cached_load_equals_the_uncached_load(smollm2_checkpoint, tmp_pa
 def test_check_finite_weights_fast_path_agrees_with_isfinite(dtype):
     """The sum-based shortcut must name the same parameter as the element-wise check, and must not
     flag finite weights whose sum overflows."""
-    from headprobe.probe.backends.loading import check_finite_weights
+    from headprobe.probe.backends.hf_checkpoint import check_finite_weights
     from headprobe.probe.core.errors import HeadprobeError
 
     big = torch.finfo(dtype).max
@@ -404,12 +404,13 @@ def test_models_from_cold_and_warm_loads_compute_the_same_logits(backend, tiny_g
     warm native load reads the entry directly (no Hugging Face model is built: load_checkpoint
     is not called) and gives the same tokenizer too."""
     from headprobe.probe.backends import loading
+    from headprobe.probe.backends.hf_checkpoint import NATIVE_SOURCE_FILE
     from headprobe.probe.backends.loading import load_model
 
     cold = load_model(str(tiny_gguf), backend=backend, quiet=True)
     assert weights_cache.Entry(cache, tiny_gguf).problem() is None
     if backend != "transformer-lens":
-        assert (weights_cache.Entry(cache, tiny_gguf).path / loading.NATIVE_SOURCE_FILE).is_file()
+        assert (weights_cache.Entry(cache, tiny_gguf).path / NATIVE_SOURCE_FILE).is_file()
         monkeypatch.setattr(
             loading, "load_checkpoint", lambda *a, **k: pytest.fail("the warm native load built the HF model")
         )

@@ -69,7 +69,7 @@ Family and tokenizer, kept alive so that their ids in the key are not reused): e
 
 
 def make_checkpoint(family: str, tokenizer, seed: int = 0, **change):
-    """A :class:`~headprobe.probe.backends.loading.Checkpoint` holding a tiny random ``family`` model
+    """A :class:`~headprobe.probe.layout.spec.Checkpoint` holding a tiny random ``family`` model
     (float32, eager attention; ``AutoModelForCausalLM``, or ``AutoModel`` for an encoder: BERT's
     ``BertModel``, no head); every bias and every parameter named in the family's
     ``TinySpec.perturb`` is randomised so that each term is tested; ``change`` overrides config
@@ -91,7 +91,7 @@ def _build(family: str, tokenizer, seed: int, change: dict):
     """:func:`make_checkpoint`'s model, built."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-    from headprobe.probe.backends.loading import Checkpoint
+    from headprobe.probe.layout.spec import Checkpoint
 
     family_ = FAMILIES.get(family)
     spec = family_.tiny

@@ -1329,10 +1329,10 @@ def check_headprobe_dir(path: str) -> tuple[AttentionLayout, list[list[int]] | N
         was removed, a check record with ``measured``, ``expected`` and ``ok``).
 
     Raises:
-        HeadprobeError: the directory cannot be read (see :func:`headprobe.probe.backends.loading.load_native`
+        HeadprobeError: the directory cannot be read (see :func:`headprobe.probe.backends.native_loading.load_native`
             and :func:`headprobe.probe.model.pruned.load_pruned_dir`).
     """
-    from headprobe.probe.backends.loading import load_native
+    from headprobe.probe.backends.native_loading import load_native
     from headprobe.probe.model.pruned import attention_sizes, is_pruned_dir, load_pruned_dir
 
     if is_pruned_dir(path):

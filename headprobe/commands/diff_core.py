@@ -1,17 +1,14 @@
-"""The computation of ``headprobe diff`` (torch): both models scored on the same tokens
-(:func:`~headprobe.analyses.scoring.score_tokens`, per sequence) and swept head by head
-(:func:`~headprobe.analyses.ablation.exact_sweep`, per sequence), each head's paired test
-(:func:`~headprobe.analyses.robustness.sign_flip_p`), the correction over heads
-(:func:`~headprobe.analyses.statistics.adjust_p_values`), the table, summary and figure."""
+"""The computation of ``headprobe diff`` (torch): both models scored on the same tokens and swept
+head by head (:mod:`headprobe.commands.diff_measure`), each head's paired test, the correction over
+heads and the flipped roles (:mod:`headprobe.commands.diff_stats`), and the result: its table,
+summary, report and figure (drawn by :mod:`headprobe.commands.diff_drawing`); ``run``, ``diff``."""
 
 from __future__ import annotations
 
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,11 +16,9 @@ import pandas as pd
 import torch
 
 from headprobe import options
-from headprobe.analyses import robustness as rb
-from headprobe.analyses.ablation import exact_sweep, first_scored, sweep_plan, top_heads, untrusted_task_reason
+from headprobe.analyses.ablation import first_scored, sweep_plan, top_heads, untrusted_task_reason
 from headprobe.analyses.columns import DETECTORS
 from headprobe.analyses.data import (
-    TokenSet,
     fit_lengths,
     left_out_notes,
     natural_text_tokens,
@@ -33,14 +28,25 @@ from headprobe.analyses.data import (
 )
 from headprobe.analyses.outputs import WritesOutputs
 from headprobe.analyses.own_weights import own_change_line, own_weight_change
-from headprobe.analyses.scoring import score_plan, score_tokens
-from headprobe.analyses.statistics import adjust_p_values
+from headprobe.analyses.scoring import score_plan
 from headprobe.analyses.verdicts import uniform_baselines_of
 from headprobe.commands.diff import HELP, NEEDS_CAUSAL, DiffConfig, check_resample_sources, layout_refusal  # noqa: F401 - HELP re-exported
+from headprobe.commands.diff_drawing import CORRECTION_TITLES, colour_limit, draw_diff, figure_title, no_box_caveat
+from headprobe.commands.diff_measure import _measured, tokenizer_refusal
+from headprobe.commands.diff_stats import (
+    FLAG_OF_TASK,
+    _detection,
+    _table,
+    change_floor,
+    changed_heads,
+    compare,
+    detection_notes,
+    quantity_task,
+    role_changes,
+)
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.core import memory
 from headprobe.probe.core.errors import HeadprobeError
-from headprobe.probe.core.heads import parse_heads
 from headprobe.probe.core.io import open_text_file, summary_envelope
 from headprobe.probe.core.reprs import CompactRepr, load_seconds
 from headprobe.probe.hooks.ablation import format_head
@@ -53,71 +59,6 @@ DEFAULT_K = 10
 def _layout(model: LoadedModel) -> tuple[int, int, int]:
     s = model.spec
     return s.n_layers, s.n_heads, s.n_kv_heads
-
-
-MEASURE_STEPS = ("scoring natural", "scoring repeated", "ablation sweep natural", "ablation sweep repeated")
-""":func:`measure`'s steps, in order (one model's; a progress bar counts them)."""
-
-
-def measure(
-    model: LoadedModel,
-    natural: TokenSet,
-    repeated: TokenSet,
-    types: tuple[str, ...],
-    kind: str,
-    step: Callable[[str], None] | None = None,
-    progress: bool = False,
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """``(per_sequence, means)``: quantity -> ``[batch, layer, head]`` per-sequence values and
-    ``[layer, head]`` their scores as scan reports them. Quantities: each type's ranking column
-    (on its token set) and ``ablation_<task>``, the single-head ablation effect on that task
-    (nats/token, the exact sweep's per-sequence loss minus the clean loss). ``step`` is called with
-    each of :data:`MEASURE_STEPS` as it starts; ``progress``: the sweeps' own bars over their passes."""
-    say = step or (lambda _: None)
-    per_seq: dict = {}
-    first_nat = first_scored("natural", natural.start, None)
-    first_rep = first_scored("repeated", repeated.start, repeated.period)
-    say(MEASURE_STEPS[0])
-    s1, _, mean_z = score_tokens(model, natural, "natural", first_nat, mean_z=True, types=types, per_sequence=per_seq)
-    say(MEASURE_STEPS[1])
-    s2, _, _ = score_tokens(model, repeated, "repeated", first_rep, types=types, per_sequence=per_seq)
-    cols = [DETECTORS[t].rank_by for t in types]
-    out = {c: per_seq[c].numpy() for c in cols}
-    means = {c: {**s1, **s2}[c].numpy() for c in cols}
-    for i, (task, ts, first) in enumerate((("natural", natural, first_nat), ("repeated", repeated, first_rep))):
-        say(MEASURE_STEPS[2 + i])
-        src = ts.tokens.roll(1, dims=0) if kind == "resample" else None
-        sw = exact_sweep(
-            model,
-            ts.tokens,
-            kind=kind,
-            mean_z=mean_z,
-            source_tokens=src,
-            first=first,
-            per_sequence=True,
-            progress=progress,
-        )
-        assert sw.per_sequence is not None and sw.clean_per_sequence is not None
-        eff = (sw.per_sequence - sw.clean_per_sequence[None, None]).permute(2, 0, 1)  # [batch, layer, head]
-        out[f"ablation_{task}"] = eff.double().numpy()
-        means[f"ablation_{task}"] = sw.effect.numpy()
-    return out, means
-
-
-def compare(
-    a: dict[str, np.ndarray], b: dict[str, np.ndarray], correction: str, n_perm: int, seed: int
-) -> dict[str, dict[str, np.ndarray]]:
-    """Quantity -> ``{"change", "p", "p_adjusted"}`` ``[layer, head]``: the mean paired change ``B - A``
-    over sequences, its sign-flip p and the p adjusted over the heads (NaN p's left out)."""
-    out = {}
-    for q in a:
-        d = b[q] - a[q]  # [batch, layer, head]
-        p = rb.sign_flip_p(d, n_perm, seed)
-        adj = np.full(p.shape, np.nan)
-        ok = ~np.isnan(p)
-        adj[ok] = adjust_p_values(p[ok].tolist(), correction)
-        out[q] = {"change": d.mean(axis=0), "p": p, "p_adjusted": adj}
-    return out
 
 
 @dataclass(repr=False)
@@ -153,7 +94,8 @@ class DiffResult(CompactRepr, WritesOutputs):
     own: dict = field(default_factory=dict, repr=False)
     """Each head's own parameter change, ``[layer, head]`` arrays (:func:`~headprobe.analyses.own_weights.own_weight_change`)."""
     not_roles: list = field(default_factory=list)
-    """Changed top-k crossings at or below a uniformly attending head's score: no role in either model (:func:`role_changes`)."""
+    """Changed top-k crossings at or below a uniformly attending head's score: no role in either model
+    (:func:`~headprobe.commands.diff_stats.role_changes`)."""
     baselines: dict = field(default_factory=dict)
     """Type -> the score of a head attending uniformly (:func:`~headprobe.analyses.verdicts.uniform_baselines`)."""
 
@@ -255,7 +197,7 @@ class DiffResult(CompactRepr, WritesOutputs):
         }
 
     def changed(self, quantity: str) -> np.ndarray:
-        """``[layer, head]`` bool: :func:`changed_heads` of ``quantity`` at the run's alpha and floor."""
+        """``[layer, head]`` bool: :func:`~headprobe.commands.diff_stats.changed_heads` of ``quantity`` at the run's alpha and floor."""
         m = self.means
         return changed_heads(
             self.tests[quantity], m["A"][quantity], m["B"][quantity], self.config.alpha, self.config.min_change
@@ -331,184 +273,10 @@ def _heads(mask: np.ndarray) -> list[tuple[int, int]]:
     return [(int(layer), int(head)) for layer, head in zip(*np.nonzero(mask))]
 
 
-def change_floor(a_values: np.ndarray, b_values: np.ndarray, min_change: float) -> float:
-    """``min_change`` standard deviations of a quantity over the heads, pooled over the two models
-    (``sqrt((var_A + var_B) / 2)``: symmetric in A and B, and not near 0 when one model, e.g. a
-    random initialisation, has all heads alike), in the quantity's units."""
-    return min_change * float(np.sqrt((np.nanvar(a_values) + np.nanvar(b_values)) / 2))
-
-
-def changed_heads(
-    test: dict, a_values: np.ndarray, b_values: np.ndarray, alpha: float, min_change: float
-) -> np.ndarray:
-    """``[layer, head]`` bool: the change is significant (``p_adjusted <= alpha``) and at least
-    :func:`change_floor` (an effect-size floor: with many paired sequences the test alone detects
-    shifts of a thousandth)."""
-    floor = change_floor(a_values, b_values, min_change)
-    with np.errstate(invalid="ignore"):
-        return (test["p_adjusted"] <= alpha) & (np.abs(test["change"]) >= floor)
-
-
-def role_changes(
-    tests: dict, means: dict, top: dict, alpha: float, min_change: float, baselines: dict
-) -> tuple[list[dict], list[dict]]:
-    """``(flipped, not_roles)``, each ``[{"head", "why"}]``. A head's role flipped: it entered or left a
-    type's top-k set AND its score of that type changed (:func:`changed_heads`; a swap at the top-k
-    boundary within the noise is not a flip) AND, in the model where it is top-k, it scores above
-    ``baselines[type]`` (:func:`~headprobe.analyses.verdicts.uniform_baselines`: what a head attending
-    uniformly over its causal context scores; a type without one is not checked). A changed top-k
-    crossing at or below that score is no role in either model: ``not_roles``."""
-    why: dict[tuple[int, int], list[str]] = {}
-    low: dict[tuple[int, int], list[str]] = {}
-    for t, sets in top.items():
-        q = DETECTORS[t].rank_by
-        changed = changed_heads(tests[q], means["A"][q], means["B"][q], alpha, min_change)
-        for h in set(sets["A"]) ^ set(sets["B"]):
-            if not changed[h]:
-                continue
-            where = "A" if h in sets["A"] else "B"
-            score, base = float(means[where][q][h]), baselines.get(t)
-            if base is not None and score <= base:
-                low.setdefault(h, []).append(
-                    f"{t}: top-k in {where} only with score {score:.4g}, at or below {base:.4g}, the {t} score "
-                    "of a head attending uniformly over its causal context"
-                )
-                continue
-            above = "" if base is None else f", {score / base:.3g}x a uniformly attending head's {base:.4g} in {where}"
-            why.setdefault(h, []).append(
-                f"{t}: top-k in {where} only, {q} changed by "
-                f"{tests[q]['change'][h]:+.4g} (p adj {tests[q]['p_adjusted'][h]:.3g}{above})"
-            )
-    return [{"head": format_head(h), "why": w} for h, w in sorted(why.items())], [
-        {"head": format_head(h), "why": w} for h, w in sorted(low.items())
-    ]
-
-
-def _table(means: dict, tests: dict, top: dict, n_layers: int, n_heads: int, own: dict | None = None) -> pd.DataFrame:
-    """diff.csv: one row per head; ``own_change`` and ``own_change_<part>`` from :func:`own_weight_change` (``own``)."""
-    rows = []
-    for layer in range(n_layers):
-        for head in range(n_heads):
-            row: dict = {"layer": layer, "head": head}
-            for key, v in (own or {}).items():
-                if not key.endswith("_norm_ratio"):
-                    row["own_change" if key == "own_change" else f"own_change_{key}"] = v[layer, head]
-            for q, t in tests.items():
-                row.update(
-                    {
-                        f"{q}_a": means["A"][q][layer, head],
-                        f"{q}_b": means["B"][q][layer, head],
-                        f"{q}_change": t["change"][layer, head],
-                        f"{q}_p": t["p"][layer, head],
-                        f"{q}_p_adjusted": t["p_adjusted"][layer, head],
-                    }
-                )
-            for name, sets in top.items():
-                row[f"{name}_top_a"] = int((layer, head) in sets["A"])
-                row[f"{name}_top_b"] = int((layer, head) in sets["B"])
-            rows.append(row)
-    return pd.DataFrame(rows)
-
-
-SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token")
-"""The special tokens two tokenizers must share: BOS starts every sequence, EOS separates texts,
-UNK stands for what the vocabulary lacks (padding is never used: every sequence is full length)."""
-
-
-def tokenizer_refusal(a, b, name_a: str, name_b: str) -> str | None:
-    """The one-line refusal when two Hugging Face tokenizers give an id other token strings
-    (``get_vocab()``, added tokens included) or differ in a :data:`SPECIAL_TOKENS` (its string or
-    id); None where they agree. B is run on A's token ids, so they must mean the same tokens."""
-    if a is b:
-        return None
-    try:
-        va, vb = a.get_vocab(), b.get_vocab()
-    except (AttributeError, NotImplementedError):
-        return (
-            f"cannot compare the tokenizers of {name_a} and {name_b} (no get_vocab): diff runs B on A's "
-            "token ids, which must name the same tokens"
-        )
-    if va != vb:
-        ia, ib = {i: t for t, i in va.items()}, {i: t for t, i in vb.items()}
-        ids = sorted(set(ia) | set(ib))
-        bad = [i for i in ids if ia.get(i) != ib.get(i)]
-        return (
-            f"{name_a} and {name_b} have different tokenizers: {len(bad)} of {len(ids)} ids name other tokens "
-            f"(id {bad[0]} is {ia.get(bad[0])!r} in {name_a} and {ib.get(bad[0])!r} in {name_b}); diff runs B on "
-            "A's token ids, which must name the same tokens"
-        )
-    for name in SPECIAL_TOKENS:
-        ta, tb = getattr(a, name, None), getattr(b, name, None)
-        ida, idb = getattr(a, name + "_id", None), getattr(b, name + "_id", None)
-        if (str(ta), ida) != (str(tb), idb):
-            return (
-                f"{name_a} and {name_b} have different tokenizers: {name} {ta!r} (id {ida}) vs {tb!r} (id {idb}); "
-                "diff runs B on A's token sequences"
-            )
-    return None
-
-
-def quantity_task(quantity: str, types: Sequence[str]) -> str:
-    """The token set a quantity is measured on: ``ablation_<task>``'s task, a type's ranking column's dataset."""
-    if quantity.startswith("ablation_"):
-        return quantity.removeprefix("ablation_")
-    return next(str(DETECTORS[t].dataset) for t in types if DETECTORS[t].rank_by == quantity)
-
-
-FLAG_OF_TASK = {"natural": "--n-natural", "repeated": "--n-repeated"}
-"""The setting that gives a task's sequence count."""
-
-
-def undetectable_reason(d: dict, task: str, cfg: DiffConfig) -> str:
-    """The clause of the NOTE and the report saying why no change on ``task`` could pass (``d``:
-    :func:`~headprobe.analyses.robustness.detection_limit`) and what would allow one."""
-    flag, need = FLAG_OF_TASK[task], d["sequences_needed"]
-    fix = (
-        f"{flag} {need} or more would allow one"
-        + (
-            f" ({d['sequences_needed_alone']} for one head's change alone)"
-            if d["sequences_needed_alone"] not in (None, need)
-            else ""
-        )
-        if need is not None
-        else f"no sequence count would: the test's {d['flips']} flips give at best {d['smallest_p']:.3g}; raise --n-perm"
-    )
-    return (
-        f"{d['n_sequences']} {task} sequences give p >= {d['smallest_p']:.3g} at best, and {cfg.correction} over "
-        f"{d['n_tests']} heads at alpha {cfg.alpha} needs p <= {d['p_needed_every_head']:.3g}; {fix}"
-    )
-
-
-def detection_notes(detection: dict, cfg: DiffConfig) -> list[str]:
-    """The plan's NOTE lines (without ``NOTE: ``): a task on which no change can pass, or on which
-    a head's change can pass only with many others changed too."""
-    out = []
-    for task, d in detection.items():
-        if not d["detectable"]:
-            out.append(f"diff can detect no change on {task}: {undetectable_reason(d, task, cfg)}")
-        elif not d["detectable_alone"]:
-            need = d["sequences_needed_alone"]
-            out.append(
-                f"on {task}, {d['n_sequences']} sequences give p >= {d['smallest_p']:.3g} at best: a head's change "
-                f"passes {cfg.correction} over {d['n_tests']} heads only with at least {d['heads_needed']} heads "
-                f"changed that much (alone it needs p <= {d['p_needed_one_head']:.3g}"
-                + (f"; {FLAG_OF_TASK[task]} {need} or more)" if need is not None else "; raise --n-perm)")
-            )
-    return out
-
-
-def _detection(spec: ModelSpec, counts: dict[str, int], cfg: DiffConfig) -> dict:
-    """:func:`~headprobe.analyses.robustness.detection_limit` per task over the model's attention heads."""
-    m = spec.n_heads * len(spec.attention_layers)
-    return {
-        task: rb.detection_limit(n, m, cfg.alpha, cfg.correction, cfg.n_perm, cfg.seed) for task, n in counts.items()
-    }
-
-
 def memory_plan(model: LoadedModel, config: DiffConfig) -> memory.BatchPlan:
-    """The plan of :func:`measure`'s largest batches on ``model`` (B runs the same, one model at a
-    time): the scores of ``n_natural`` natural-text windows of ``seq_len`` tokens and ``n_repeated``
-    sequences of ``2 period`` tokens plus BOS where the model prepends one
+    """The plan of :func:`~headprobe.commands.diff_measure.measure`'s largest batches on ``model``
+    (B runs the same, one model at a time): the scores of ``n_natural`` natural-text windows of
+    ``seq_len`` tokens and ``n_repeated`` sequences of ``2 period`` tokens plus BOS where the model prepends one
     (:func:`~headprobe.analyses.scoring.score_plan`, one forward each) and each task's exact sweep
     (:func:`~headprobe.analyses.ablation.sweep_plan`); the lengths fitted to ``model``'s context
     (B's, where shorter, only shortens them). Returns the sweep's plan with the larger per-sequence
@@ -536,27 +304,6 @@ def batch_line(model: LoadedModel, config: DiffConfig) -> str:
         HeadprobeError: as :func:`memory_plan`.
     """
     return memory_plan(model, config).line()
-
-
-def _measured(a: LoadedModel, b: LoadedModel, natural: TokenSet, repeated: TokenSet, cfg: DiffConfig, progress: bool):
-    """:func:`measure` of both models, under one progress bar over their :data:`MEASURE_STEPS`."""
-    from headprobe.probe.core.progress import progress_bar
-
-    assert cfg.types is not None  # set by compare_models
-    per, means = {}, {}
-    with progress_bar(total=2 * len(MEASURE_STEPS), desc="diff", unit="step", progress=progress) as bar:
-        for name, m in (("A", a), ("B", b)):
-            started = [False]
-
-            def step(what: str, name=name, started=started) -> None:
-                if started[0]:
-                    bar.update()
-                started[0] = True
-                bar.set_description(f"diff: model {name}, {what}")
-
-            per[name], means[name] = measure(m, natural, repeated, tuple(cfg.types), cfg.kind, step, progress)
-            bar.update()
-    return per, means
 
 
 def _untrusted_note(reason: str) -> str:
@@ -722,24 +469,6 @@ def _diff(
     return result
 
 
-SCORE_UNITS = {"positional_fraction": "share of queries"}
-"""The unit of a head type's ranking score where it is not an attention weight (0-1)."""
-
-
-def quantity_labels(quantity: str) -> tuple[str, str]:
-    """``(title, colour bar label)`` of a quantity of diff.png: a head type's ranking score (an
-    attention weight, or :data:`SCORE_UNITS`) or ``ablation_<task>``, the single-head ablation
-    effect (nats/token); the label names the quantity and its unit."""
-    from headprobe.analyses.figures import TASK_LABELS
-
-    if quantity.startswith("ablation_"):
-        return f"ablation effect on the {TASK_LABELS[quantity.removeprefix('ablation_')]}", (
-            "Δ ablation effect\n(nats/token)"
-        )
-    style = next(s for d in DETECTORS.values() for s in d.figures if s.column == quantity)
-    return style.title, f"Δ {style.title}\n({SCORE_UNITS.get(quantity, 'attention weight')})"
-
-
 def diff_figure(result: DiffResult):
     """diff.png of a run (:func:`draw_diff`)."""
     c = result.config
@@ -757,138 +486,3 @@ def diff_figure(result: DiffResult):
         {q: colour_limit(result.means["A"][q], result.means["B"][q]) for q in result.tests},
         c.min_change,
     )
-
-
-def colour_limit(a_values: np.ndarray, b_values: np.ndarray) -> float:
-    """A diff.png panel's colour limit: the quantity's largest ``|value|`` over the heads of A and B, so
-    a change's shade is its share of the quantity's range (a 0.001 change of scores up to 0.02 stays
-    pale beside a 0.08 change of effects up to 0.3); NaN where no value is finite."""
-    v = np.abs(np.concatenate([np.ravel(a_values), np.ravel(b_values)]).astype(float))
-    return float(np.nanmax(v)) if np.isfinite(v).any() else float("nan")
-
-
-def no_box_caveat(detection: dict, tasks, correction: str) -> str:
-    """The line diff.png's title carries where no head of some panels could be boxed, whatever the
-    models did: the paired test over so few sequences cannot reach the corrected threshold (the
-    report's "none could be"). ``detection``: summary.json's (task -> :func:`~headprobe.analyses.robustness.detection_limit`);
-    ``tasks``: the drawn quantities' tasks. E.g. "NO VERDICT: no head could be boxed (p >= 0.125 from
-    4 sequences, bh needs <= 0.05)"; "for natural sequences" where the other task's panels could
-    be; "" where every panel could be."""
-    tasks = list(dict.fromkeys(tasks))
-    blind = [t for t in tasks if t in detection and not detection[t]["detectable"]]
-    if not blind:
-        return ""
-    limits = [detection[t] for t in blind]
-    counts = {d["n_sequences"] for d in limits}
-    seqs = (
-        f"{counts.pop()} sequences"
-        if len(counts) == 1
-        else ", ".join(f"{d['n_sequences']} {t}" for t, d in zip(blind, limits)) + " sequences"
-    )
-    scope = "" if len(blind) == len(tasks) else f" for {' and '.join(blind)} sequences"
-    p = min(d["smallest_p"] for d in limits)
-    needed = min(d["p_needed_every_head"] for d in limits)
-    return f"NO VERDICT{scope}: no head could be boxed (p >= {p:.3g} from {seqs}, {correction} needs <= {needed:.3g})"
-
-
-CORRECTION_TITLES = {"bh": "Benjamini-Hochberg", "holm": "Holm"}
-"""How diff.png's title names the correction over heads: in full, as the scan's overview and ablation
-figures do ("bh" there read as an unexplained abbreviation)."""
-
-
-def figure_title(
-    a: str,
-    b: str,
-    requantize_b,
-    correction: str,
-    alpha: float,
-    min_change: float,
-    k: int | None,
-    caveat: str = "",
-) -> str:
-    """diff.png's title: the two models, ``caveat`` (:func:`no_box_caveat`) on a line of its own where
-    given, and what the boxes and dots mean (``correction`` named by :data:`CORRECTION_TITLES`, the
-    top-k set by its ``k``)."""
-    correction = CORRECTION_TITLES.get(correction, correction)
-    return (
-        f"Change B − A per head: A = {a}, B = {b}"
-        + (f" re-quantized to {requantize_b}" if requantize_b else "")
-        + (f"\n{caveat}" if caveat else "")
-        + f"\nboxed: changed (significant, {correction} over heads at alpha {alpha}, paired sign-flip test "
-        f"over sequences, and >= {min_change} pooled sd over heads); filled dot: role flipped (top-{k} "
-        f"membership and a change); hollow: crossed the top-{k} boundary without one; colours: −m to +m, "
-        "m the quantity's largest |value| in A or B"
-    )
-
-
-def draw_diff(
-    changes: dict,
-    changed: dict,
-    top: dict,
-    title: str,
-    group_size: int | None = None,
-    limits: dict | None = None,
-    min_change: float | None = None,
-):
-    """One heatmap per quantity (:func:`~headprobe.analyses.figures.diff_heatmaps`): each head's mean
-    paired change B - A (``changes``, ``[layer, head]``; diverging colours, 0 white); heads that
-    changed (``changed``, :func:`changed_heads`) boxed; for a type's ranking score, a filled dot
-    where the head's role flipped and a hollow one where it crossed the top-k boundary (``top``:
-    type -> ``{"A": heads, "B": heads}``) without changing. ``limits``: quantity -> colour limit
-    (:func:`colour_limit`); ``min_change``: the floor named in a panel where no head is boxed."""
-    from headprobe.analyses.figures import diff_heatmaps
-
-    dotted: dict[str, dict] = {}
-    for t, sets in top.items():
-        q = DETECTORS[t].rank_by
-        moved = {tuple(h) for h in sets["A"]} ^ {tuple(h) for h in sets["B"]}
-        dotted[q] = {(int(h[0]), int(h[1])): bool(changed[q][h[0], h[1]]) for h in moved} if q in changed else {}
-    panels = [(*quantity_labels(q), changes[q], changed[q], dotted.get(q, {})) for q in changes]
-    empty = None if min_change is None else f"no head changed by >= {min_change:g} sd"
-    lims = None if limits is None else [limits.get(q, float("nan")) for q in changes]
-    return diff_heatmaps(panels, title, group_size, lims, empty)
-
-
-def redraw(out: str | Path) -> dict:
-    """diff.png's figure from a run's saved numbers (diff.csv's changes, summary.json's changed heads,
-    top-k sets and settings), as ``{"diff": Figure}``: the figure is a function of those alone."""
-    import json
-
-    out = Path(out)
-    summary = json.loads((out / "summary.json").read_text())
-    table = pd.read_csv(out / "diff.csv")
-    L, H = summary["layout"]["n_layers"], summary["layout"]["n_heads"]
-
-    def grid(values) -> np.ndarray:
-        g = np.full((L, H), np.nan)
-        g[table["layer"].to_numpy(), table["head"].to_numpy()] = values
-        return g
-
-    def heads(names) -> list[tuple[int, int]]:
-        return parse_heads(",".join(names), L, H) if names else []
-
-    quantities = summary["quantities"]
-    changed = {}
-    for q, v in quantities.items():
-        changed[q] = np.zeros((L, H), dtype=bool)
-        for h in heads(v["changed"]):
-            changed[q][h] = True
-    top = {t: {m: heads(hs) for m, hs in v.items()} for t, v in summary["top_k"].items()}
-    c = summary["config"]
-    named = CORRECTION_TITLES.get(c["correction"], c["correction"])
-    caveat = no_box_caveat(summary.get("detection", {}), [v["task"] for v in quantities.values()], named)
-    title = figure_title(
-        summary["model"],
-        summary["model_b"],
-        c["requantize_b"],
-        c["correction"],
-        c["alpha"],
-        c["min_change"],
-        c["k"],
-        caveat,
-    )
-    kv = summary["layout"].get("n_kv_heads")  # absent from a summary.json older than the field: no groups
-    group = H // kv if kv else None
-    limits = {q: colour_limit(table[f"{q}_a"].to_numpy(), table[f"{q}_b"].to_numpy()) for q in quantities}
-    changes = {q: grid(table[f"{q}_change"]) for q in quantities}
-    return {"diff": draw_diff(changes, changed, top, title, group, limits, c["min_change"])}

@@ -15,7 +15,7 @@ The backends are :class:`headprobe.probe.backends.native.NativeModel` (headprobe
 :class:`~headprobe.probe.model.transformer.Transformer`) and :class:`headprobe.probe.backends.bridge.BridgeModel`
 (TransformerLens' ``TransformerBridge``), registered once, by name, in
 :data:`headprobe.probe.core.vocabulary.BACKEND_REGISTRY` (lazy targets): ``--backend`` lists it,
-:func:`headprobe.probe.backends.loading.wrap` builds from it, and ``LoadedModel(module, tokenizer, spec)``
+:func:`headprobe.probe.backends.wrapping.wrap` builds from it, and ``LoadedModel(module, tokenizer, spec)``
 picks the registered class whose :meth:`LoadedModel.wraps` accepts ``module``.
 
 This module holds the interface itself: the construction, the capability flags, the per-layer
@@ -175,7 +175,7 @@ class LoadedModel(Tokenizing, WrappedModule):
     def from_checkpoint(
         cls, ckpt: Checkpoint, device: str | torch.device = "cpu", prepend_bos: bool = True, copy: bool = True
     ) -> LoadedModel:
-        """Wrap a loaded Hugging Face checkpoint (:func:`headprobe.probe.backends.loading.wrap`, which has the
+        """Wrap a loaded Hugging Face checkpoint (:func:`headprobe.probe.backends.wrapping.wrap`, which has the
         arguments' meaning).
 
         Raises:

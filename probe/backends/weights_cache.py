@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 ENV_VAR = "HEADPROBE_CACHE"
 """Environment variable: the cache root directory, or ``off`` to disable the cache."""
 
-FORMAT = "headprobe-weights-cache-2"  # 2: entries carry the native model's description (loading.NATIVE_SOURCE_FILE)
+FORMAT = "headprobe-weights-cache-2"  # 2: entries carry the native model description (hf_checkpoint.NATIVE_SOURCE_FILE)
 """Version of the entry layout; part of every key."""
 
 MANIFEST = "manifest.json"

@@ -2,7 +2,7 @@
 is refused before torch loads): the backends (a :class:`~headprobe.probe.core.registry.Registry` of lazy
 ``"module:attr"`` targets, the one registry of backends), the devices and the device-map strategies.
 
-Commands' flags, the loader (:func:`headprobe.probe.backends.loading.wrap`) and
+Commands' flags, the loader (:func:`headprobe.probe.backends.wrapping.wrap`) and
 :mod:`headprobe.probe.backends.devicemap` read these; nothing else spells them. What a backend can do is
 asked of its class's capability flags (:data:`CAPABILITIES`), by name only
 here (:func:`backend_class`, :func:`backend_with`, :func:`backend_lacks`); before the load, torch-free,

@@ -1,7 +1,7 @@
 """The headprobe checkpoint format, written by ``headprobe train``: a directory holding
 ``headprobe_model.pt`` (a native :class:`~headprobe.probe.model.transformer.Transformer`'s state dict),
 ``config.json`` (``{"format": NATIVE_FORMAT, "model": TransformerConfig fields, ...}``) and the
-tokenizer files. :func:`headprobe.probe.backends.loading.load_native` (through ``load_model``) reads it.
+tokenizer files. :func:`headprobe.probe.backends.native_loading.load_native` (through ``load_model``) reads it.
 """
 
 from __future__ import annotations

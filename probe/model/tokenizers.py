@@ -1,7 +1,7 @@
 """Tokenizers for models headprobe trains from scratch (``headprobe train``, ``headprobe study``):
 word level over random tokens, character level over ASCII text. Built with ``tokenizers`` and
 wrapped for transformers; a trained checkpoint saves its tokenizer beside the weights, and
-:func:`headprobe.probe.backends.loading.load_native` reads it back with ``AutoTokenizer``.
+:func:`headprobe.probe.backends.native_loading.load_native` reads it back with ``AutoTokenizer``.
 """
 
 from __future__ import annotations
