@@ -241,7 +241,7 @@ class AblateResult(CompactRepr, WritesOutputs):
 
     Attributes:
         config: the settings.
-        spec: the model's :class:`~headprobe.probe.backends.loading.ModelSpec`.
+        spec: the model's :class:`~headprobe.probe.layout.spec.ModelSpec`.
         table: head_ablation.csv: one row per head (``layer``, ``head``, ``kv_head``, ``<task>_loss_delta``,
             ``<task>_importance``: Michel et al.'s ``I_h``, unnormalised, not prune's per-layer
             l2-normalised score; ``<task>_attribution``, ``induction_score``).

@@ -130,7 +130,7 @@ class PruneResult(CompactRepr, WritesOutputs):
 
     Attributes:
         config: the settings.
-        spec: the model's :class:`~headprobe.probe.backends.loading.ModelSpec`.
+        spec: the model's :class:`~headprobe.probe.layout.spec.ModelSpec`.
         runs: curve name (``michel``, ``l0``, ``random:<seed>``; see :func:`run_names`) ->
             :class:`~headprobe.analyses.pruning.PruningRun`.
         table: pruning_curve.csv: one row per curve and step (``method, seed, step, n_pruned,

@@ -85,7 +85,7 @@ class ScanResult(CompactRepr, ReadsInputs):
 
     Attributes:
         config: the settings, model-dependent defaults filled in.
-        spec: the model's :class:`~headprobe.probe.backends.loading.ModelSpec`.
+        spec: the model's :class:`~headprobe.probe.layout.spec.ModelSpec`.
         table: head_scores.csv: one row per head (``layer``, ``head``, ``kv_head``, then the selected types' columns).
         scores: column -> ``[layer, head]`` array (the selected types' columns).
         verifications: one :class:`~headprobe.analyses.ablation.Verification` per selected type and ablation kind.
