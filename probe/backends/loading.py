@@ -51,7 +51,6 @@ load from the weights cache) and :mod:`~headprobe.probe.backends.wrapping` (``wr
 
 from __future__ import annotations
 
-import logging
 import sys
 import warnings
 from pathlib import Path
@@ -96,8 +95,6 @@ from headprobe.probe.backends.wrapping import (
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.vocabulary import backend_class, backend_with, chosen_at_load
 from headprobe.probe.model.checkpoint import is_native_dir
-
-log = logging.getLogger(__name__)
 
 
 def load_tokenizer(name: str) -> Any:
