@@ -1983,6 +1983,32 @@ def test_the_committed_kv_curve_draws_the_chosen_and_uniform_intervals_and_names
         assert box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y0 >= 0 and box.y1 <= fig.bbox.height, t.get_text()
 
 
+@pytest.mark.parametrize(
+    "name", ["smollm2-135m-kv", "smollm2-135m-kv-estimate", "smollm2-135m-kv-4096", "smollm2-135m-kv-256-tolerance"]
+)
+def test_the_kv_curves_title_names_the_ranking_that_chose_the_groups(name):
+    """kv_curve.png of figures/smollm2-135m-kv-estimate (groups ranked by --method estimate) was titled as the
+    retrieval runs are, with nothing to tell the two rankings apart. Each committed kv run's title names its
+    summary.json's method, and no other; a summary without one names none."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from headprobe.commands.kv import METHODS
+    from headprobe.commands.kv_core import curve_figure
+
+    d = Path(__file__).resolve().parents[1] / "figures" / name
+    summary = json.loads((d / "summary.json").read_text())
+    fig = curve_figure(pd.read_csv(d / "curve.csv").to_dict("records"), summary)
+    title = fig._suptitle.get_text().replace("\n", " ")
+    assert f"chosen groups ranked by --method {summary['method']};" in title, title
+    assert [m for m in METHODS if f"--method {m}" in title] == [summary["method"]]
+    bare = {**summary, "config": {k: v for k, v in summary["config"].items() if k != "method"}}
+    del bare["method"]
+    assert "--method" not in curve_figure(pd.read_csv(d / "curve.csv").to_dict("records"), bare)._suptitle.get_text()
+
+
 def test_the_kv_curve_says_where_there_is_no_interval():
     """One long-range sequence gives no copy-accuracy interval (curve.csv's bounds empty): the figure drew
     nothing there silently. The legend names the quantities without an interval, the subtitle says so from
