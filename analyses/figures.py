@@ -2490,9 +2490,12 @@ def kv_policy_curve(
     a row with ``target == "loss_tolerance"`` (the policy ``--loss-tolerance`` chose, and its
     controls) is not on the budget lines: its chosen policy is drawn as its own labelled point and
     ``loss_tolerance`` (nats/token) as a dotted line. The uniform entry lists each budget's ``W'``
-    (tokens, left to right) where the rows have curve.csv's ``uniform_window``."""
+    (tokens, left to right) where the rows have curve.csv's ``uniform_window``. Where the budgets lie close
+    together far from the full cache (:func:`_kv_broken_axes`), the x axis is broken: the budgets spread
+    over the wide panels, the full cache in a narrow pair at its right."""
     fig = _figure(COLUMN_WIDTH, 4.0 if subtitle is None else 4.7)
-    axes = fig.subplots(2, 1, sharex=True)
+    full = next((r for r in rows if r["policy"] == "full"), None)
+    axes, ends = _kv_axes(fig, rows, full)
     styles = {
         "chosen": ("#0072B2", "o", "chosen groups full"),
         "uniform": ("#E69F00", "s", "uniform: one window W' on every group, same KV memory"),  # + W' where known
@@ -2525,14 +2528,16 @@ def kv_policy_curve(
                 capsize=2,
                 label=f"{label} (whiskers: range over {n_seeds} seeds)",
             )
-    full = next((r for r in rows if r["policy"] == "full"), None)
     band_entries = _kv_bands(axes, on_curve, full, {k: v[0] for k, v in styles.items()})
     _tolerance_point(axes, rows, loss_tolerance)
-    if full is not None:
-        axes[1].axhline(full["copy_accuracy"], color="black", lw=0.6, ls="--")
-        axes[0].plot([full["kv_fraction"]], [0.0], "k*", ms=6)
-        axes[1].plot([full["kv_fraction"]], [full["copy_accuracy"]], "k*", ms=6, label="full cache")
-    axes[0].axhline(0, color="black", lw=0.6, ls="--")
+    for pair in (axes, ends) if ends else (axes,):
+        if full is not None:
+            pair[1].axhline(full["copy_accuracy"], color="black", lw=0.6, ls="--")
+            pair[0].plot([full["kv_fraction"]], [0.0], "k*", ms=6)
+            pair[1].plot([full["kv_fraction"]], [full["copy_accuracy"]], "k*", ms=6, label="full cache")
+        pair[0].axhline(0, color="black", lw=0.6, ls="--")
+    if ends:
+        _kv_break(axes, ends, rows, full, loss_tolerance)
     axes[0].set_ylabel("natural-text loss\nincrease (nats/token)")
     axes[1].set_ylabel("long-range copy\naccuracy (top-1)")
     axes[1].set_xlabel("KV cache (fraction of the full cache)")
@@ -2543,6 +2548,49 @@ def kv_policy_curve(
         axes[0].set_title(subtitle, fontsize=5.5)
     _kv_legend(fig, axes, band_entries)
     return fig
+
+
+def _kv_broken_axes(rows: Sequence[dict], full: dict | None) -> bool:
+    """Whether :func:`kv_policy_curve` breaks its x axis: the KV fractions of the rows but the full cache's
+    span less than a third of their gap to the full cache (``--loss-tolerance`` 0.0572 at 256 tokens: budgets
+    0.703-0.733 and the full cache at 1.0 drew every band in the left tenth of the axis, one strip over another)."""
+    xs = [r["kv_fraction"] for r in rows if r["policy"] != "full"]
+    if full is None or not xs or max(xs) <= min(xs):
+        return False
+    return full["kv_fraction"] - max(xs) > 3 * (max(xs) - min(xs))
+
+
+def _kv_axes(fig: Figure, rows: Sequence[dict], full: dict | None) -> tuple[list, list]:
+    """:func:`kv_policy_curve`'s upper and lower panels (sharing x), and where the x axis is broken
+    (:func:`_kv_broken_axes`) a narrow pair at their right for the full cache, each sharing its row's y
+    (else no pair). The wide panels are ``fig.axes[0]`` and ``[1]``."""
+    if not _kv_broken_axes(rows, full):
+        return list(fig.subplots(2, 1, sharex=True)), []
+    grid = fig.add_gridspec(2, 2, width_ratios=(6, 1))
+    upper = fig.add_subplot(grid[0, 0])
+    lower = fig.add_subplot(grid[1, 0], sharex=upper)
+    end_upper = fig.add_subplot(grid[0, 1], sharey=upper)
+    end_lower = fig.add_subplot(grid[1, 1], sharey=lower, sharex=end_upper)
+    for ax in (upper, end_upper):
+        ax.tick_params(labelbottom=False)
+    return [upper, lower], [end_upper, end_lower]
+
+
+def _kv_break(axes, ends, rows: Sequence[dict], full: dict | None, loss_tolerance: float | None) -> None:
+    """The broken x axis of :func:`kv_policy_curve`: the wide panels (``axes``) span the rows' KV fractions
+    but the full cache's (5% margins), the narrow ones (``ends``) the full cache's (1.0 +- 0.02), with the
+    tolerance line across both and the broken-axis marks between (:func:`_break_marks`). Nothing moves:
+    each mark is at its own KV fraction."""
+    xs = [r["kv_fraction"] for r in rows if r["policy"] != "full"]
+    margin = 0.05 * (max(xs) - min(xs))
+    axes[0].set_xlim(min(xs) - margin, max(xs) + margin)
+    at = full["kv_fraction"] if full is not None else 1.0
+    ends[0].set_xlim(at - 0.02, at + 0.02)
+    ends[1].set_xticks([at], [f"{at:.1f}"])  # as the wide panels' ticks read (1.0, not 1)
+    if loss_tolerance is not None:
+        ends[0].axhline(loss_tolerance, color="#D55E00", lw=0.7, ls=":")
+    for pair in zip(axes, ends):
+        _break_marks(pair)
 
 
 def _kv_legend(fig: Figure, axes, extra: list[tuple[Any, str]]) -> None:

@@ -2009,6 +2009,58 @@ def test_the_kv_curves_title_names_the_ranking_that_chose_the_groups(name):
     assert "--method" not in curve_figure(pd.read_csv(d / "curve.csv").to_dict("records"), bare)._suptitle.get_text()
 
 
+def test_the_tolerance_kv_curves_bands_spread_over_the_axis_at_their_own_numbers():
+    """figures/smollm2-135m-kv-256-tolerance: budgets 0.71-0.74 (KV fractions 0.703-0.733) on an axis to the
+    full cache at 1.0 drew the chosen and uniform 95% bands as strips over one another in its left tenth,
+    unreadable. The x axis is broken there: each band spans at least an inch of the figure, and nothing moved
+    (each band's interval at each budget is curve.csv's, each mark at its own KV fraction, the full cache's
+    star at 1.0 in view). The default budgets (0.25-0.75) keep one unbroken axis."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from headprobe.commands.kv_core import curve_figure
+
+    root = Path(__file__).resolve().parents[1] / "figures"
+    d = root / "smollm2-135m-kv-256-tolerance"
+    curve = pd.read_csv(d / "curve.csv")
+    fig = curve_figure(curve.to_dict("records"), json.loads((d / "summary.json").read_text()))
+    canvas = FigureCanvasAgg(fig)
+    fig.set_dpi(figs.SAVE_DPI)
+    canvas.draw()
+    upper, lower = fig.axes[:2]
+    on_curve = curve[curve["target"] == "budgets"]  # the --loss-tolerance rows are its own point
+    full = curve[curve["policy"] == "full"].iloc[0]
+    for kind in ("chosen", "uniform"):
+        rows = on_curve[on_curve["policy"] == kind].sort_values("kv_fraction")
+        for ax in (upper, lower):
+            (band,) = [c for c in ax.collections if c.get_gid() == f"band:{kind}"]
+            box = band.get_window_extent(canvas.get_renderer())
+            assert box.width / fig.dpi >= 1.0, (kind, box.width / fig.dpi)
+            assert ax.get_xlim()[0] <= rows["kv_fraction"].min() and rows["kv_fraction"].max() <= ax.get_xlim()[1]
+        for _, r in rows.iterrows():
+            lo, hi = r["natural_loss_increase_ci95_lo"], r["natural_loss_increase_ci95_hi"]
+            assert _band_span(upper, kind, r["kv_fraction"]) == pytest.approx((lo, hi))
+            copy = np.clip([full["copy_accuracy"] - r[f"copy_accuracy_drop_ci95_{e}"] for e in ("hi", "lo")], 0, 1)
+            assert _band_span(lower, kind, r["kv_fraction"]) == pytest.approx(tuple(copy))
+        (line,) = [ln for ln in upper.lines if ln.get_label().startswith(kind)]
+        assert list(line.get_xdata()) == pytest.approx(list(rows["kv_fraction"]))
+    stars = [
+        ax
+        for ax in fig.axes
+        for ln in ax.lines
+        if ln.get_marker() == "*" and ax.get_xlim()[0] < ln.get_xdata()[0] == 1.0 < ax.get_xlim()[1]
+    ]
+    assert len(stars) == 2, stars  # the full cache in view in both rows
+    default = root / "smollm2-135m-kv"
+    plain = curve_figure(
+        pd.read_csv(default / "curve.csv").to_dict("records"), json.loads((default / "summary.json").read_text())
+    )
+    assert len(plain.axes) == 2 and plain.axes[0].get_xlim()[1] > 1.0
+
+
 def test_the_kv_curve_says_where_there_is_no_interval():
     """One long-range sequence gives no copy-accuracy interval (curve.csv's bounds empty): the figure drew
     nothing there silently. The legend names the quantities without an interval, the subtitle says so from
