@@ -1260,16 +1260,20 @@ def diff_heatmaps(
             heatmaps part them (:func:`_head_groups`; it read plain "head" beside their "head (3 per KV head)").
         limits: per panel, the colour limit ``m`` (colours from ``-m`` to ``+m``), raised to the panel's
             largest ``|change|`` where that is larger; None: that largest ``|change|`` alone.
-        empty: the words written across a panel where no head is boxed (None: nothing).
+        empty: the words written under a panel's title, in parentheses, where no head is boxed (None: nothing);
+            over no cell.
+
+    Each boxed head has a box of its own, inset in its cell (:func:`_box_cells`): two changed neighbours read
+    as two boxes, not one outline round both.
     """
     import textwrap
-
-    from matplotlib.patches import Rectangle
 
     n_layers, n_heads = np.shape(panels[0][2])
     cols = min(3, len(panels))
     rows = -(-len(panels) // cols)
     panel_height = max(1.1, 0.06 * n_layers)  # a 30-layer model: 1.8 in, three rows on one page
+    # a cell's side in points (x, y), a little under the laid-out axes' (1.1 in wide beside the colour bar)
+    cell_pt = ((PAGE_WIDTH / cols - 1.15) * 72 / n_heads, panel_height * 72 / n_layers)
     fig = _figure(PAGE_WIDTH, 0.9 + rows * (panel_height + 0.75))
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     bars = []
@@ -1278,25 +1282,15 @@ def diff_heatmaps(
         lim = float(np.nanmax(np.abs(change))) if np.isfinite(change).any() else 0.0
         lim = max(lim, float(limits[i]) if limits is not None and np.isfinite(limits[i]) else 0.0) or 1.0
         im = ax.imshow(change, cmap=DIVERGING_CMAP, vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
-        for layer, head in zip(*np.nonzero(boxed)):  # zorder 3: a box's edge over the group lines
-            ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, lw=1.0, ec="black", zorder=3))
+        _box_cells(ax, boxed, cell_pt)
         for (layer, head), filled in dotted.items():
             ax.plot(head, layer, "o", ms=2.5, mec="#222", mfc="#222" if filled else "none", mew=0.6)
         ax.set_xticks(range(0, n_heads, _head_step(n_heads, PAGE_WIDTH / cols - 0.9)))
         ax.set_yticks(range(0, n_layers, max(1, -(-n_layers // 10))))
-        ax.set(title=textwrap.fill(name, 28), ylabel="layer")  # a title wider than its panel passes the page's edge
-        if empty and not np.any(boxed):
-            ax.text(
-                0.5,
-                0.5,
-                textwrap.fill(empty, 18),
-                transform=ax.transAxes,
-                ha="center",
-                va="center",
-                fontsize="small",
-                bbox={"fc": "white", "ec": "#888", "alpha": 0.85, "lw": 0.5},
-                zorder=4,
-            )
+        heading = textwrap.fill(name, 28)  # a title wider than its panel passes the page's edge
+        if empty and not np.any(boxed):  # under the title, over no cell (a box in the panel hid cells)
+            heading += "\n" + "\n".join(_wrap_keeping_parentheses(f"({empty})", 32))
+        ax.set(title=heading, ylabel="layer")
         _head_groups(ax, n_heads, group_size)
         bars.append(fig.colorbar(im, ax=ax, shrink=0.9, pad=0.02))
         bars[-1].set_label(label)
@@ -1305,6 +1299,22 @@ def diff_heatmaps(
     fig.suptitle(title)
     _fit_ylabels(fig, [bar.ax for bar in bars])  # a label no taller than its bar
     return fig
+
+
+def _box_cells(ax, boxed: np.ndarray, cell_pt: tuple[float, float], gap_pt: float = 1.0) -> None:
+    """Outline each ``True`` cell of ``boxed`` (``[layer, head]``) on its own: a black box inset in its
+    cell, so that the strokes of two neighbours' boxes stay apart, ``2 * gap_pt`` points where the cell has
+    room (one rectangle a cell on the cell's edges drew neighbours as one merged outline). ``cell_pt``: a
+    cell's width and height in points (a little under the drawn ones, so the gap is at least that); the
+    stroke thins on small cells (15% of the shorter side, at most 1 pt), the inset at most 25% of a side
+    (a 30-layer model's 4.6 pt rows: about 1.7 pt apart)."""
+    from matplotlib.patches import Rectangle
+
+    lw = min(1.0, 0.15 * min(cell_pt))
+    dx, dy = (min(0.25, (lw / 2 + gap_pt) / side) for side in cell_pt)  # data units: a cell is 1 x 1
+    for layer, head in zip(*np.nonzero(boxed)):  # zorder 3: a box's edge over the group lines
+        corner = (head - 0.5 + dx, layer - 0.5 + dy)
+        ax.add_patch(Rectangle(corner, 1 - 2 * dx, 1 - 2 * dy, fill=False, lw=lw, ec="black", zorder=3))
 
 
 @_styled
@@ -2480,9 +2490,12 @@ def kv_policy_curve(
     a row with ``target == "loss_tolerance"`` (the policy ``--loss-tolerance`` chose, and its
     controls) is not on the budget lines: its chosen policy is drawn as its own labelled point and
     ``loss_tolerance`` (nats/token) as a dotted line. The uniform entry lists each budget's ``W'``
-    (tokens, left to right) where the rows have curve.csv's ``uniform_window``."""
+    (tokens, left to right) where the rows have curve.csv's ``uniform_window``. Where the budgets lie close
+    together far from the full cache (:func:`_kv_broken_axes`), the x axis is broken: the budgets spread
+    over the wide panels, the full cache in a narrow pair at its right."""
     fig = _figure(COLUMN_WIDTH, 4.0 if subtitle is None else 4.7)
-    axes = fig.subplots(2, 1, sharex=True)
+    full = next((r for r in rows if r["policy"] == "full"), None)
+    axes, ends = _kv_axes(fig, rows, full)
     styles = {
         "chosen": ("#0072B2", "o", "chosen groups full"),
         "uniform": ("#E69F00", "s", "uniform: one window W' on every group, same KV memory"),  # + W' where known
@@ -2515,14 +2528,16 @@ def kv_policy_curve(
                 capsize=2,
                 label=f"{label} (whiskers: range over {n_seeds} seeds)",
             )
-    full = next((r for r in rows if r["policy"] == "full"), None)
     band_entries = _kv_bands(axes, on_curve, full, {k: v[0] for k, v in styles.items()})
     _tolerance_point(axes, rows, loss_tolerance)
-    if full is not None:
-        axes[1].axhline(full["copy_accuracy"], color="black", lw=0.6, ls="--")
-        axes[0].plot([full["kv_fraction"]], [0.0], "k*", ms=6)
-        axes[1].plot([full["kv_fraction"]], [full["copy_accuracy"]], "k*", ms=6, label="full cache")
-    axes[0].axhline(0, color="black", lw=0.6, ls="--")
+    for pair in (axes, ends) if ends else (axes,):
+        if full is not None:
+            pair[1].axhline(full["copy_accuracy"], color="black", lw=0.6, ls="--")
+            pair[0].plot([full["kv_fraction"]], [0.0], "k*", ms=6)
+            pair[1].plot([full["kv_fraction"]], [full["copy_accuracy"]], "k*", ms=6, label="full cache")
+        pair[0].axhline(0, color="black", lw=0.6, ls="--")
+    if ends:
+        _kv_break(axes, ends, rows, full, loss_tolerance)
     axes[0].set_ylabel("natural-text loss\nincrease (nats/token)")
     axes[1].set_ylabel("long-range copy\naccuracy (top-1)")
     axes[1].set_xlabel("KV cache (fraction of the full cache)")
@@ -2533,6 +2548,49 @@ def kv_policy_curve(
         axes[0].set_title(subtitle, fontsize=5.5)
     _kv_legend(fig, axes, band_entries)
     return fig
+
+
+def _kv_broken_axes(rows: Sequence[dict], full: dict | None) -> bool:
+    """Whether :func:`kv_policy_curve` breaks its x axis: the KV fractions of the rows but the full cache's
+    span less than a third of their gap to the full cache (``--loss-tolerance`` 0.0572 at 256 tokens: budgets
+    0.703-0.733 and the full cache at 1.0 drew every band in the left tenth of the axis, one strip over another)."""
+    xs = [r["kv_fraction"] for r in rows if r["policy"] != "full"]
+    if full is None or not xs or max(xs) <= min(xs):
+        return False
+    return full["kv_fraction"] - max(xs) > 3 * (max(xs) - min(xs))
+
+
+def _kv_axes(fig: Figure, rows: Sequence[dict], full: dict | None) -> tuple[list, list]:
+    """:func:`kv_policy_curve`'s upper and lower panels (sharing x), and where the x axis is broken
+    (:func:`_kv_broken_axes`) a narrow pair at their right for the full cache, each sharing its row's y
+    (else no pair). The wide panels are ``fig.axes[0]`` and ``[1]``."""
+    if not _kv_broken_axes(rows, full):
+        return list(fig.subplots(2, 1, sharex=True)), []
+    grid = fig.add_gridspec(2, 2, width_ratios=(6, 1))
+    upper = fig.add_subplot(grid[0, 0])
+    lower = fig.add_subplot(grid[1, 0], sharex=upper)
+    end_upper = fig.add_subplot(grid[0, 1], sharey=upper)
+    end_lower = fig.add_subplot(grid[1, 1], sharey=lower, sharex=end_upper)
+    for ax in (upper, end_upper):
+        ax.tick_params(labelbottom=False)
+    return [upper, lower], [end_upper, end_lower]
+
+
+def _kv_break(axes, ends, rows: Sequence[dict], full: dict | None, loss_tolerance: float | None) -> None:
+    """The broken x axis of :func:`kv_policy_curve`: the wide panels (``axes``) span the rows' KV fractions
+    but the full cache's (5% margins), the narrow ones (``ends``) the full cache's (1.0 +- 0.02), with the
+    tolerance line across both and the broken-axis marks between (:func:`_break_marks`). Nothing moves:
+    each mark is at its own KV fraction."""
+    xs = [r["kv_fraction"] for r in rows if r["policy"] != "full"]
+    margin = 0.05 * (max(xs) - min(xs))
+    axes[0].set_xlim(min(xs) - margin, max(xs) + margin)
+    at = full["kv_fraction"] if full is not None else 1.0
+    ends[0].set_xlim(at - 0.02, at + 0.02)
+    ends[1].set_xticks([at], [f"{at:.1f}"])  # as the wide panels' ticks read (1.0, not 1)
+    if loss_tolerance is not None:
+        ends[0].axhline(loss_tolerance, color="#D55E00", lw=0.7, ls=":")
+    for pair in zip(axes, ends):
+        _break_marks(pair)
 
 
 def _kv_legend(fig: Figure, axes, extra: list[tuple[Any, str]]) -> None:

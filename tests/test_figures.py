@@ -1412,6 +1412,80 @@ def test_diff_heatmaps_part_and_name_the_kv_groups_as_the_scan_heatmaps_do():
     assert plain.get_xlabel() == "head" and lines(plain) == []
 
 
+def _committed_diff(name: str):
+    """diff.png's figure of the committed diff run ``figures/NAME``, drawn as the command draws it, laid
+    out at the PNG's resolution; with its canvas's renderer."""
+    from pathlib import Path
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from headprobe.commands.diff_core import redraw
+
+    fig = redraw(Path(__file__).resolve().parents[1] / "figures" / name)["diff"]
+    canvas = FigureCanvasAgg(fig)
+    fig.set_dpi(figs.SAVE_DPI)
+    canvas.draw()
+    return fig, canvas.get_renderer()
+
+
+@pytest.mark.parametrize("name", ["train-diff-000000-001200", "smollm2-135m-diff-int3"])
+def test_diff_boxes_each_changed_head_on_its_own(name):
+    """diff.png drew a box on each changed head's cell edges, so neighbouring changed heads (the toy run's
+    layer 1, int3's induction heads 23.0-23.2) read as one merged outline that a reader could not count.
+    Each changed head (summary.json's ``changed``) has one box, inside its own cell, and the strokes of any
+    two boxes stay apart (at least 2 px at 300 dpi)."""
+    import json
+    from pathlib import Path
+
+    from matplotlib.patches import Rectangle
+
+    from headprobe.probe.core.heads import parse_heads
+
+    d = Path(__file__).resolve().parents[1] / "figures" / name
+    summary = json.loads((d / "summary.json").read_text())
+    L, H = summary["layout"]["n_layers"], summary["layout"]["n_heads"]
+    fig, renderer = _committed_diff(name)
+    axes = [ax for ax in fig.axes if ax.images]
+    neighbours = 0
+    for ax, q in zip(axes, summary["quantities"].values(), strict=True):
+        changed = parse_heads(",".join(q["changed"]), L, H) if q["changed"] else []
+        boxes = [p for p in ax.patches if isinstance(p, Rectangle)]
+        assert len(boxes) == len(changed), (q, len(boxes))
+        for (layer, head), box in zip(sorted(changed), sorted(boxes, key=lambda b: (b.get_y(), b.get_x()))):
+            x0, y0 = box.get_xy()
+            assert head - 0.5 < x0 and x0 + box.get_width() < head + 0.5, (layer, head, x0)
+            assert layer - 0.5 < y0 and y0 + box.get_height() < layer + 0.5, (layer, head, y0)
+        half = renderer.points_to_pixels(max((b.get_linewidth() for b in boxes), default=0.0)) / 2
+        extents = [b.get_window_extent(renderer).padded(half) for b in boxes]
+        for i, a in enumerate(extents):
+            for b in extents[i + 1 :]:
+                gap = max(b.x0 - a.x1, a.x0 - b.x1, b.y0 - a.y1, a.y0 - b.y1)
+                neighbours += gap < 20  # cells side by side: the pairs the old boxes merged
+                assert gap >= 2, (name, gap)
+    assert neighbours > 0  # the figure has neighbouring changed heads to tell apart
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m-diff-int8", "smollm2-135m-diff-int3"])
+def test_diff_note_of_a_panel_without_changes_covers_no_cell(name):
+    """The "no head changed by >= 0.5 sd" note was a box across the middle of its panel, over a few of a
+    30-layer model's cells (int3's text-loss ablation panel has changes under 0.5 sd to read there). Each
+    panel with no changed head says so once, inside the figure, and the note overlaps no heatmap."""
+    import json
+    from pathlib import Path
+
+    from matplotlib.text import Text
+
+    summary = json.loads((Path(__file__).resolve().parents[1] / "figures" / name / "summary.json").read_text())
+    fig, renderer = _committed_diff(name)
+    heatmaps = [ax.get_window_extent(renderer) for ax in fig.axes if ax.images]
+    notes = [t for t in fig.findobj(Text) if "no head changed" in t.get_text() and t.get_visible()]
+    assert len(notes) == sum(not q["changed"] for q in summary["quantities"].values()) > 0
+    for note in notes:
+        box = note.get_window_extent(renderer)
+        assert not any(box.overlaps(ax) for ax in heatmaps), (note.get_text(), box)
+        assert box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y0 >= 0 and box.y1 <= fig.bbox.height
+
+
 def test_the_circuit_legend_writes_the_unit_outside_the_absolute_value():
     """circuit.png's legend read "width: |EAP-IG score (nats/token)|, largest 1.57": the unit inside
     the absolute-value bars and the largest width without one. It reads "width: |EAP-IG score|,
@@ -1907,6 +1981,84 @@ def test_the_committed_kv_curve_draws_the_chosen_and_uniform_intervals_and_names
     for t in fig.legends[0].get_texts() + [fig._suptitle, fig.axes[0].title]:
         box = t.get_window_extent(canvas.get_renderer())
         assert box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y0 >= 0 and box.y1 <= fig.bbox.height, t.get_text()
+
+
+@pytest.mark.parametrize(
+    "name", ["smollm2-135m-kv", "smollm2-135m-kv-estimate", "smollm2-135m-kv-4096", "smollm2-135m-kv-256-tolerance"]
+)
+def test_the_kv_curves_title_names_the_ranking_that_chose_the_groups(name):
+    """kv_curve.png of figures/smollm2-135m-kv-estimate (groups ranked by --method estimate) was titled as the
+    retrieval runs are, with nothing to tell the two rankings apart. Each committed kv run's title names its
+    summary.json's method, and no other; a summary without one names none."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from headprobe.commands.kv import METHODS
+    from headprobe.commands.kv_core import curve_figure
+
+    d = Path(__file__).resolve().parents[1] / "figures" / name
+    summary = json.loads((d / "summary.json").read_text())
+    fig = curve_figure(pd.read_csv(d / "curve.csv").to_dict("records"), summary)
+    title = fig._suptitle.get_text().replace("\n", " ")
+    assert f"chosen groups ranked by --method {summary['method']};" in title, title
+    assert [m for m in METHODS if f"--method {m}" in title] == [summary["method"]]
+    bare = {**summary, "config": {k: v for k, v in summary["config"].items() if k != "method"}}
+    del bare["method"]
+    assert "--method" not in curve_figure(pd.read_csv(d / "curve.csv").to_dict("records"), bare)._suptitle.get_text()
+
+
+def test_the_tolerance_kv_curves_bands_spread_over_the_axis_at_their_own_numbers():
+    """figures/smollm2-135m-kv-256-tolerance: budgets 0.71-0.74 (KV fractions 0.703-0.733) on an axis to the
+    full cache at 1.0 drew the chosen and uniform 95% bands as strips over one another in its left tenth,
+    unreadable. The x axis is broken there: each band spans at least an inch of the figure, and nothing moved
+    (each band's interval at each budget is curve.csv's, each mark at its own KV fraction, the full cache's
+    star at 1.0 in view). The default budgets (0.25-0.75) keep one unbroken axis."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from headprobe.commands.kv_core import curve_figure
+
+    root = Path(__file__).resolve().parents[1] / "figures"
+    d = root / "smollm2-135m-kv-256-tolerance"
+    curve = pd.read_csv(d / "curve.csv")
+    fig = curve_figure(curve.to_dict("records"), json.loads((d / "summary.json").read_text()))
+    canvas = FigureCanvasAgg(fig)
+    fig.set_dpi(figs.SAVE_DPI)
+    canvas.draw()
+    upper, lower = fig.axes[:2]
+    on_curve = curve[curve["target"] == "budgets"]  # the --loss-tolerance rows are its own point
+    full = curve[curve["policy"] == "full"].iloc[0]
+    for kind in ("chosen", "uniform"):
+        rows = on_curve[on_curve["policy"] == kind].sort_values("kv_fraction")
+        for ax in (upper, lower):
+            (band,) = [c for c in ax.collections if c.get_gid() == f"band:{kind}"]
+            box = band.get_window_extent(canvas.get_renderer())
+            assert box.width / fig.dpi >= 1.0, (kind, box.width / fig.dpi)
+            assert ax.get_xlim()[0] <= rows["kv_fraction"].min() and rows["kv_fraction"].max() <= ax.get_xlim()[1]
+        for _, r in rows.iterrows():
+            lo, hi = r["natural_loss_increase_ci95_lo"], r["natural_loss_increase_ci95_hi"]
+            assert _band_span(upper, kind, r["kv_fraction"]) == pytest.approx((lo, hi))
+            copy = np.clip([full["copy_accuracy"] - r[f"copy_accuracy_drop_ci95_{e}"] for e in ("hi", "lo")], 0, 1)
+            assert _band_span(lower, kind, r["kv_fraction"]) == pytest.approx(tuple(copy))
+        (line,) = [ln for ln in upper.lines if ln.get_label().startswith(kind)]
+        assert list(line.get_xdata()) == pytest.approx(list(rows["kv_fraction"]))
+    stars = [
+        ax
+        for ax in fig.axes
+        for ln in ax.lines
+        if ln.get_marker() == "*" and ax.get_xlim()[0] < ln.get_xdata()[0] == 1.0 < ax.get_xlim()[1]
+    ]
+    assert len(stars) == 2, stars  # the full cache in view in both rows
+    default = root / "smollm2-135m-kv"
+    plain = curve_figure(
+        pd.read_csv(default / "curve.csv").to_dict("records"), json.loads((default / "summary.json").read_text())
+    )
+    assert len(plain.axes) == 2 and plain.axes[0].get_xlim()[1] > 1.0
 
 
 def test_the_kv_curve_says_where_there_is_no_interval():

@@ -394,7 +394,9 @@ def curve_figure(rows: list[dict], summary: dict):
     :func:`~headprobe.analyses.vocabulary.kv_sample_text`): what ``headprobe kv`` draws, and what
     scripts/redraw_figures.py redraws from a committed run's curve.csv and summary.json. The title
     names the weights as every figure does; the subtitle the samples, and which intervals could not be
-    made (summary.json's ``interval_null_reasons``)."""
+    made (summary.json's ``interval_null_reasons``). The title names the ranking that chose the groups
+    kept full (summary.json's ``method``, else its config's; the estimate run's figure read as the default
+    retrieval ranking's); a summary with neither names none."""
     from headprobe.analyses import figures
     from headprobe.analyses.vocabulary import kv_sample_text
 
@@ -403,10 +405,12 @@ def curve_figure(rows: list[dict], summary: dict):
     model = f"{summary['model']} ({figures.weights_label(weights)})" if weights else summary["model"]
     why = summary.get("interval_null_reasons") or {}
     none = [f"no {k.replace('_', ' ')} interval" for k in ("natural_loss", "copy_accuracy") if k in why]
+    method = summary.get("method") or config.get("method")
+    ranked = f"; chosen groups ranked by --method {method}" if method else ""
     return figures.kv_policy_curve(
         rows,
         f"{model}: KV policy at {config['seq_len']} tokens "
-        f"(sink {config['sink']}, window {config['window']}; uniform: window W', same KV memory)",
+        f"(sink {config['sink']}, window {config['window']}{ranked}; uniform: window W', same KV memory)",
         loss_tolerance=config.get("loss_tolerance"),
         subtitle=kv_sample_text(summary) + "".join(f"; {n}" for n in none),
     )
