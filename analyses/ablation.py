@@ -975,6 +975,7 @@ def head_importance(
     source_tokens: Int[Tensor, "batch pos"] | None = None,
     head_mask: Float[Tensor, "layer head"] | None = None,
     normalize: bool = False,
+    max_batch: int | None = None,
 ) -> HeadImportance:
     """Gradient importance (Michel, Levy, Neubig 2019, arXiv 1905.10650) and attribution patching.
 
@@ -999,6 +1000,9 @@ def head_importance(
         normalize: divide each layer's ``I_h`` by that layer's l2 norm (Michel et al. section 4.1,
             what ``headprobe prune`` does by default); default False: the raw ``I_h``, as ``headprobe
             ablate`` reports it. Attribution is never normalised.
+        max_batch: at most this many sequences per forward and backward (None: the whole batch in
+            one); sequences do not interact, so the scores are one pass's to float rounding (a
+            budget sized by :func:`~headprobe.analyses.attribution.estimate_plan` with ``split``).
 
     Returns:
         :class:`HeadImportance`: ``importance`` and ``attribution`` ``[layer, head]`` (NaN in a
@@ -1025,8 +1029,8 @@ def head_importance(
     ablation_kinds.check(kind, mean_z, source_tokens)  # before any rank returns early
     require_head_ablation(model)
     if distributed.active():
-        return _sharded_importance(model, tokens, first, kind, mean_z, source_tokens, head_mask, normalize)
-    g_xi, attr, per_seq = _importance_gradients(model, tokens, first, kind, mean_z, source_tokens, head_mask)
+        return _sharded_importance(model, tokens, first, kind, mean_z, source_tokens, head_mask, normalize, max_batch)
+    g_xi, attr, per_seq = _chunked_gradients(model, tokens, first, kind, mean_z, source_tokens, head_mask, max_batch)
     importance = _by_layer(model.spec, [g.abs().float().mean(dim=0) for g in g_xi], torch.float32)
     if normalize:
         importance = importance / importance.norm(dim=1, keepdim=True).clamp_min(1e-20)
@@ -1040,6 +1044,39 @@ def _by_layer(spec: ModelSpec, per_layer: list[Tensor], dtype: torch.dtype) -> T
     out = torch.full((spec.n_layers, spec.n_heads), float("nan"), dtype=dtype)
     out[list(spec.attention_layers)] = torch.stack(per_layer).cpu().to(dtype)
     return out
+
+
+def _chunked_gradients(
+    model: LoadedModel,
+    tokens: Tensor,
+    first: int,
+    kind: str,
+    mean_z: Tensor | None,
+    source_tokens: Tensor | None,
+    head_mask: Tensor | None,
+    max_batch: int | None,
+) -> tuple[list[Tensor], list[Tensor], Tensor]:
+    """:func:`_importance_gradients` over consecutive chunks of at most ``max_batch`` sequences (None:
+    one pass), each chunk's per-sequence results concatenated in order: sequences do not interact."""
+    n = tokens.shape[0]
+    step = n if max_batch is None or max_batch >= n else max(1, max_batch)
+    parts = [
+        _importance_gradients(
+            model,
+            tokens[i : i + step],
+            first,
+            kind,
+            mean_z,
+            None if source_tokens is None else source_tokens[i : i + step],
+            head_mask,
+        )
+        for i in range(0, max(n, 1), step)
+    ]
+    if len(parts) == 1:
+        return parts[0]
+    g_xi = [torch.cat([p[0][j] for p in parts]) for j in range(len(parts[0][0]))]
+    attr = [torch.cat([p[1][j] for p in parts]) for j in range(len(parts[0][1]))]
+    return g_xi, attr, torch.cat([p[2].detach() for p in parts])
 
 
 def _importance_gradients(
@@ -1085,6 +1122,7 @@ def _sharded_importance(
     source_tokens: Tensor | None,
     head_mask: Tensor | None,
     normalize: bool,
+    max_batch: int | None = None,
 ) -> HeadImportance:
     """:func:`head_importance` under ``torchrun`` (:mod:`headprobe.analyses.distributed`): each rank
     takes its contiguous slice of the batch (:func:`~headprobe.analyses.distributed.batch_slice`;
@@ -1098,7 +1136,7 @@ def _sharded_importance(
     if tokens.shape[0] == 0:
         sums = torch.zeros(2 * spec.n_layers * spec.n_heads + 1, dtype=torch.float64)
         return _reduced_importance(sums, spec, B_total, kind, normalize)
-    g_xi, attr, per_seq = _importance_gradients(model, tokens, first, kind, mean_z, source_tokens, head_mask)
+    g_xi, attr, per_seq = _chunked_gradients(model, tokens, first, kind, mean_z, source_tokens, head_mask, max_batch)
     sums = torch.cat(
         [
             _by_layer(spec, [g.abs().double().sum(dim=0) for g in g_xi], torch.float64).flatten(),

@@ -110,10 +110,14 @@ def estimate_plan(
     n_probes: int = N_PROBES,
     kind: str = "zero",
     work: str | None = None,
+    split: bool = False,
 ) -> memory.BatchPlan:
     """The working memory of one ``--estimate`` of ``batch`` sequences of ``seq_len`` tokens, all
-    in one pass (no estimator splits its batch), planned by :func:`headprobe.probe.core.memory.plan`;
-    ``work`` names it in the header and the refusal (default ``ablate's <method> estimate``).
+    in one pass, planned by :func:`headprobe.probe.core.memory.plan`; ``work`` names it in the header
+    and the refusal (default ``ablate's <method> estimate``). ``split``: the estimator takes its batch
+    in chunks (:func:`~headprobe.analyses.ablation.head_importance`'s ``max_batch``, the gradient
+    methods), so one sequence must fit and :attr:`~headprobe.probe.core.memory.BatchPlan.items` is the
+    chunk; otherwise the whole batch must (AtP* and second-order take it in one pass).
 
     Per sequence (``T`` tokens, ``L`` layers, ``H`` heads of ``d_head``, ``D = d_model``, ``V``
     the vocabulary, ``e`` the model's element bytes):
@@ -129,7 +133,8 @@ def estimate_plan(
     ``rows = min(batch T, DRAW_ROWS)`` (:func:`categorical_draws`).
 
     Raises:
-        HeadprobeError: the batch does not fit in the memory budget (one line, before any allocation).
+        HeadprobeError: the batch (``split``: one sequence) does not fit in the memory budget (one
+            line, before any allocation).
         ValueError: unknown ``method``.
     """
     if method not in ESTIMATORS:
@@ -149,7 +154,7 @@ def estimate_plan(
         passes = f"forward and {1 + n_probes} backwards"
     name = work if work is not None else f"ablate's {method} estimate"
     what = f"{name} ({batch} x {seq_len} tokens, {passes})"
-    return memory.plan(per, model.device, batch, what, kept, cap=batch)
+    return memory.plan(per, model.device, 1 if split else batch, what, kept, cap=batch)
 
 
 def _z_probes(n_layers: int) -> tuple[list, dict[int, Tensor], dict[int, Tensor]]:

@@ -115,9 +115,9 @@ def memory_plan(
     save_pruned: bool = False,
     per_layer: bool = False,
 ) -> memory.BatchPlan:
-    """The working memory of a pruning run's largest step, none of which splits its batch: the
-    gradient importance (``michel`` in ``methods``: the ``score = (batch, seq_len)`` sequences in
-    one forward and backward, :func:`~headprobe.probe.layout.cost.backward_sequence_bytes` each),
+    """The working memory of a pruning run's largest step: the gradient importance (``michel`` in
+    ``methods``: the ``score = (batch, seq_len)`` sequences forward and backward in chunks of as many
+    as fit, :func:`importance_chunk`, :func:`~headprobe.probe.layout.cost.backward_sequence_bytes` each),
     an L0 gates' step (``l0``: :data:`L0_BATCH` of them), each held-out loss (``evals``: name ->
     ``(batch, seq_len)``, one forward with logits at every position,
     :func:`~headprobe.probe.layout.cost.forward_sequence_bytes`), with ``per_layer`` the per-layer
@@ -125,7 +125,8 @@ def memory_plan(
     :func:`~headprobe.analyses.ablation.set_plan`) and, with ``save_pruned``, the
     pruned model's check (three more copies of the weights at most: the pruned model, its reloaded
     copy and the state dict read for it; four float32 logits tensors on the ``natural`` set). Each step is planned (:func:`headprobe.probe.core.memory.plan`, its whole
-    batch at once); the plan of the largest total is returned.
+    batch at once but the gradient importance's, one sequence of which must fit); the plan of the
+    largest total is returned.
 
     Raises:
         HeadprobeError: a step that does not fit in the memory budget (one line, before any allocation).
@@ -135,13 +136,12 @@ def memory_plan(
     def fwd(t: int) -> int:
         return forward_sequence_bytes(spec.layout, t, spec.d_vocab, e)
 
+    plans = [importance_plan(model, score)] if "michel" in methods else []
     steps = []  # (what, bytes a sequence, sequences, bytes kept)
     b, t = score
-    backward = backward_sequence_bytes(spec.layout, t, spec.d_vocab, e)
-    if "michel" in methods:
-        steps.append((f"prune's gradient importance ({b} x {t} tokens, forward and backward)", backward, b, 0))
     if "l0" in methods:
         n = min(b, L0_BATCH)
+        backward = backward_sequence_bytes(spec.layout, t, spec.d_vocab, e)
         steps.append((f"prune's L0 gates ({n} x {t} tokens, forward and backward)", backward, n, 0))
     for name, (b, t) in evals.items():
         steps.append((f"prune's held-out {name} loss ({b} x {t} tokens)", fwd(t), b, 0))
@@ -154,8 +154,23 @@ def memory_plan(
         weights = 3 * model.n_params * e  # the pruned copy, its reloaded copy and the state dict read for it
         logits = 4 * 4 * t * spec.d_vocab  # both models' logits, their difference and its absolute value
         steps.append((f"the pruned model's check ({b} x {t} tokens)", fwd(t) + logits, b, weights))
-    plans = [memory.plan(per, model.device, need, what, kept, cap=need) for what, per, need, kept in steps]
+    plans += [memory.plan(per, model.device, need, what, kept, cap=need) for what, per, need, kept in steps]
     return max(plans, key=lambda p: p.total)
+
+
+def importance_plan(model: LoadedModel, score: tuple[int, int]) -> memory.BatchPlan:
+    """The gradient importance's plan over the ``score = (batch, seq_len)`` sequences: as many a
+    forward and backward as fit (:attr:`~headprobe.probe.core.memory.BatchPlan.items`, the chunk
+    :func:`iterative_pruning` takes as ``max_batch``), each
+    :func:`~headprobe.probe.layout.cost.backward_sequence_bytes`.
+
+    Raises:
+        HeadprobeError: not one sequence fits in the memory budget (one line, before any allocation).
+    """
+    b, t = score
+    backward = backward_sequence_bytes(model.spec.layout, t, model.spec.d_vocab, model.dtype.itemsize)
+    what = f"prune's gradient importance ({b} x {t} tokens, forward and backward)"
+    return memory.plan(backward, model.device, 1, what, cap=b)
 
 
 @dataclass
@@ -195,6 +210,7 @@ def iterative_pruning(
     progress: bool = False,
     resume: dict | None = None,
     on_step: Callable[[dict], None] | None = None,
+    max_batch: int | None = None,
 ) -> PruningRun:
     """Prune heads in steps, recording the loss on ``eval_sets`` before pruning and after each step.
 
@@ -209,6 +225,8 @@ def iterative_pruning(
         max_fraction: stop once this fraction of heads is removed.
         resume: a state that ``on_step`` handed out earlier; the run continues after its last step.
         on_step: called after every step with the run's state (JSON-serialisable), to checkpoint it.
+        max_batch: sequences per forward and backward of the gradient importance (None: all at once;
+            :func:`importance_plan` sizes it); the scores are one pass's to float rounding.
 
     Raises:
         HeadprobeError: ``order`` unknown, a fraction outside (0, 1], or no head left to prune.
@@ -251,7 +269,7 @@ def iterative_pruning(
         else:
             if scores is None or rescore:
                 scores = head_importance(
-                    model, score_set.tokens, score_set.first, head_mask=keep, normalize=normalize
+                    model, score_set.tokens, score_set.first, head_mask=keep, normalize=normalize, max_batch=max_batch
                 ).importance.clone()
             flat, margin = least_important_cut(scores, keep, n_now)
         removed = [(i // spec.n_heads, i % spec.n_heads) for i in flat]

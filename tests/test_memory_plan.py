@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -319,6 +321,35 @@ def test_prune_refuses_before_the_folder(tiny_dir, tmp_path, capsys):
     assert not out.exists()
 
 
+def test_prune_takes_its_gradient_importance_in_chunks_that_fit(tiny_dir, tmp_path, capsys):
+    """Michel et al.'s importance ran forward and backward over the whole score set, so a budget
+    under that pass was refused though every other step fit. Now it takes as many sequences as fit:
+    a budget of two sequences' pass gives the unbounded run's curve and removal order; a budget under
+    one sequence's pass is refused before the folder, naming the importance."""
+    from headprobe.analyses.pruning import importance_plan
+    from headprobe.probe.backends.loading import load_model
+    from headprobe.probe.layout.cost import forward_sequence_bytes
+
+    model = load_model(str(tiny_dir), device="cpu")
+    one = importance_plan(model, (3, 16)).per_item
+    forward = forward_sequence_bytes(model.spec.layout, 16, model.spec.d_vocab, model.dtype.itemsize)
+    assert 3 * forward < 2 * one  # the held-out forwards fit where two sequences' importance does
+    argv = ["prune", "--model", str(tiny_dir), "--text", _text(tmp_path), *SMALL, "--methods", "michel"]
+    argv += ["--formats", "none", "--max-fraction", "0.5"]
+    out = tmp_path / "small"
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main([*argv, "--out", str(out), "--memory-budget", str(max(3 * forward, one - 1))]))
+    err = _errors(capsys)
+    assert e.value.code == 2 and len(err) == 1 and "prune's gradient importance (3 x 16 tokens" in err[0], err
+    assert not out.exists()
+    assert main([*argv, "--out", str(tmp_path / "chunks"), "--memory-budget", str(2 * one)]) == 0
+    assert main([*argv, "--out", str(tmp_path / "whole")]) == 0
+    chunks, whole = (pd.read_csv(tmp_path / d / "pruning_curve.csv") for d in ("chunks", "whole"))
+    assert list(chunks["removed"]) == list(whole["removed"])
+    losses = [c for c in whole.columns if c.endswith("_loss")]
+    np.testing.assert_allclose(chunks[losses].to_numpy(), whole[losses].to_numpy(), rtol=1e-6)
+
+
 def _peak_tensor_bytes(fn) -> int:
     """The most bytes of CPU tensors alive at once while ``fn()`` runs, above those alive before it
     (the allocation and free events of torch's profiler, summed in time order)."""
@@ -418,9 +449,12 @@ def test_ablate_estimate_bounds_its_measured_peak(method, kind, tiny_dir, tmp_pa
     assert plan.line() in capsys.readouterr().out
 
 
-def test_ablate_sweep_refuses_a_budget_its_gradient_scores_exceed(tiny_dir, tmp_path, capsys):
-    """A budget that holds one ablation of each task's batch (the sweep's own plan) but not the
-    gradient scores' forward and backward over that batch is refused before the folder."""
+def test_ablate_sweep_takes_its_gradient_scores_in_chunks_that_fit(tiny_dir, tmp_path, capsys):
+    """The sweep's gradient scores ran forward and backward over each task's whole batch, so a budget
+    that held the sweep but not that pass was refused (Llama-3-8B at 8 x 1,024 tokens: 8 x 18.6 GiB).
+    Now they take as many sequences as fit: a budget of two sequences' pass runs the 3-sequence task
+    in chunks and gives the unbounded run's scores; a budget under one sequence's pass (but over the
+    sweep's) is refused before the folder, naming the gradient scores."""
     from headprobe.analyses.ablation import sweep_plan
     from headprobe.analyses.attribution import estimate_plan
     from headprobe.probe.backends.loading import load_model
@@ -428,15 +462,22 @@ def test_ablate_sweep_refuses_a_budget_its_gradient_scores_exceed(tiny_dir, tmp_
     model = load_model(str(tiny_dir), device="cpu")
     shapes = [(3, 16), (2, 2 * 6 + 1)]  # the tasks' batches: --seq-len counts BOS; a repeat of period 6 and BOS
     sweep_need = max(p.fixed + b * p.per_item for b, t in shapes for p in [sweep_plan(model, b, t, 2)])
-    grad_need = max(p.fixed + b * p.per_item for b, t in shapes for p in [estimate_plan(model, "gradient", b, t)])
-    assert sweep_need < grad_need  # a budget between them exists
-    out = tmp_path / "ablate"
-    argv = ["ablate", "--model", str(tiny_dir), "--out", str(out), "--text", _text(tmp_path), *SMALL]
+    one = max(estimate_plan(model, "gradient", b, t).per_item for b, t in shapes)
+    whole = max(p.fixed + b * p.per_item for b, t in shapes for p in [estimate_plan(model, "gradient", b, t)])
+    assert sweep_need < one and 2 * one < whole  # budgets between them exist
+    argv = ["ablate", "--model", str(tiny_dir), "--text", _text(tmp_path), *SMALL, "--formats", "none"]
+    out = tmp_path / "small"
     with pytest.raises(SystemExit) as e:
-        raise SystemExit(main([*argv, "--memory-budget", str((sweep_need + grad_need) // 2)]))
+        raise SystemExit(main([*argv, "--out", str(out), "--memory-budget", str((sweep_need + one) // 2)]))
     err = _errors(capsys)
     assert e.value.code == 2 and len(err) == 1 and "the sweep's gradient scores (3 x 16 tokens" in err[0], err
     assert not out.exists()
+    assert main([*argv, "--out", str(tmp_path / "chunks"), "--memory-budget", str(2 * one)]) == 0
+    assert main([*argv, "--out", str(tmp_path / "whole")]) == 0
+    chunks, whole_run = (pd.read_csv(tmp_path / d / "head_ablation.csv") for d in ("chunks", "whole"))
+    cols = [c for c in whole_run.columns if "gradient" in c or "attribution" in c]
+    assert cols and whole_run[cols].notna().all().all()
+    np.testing.assert_allclose(chunks[cols].to_numpy(), whole_run[cols].to_numpy(), rtol=1e-5, atol=1e-7)
 
 
 def _patch_prompts(tmp_path, n: int = 6) -> str:

@@ -641,6 +641,13 @@ assert (
 )
 
 
+GRADIENT_METHODS = ("attribution", "gradient")
+"""The ``--estimate`` methods of :func:`~headprobe.analyses.ablation.head_importance`, which takes its
+batch in chunks that fit (:func:`gradient_chunk`); AtP* and second-order take theirs in one pass."""
+GRADIENT_WORK = "the sweep's gradient scores"
+"""How the memory plan names the exact sweep's gradient scores (header and refusal)."""
+
+
 def _estimate(
     model: LoadedModel, method: str, tokens, first: int, kind: str, mean_z, source, heads, n_probes: int
 ) -> TaskResult:
@@ -654,13 +661,25 @@ def _estimate(
         star = atp_star(model, tokens, first, kind=kind, mean_z=mean_z, source_tokens=source)
         values, clean = star.signed, star.clean_loss
     else:
-        grad = head_importance(model, tokens, first, kind=kind, mean_z=mean_z, source_tokens=source)
+        chunk = gradient_chunk(model, method, tokens, kind)
+        grad = head_importance(model, tokens, first, kind=kind, mean_z=mean_z, source_tokens=source, max_batch=chunk)
         values, clean = (grad.attribution if method == "attribution" else grad.importance), grad.clean_loss
     keep = torch.zeros(spec.n_layers, spec.n_heads, dtype=torch.bool)
     keep[tuple(torch.tensor(heads).T)] = True
     estimated = torch.where(keep, values.float(), torch.tensor(float("nan"))).numpy()
     nan = np.full((spec.n_layers, spec.n_heads), np.nan)
     return TaskResult(clean, nan, nan, nan, 0.0, time.perf_counter() - t0, estimated=estimated)
+
+
+def gradient_chunk(model: LoadedModel, method: str, tokens: torch.Tensor, kind: str, work: str | None = None) -> int:
+    """How many of ``tokens``' sequences (``[batch, pos]``) one forward and backward of a gradient method
+    (``gradient``, ``attribution``: :func:`~headprobe.analyses.ablation.head_importance`) takes at once
+    under the memory budget (:func:`~headprobe.analyses.attribution.estimate_plan` with ``split``).
+
+    Raises:
+        HeadprobeError: not even one sequence fits (refused before the run by :func:`memory_plan`)."""
+    batch, seq_len = tokens.shape
+    return estimate_plan(model, method, batch, seq_len, kind=kind, work=work, split=True).items
 
 
 def _task_sets(model: LoadedModel, cfg: AblateConfig) -> tuple[TokenSet, TokenSet, dict, torch.Tensor | None]:
@@ -687,17 +706,18 @@ def _task_sets(model: LoadedModel, cfg: AblateConfig) -> tuple[TokenSet, TokenSe
 
 def memory_plan(model: LoadedModel, config: AblateConfig) -> BatchPlan:
     """The plan of the larger of the two tasks' batches (the larger per-sequence estimate): the
-    exact sweep's (:func:`~headprobe.analyses.ablation.sweep_plan`; its gradient scores' pass over
-    each task's whole batch is checked to fit as the ``gradient`` estimate), or with ``estimate`` the
-    largest step (:attr:`BatchPlan.total`) of the estimator's over each task's whole batch
-    (:func:`~headprobe.analyses.attribution.estimate_plan`) and the forwards beside them
+    exact sweep's (:func:`~headprobe.analyses.ablation.sweep_plan`; its gradient scores, taken in
+    chunks of the task's sequences (:func:`gradient_chunk`), are checked to fit one sequence), or with
+    ``estimate`` the largest step (:attr:`BatchPlan.total`) of the estimator's over each task's batch
+    (:func:`~headprobe.analyses.attribution.estimate_plan`: whole for AtP* and second-order, in chunks
+    for :data:`GRADIENT_METHODS`) and the forwards beside them
     (:func:`_forward_plans`, which the sweep checks too). The batches, either way: ``n_natural``
     windows of ``seq_len`` tokens, ``n_repeated`` sequences of ``2 period`` tokens and BOS where the
     model prepends one (``model.prepend_bos``, as the run's tokens).
 
     Raises:
-        HeadprobeError: one ablation of a task's sequences, an estimate of a task's batch or a
-            forward beside them does not fit in the memory budget; lengths that cannot run
+        HeadprobeError: one ablation of a task's sequences, an estimate of a task's batch (of one
+            sequence for :data:`GRADIENT_METHODS`) or a forward beside them does not fit in the memory budget; lengths that cannot run
             (``config.resolved``); before all of these, a head out of range (:func:`swept_heads`).
     """
     swept_heads(model, config)  # a head out of range is refused first, before any plan, data or forward
@@ -707,10 +727,11 @@ def memory_plan(model: LoadedModel, config: AblateConfig) -> BatchPlan:
     shapes = [(config.n_natural, config.seq_len), (config.n_repeated, 2 * config.period + int(model.prepend_bos))]
     if config.estimate:
         method, n_probes = config.estimate, config.n_probes
-        plans = [estimate_plan(model, method, b, t, n_probes, config.kind) for b, t in shapes]
+        split = method in GRADIENT_METHODS
+        plans = [estimate_plan(model, method, b, t, n_probes, config.kind, split=split) for b, t in shapes]
         return max([*plans, *_forward_plans(model, config)], key=lambda p: p.total)
-    for b, t in shapes:  # the sweep's gradient scores: one forward and backward of the task's batch
-        estimate_plan(model, "gradient", b, t, kind=config.kind, work="the sweep's gradient scores")
+    for b, t in shapes:  # the sweep's gradient scores: forwards and backwards of as many sequences as fit
+        estimate_plan(model, "gradient", b, t, kind=config.kind, work=GRADIENT_WORK, split=True)
     _forward_plans(model, config)  # refused where they do not fit, as the gradient scores
     plans = [sweep_plan(model, b, t, model.spec.n_layers, config.max_batch) for b, t in shapes]
     return max(plans, key=lambda p: p.per_item)
@@ -769,7 +790,8 @@ def _sweep_task(
     )
     t1 = time.perf_counter()
     effect_ci = _effect_ci(model, task, sweep)
-    grad = head_importance(model, tokens, first, kind=cfg.kind, mean_z=mean_z, source_tokens=src)
+    chunk = gradient_chunk(model, "gradient", tokens, cfg.kind, GRADIENT_WORK)
+    grad = head_importance(model, tokens, first, kind=cfg.kind, mean_z=mean_z, source_tokens=src, max_batch=chunk)
     t2 = time.perf_counter()
     return TaskResult(
         sweep.clean_loss,

@@ -23,6 +23,7 @@ from headprobe.analyses.pruning import (
     PruningRun,
     build_pruned,
     curve_auc,
+    importance_plan,
     iterative_pruning,
     l0_pruning,
     per_layer_best_head,
@@ -584,6 +585,7 @@ def _prune_curve(
         progress=progress,
         resume=saved.get(name),
         on_step=on_step,
+        max_batch=importance_plan(model, tuple(score.tokens.shape)).items if method == "michel" else None,
     )
 
 
