@@ -463,7 +463,10 @@ def goals_table(met: list[dict], model: str, tiny: bool) -> str:
     """The markdown table of :func:`goals` (tiny: its ``not_tested`` in the last column)."""
     lines = ["", f"## Goals for one H200, judged on {model}", ""]
     if tiny:
-        lines += ["Tiny settings: the goals are for the 8B shape on an H200; measured here to check the arithmetic only.", ""]
+        lines += [
+            "Tiny settings: the goals are for the 8B shape on an H200; measured here to check the arithmetic only.",
+            "",
+        ]
     lines += ["| goal | measured | reached |", "|---|---|---|"]
     for g in met:
         verdict = g["not_tested"] if g["reached"] is None else "yes" if g["reached"] else "no"
