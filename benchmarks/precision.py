@@ -7,7 +7,10 @@ Prints, for each lower precision: the largest difference of a head's ablation ef
 float32's (nats/token), the Spearman rank correlation of the two sweeps' effects over all heads,
 and how many heads' verdict changes under the effect floor of the CONFIRMED rule
 (:class:`headprobe.analyses.verdicts.VerdictRule`'s ``min_effect``: effect at least that much, or
-not, in one precision and not the other). TF32: CUDA only (n/a on a CPU). With ``--out FILE`` it also
+not, in one precision and not the other); then, on a second line, whether the lower precision moves
+effects one way: the mean and median signed difference (lower minus float32, nats/token), how many
+heads it raises, and how many of the crossings go up (below the floor in float32, at or above it in
+the lower precision) and how many down. TF32: CUDA only (n/a on a CPU). With ``--out FILE`` it also
 writes every head's effect in each precision (CSV: ``layer, head, float32, bfloat16[, tf32]``), the
 file the printed numbers can be recomputed from. Not a timed test.
 """
@@ -74,11 +77,25 @@ def main(argv: list[str] | None = None) -> None:
             f"{name}: {time.perf_counter() - t0:.1f} s; largest |effect difference| {diff:.4f} nats/token; Spearman "
             f"{rho:.4f}; heads whose effect crosses the {floor} floor: {flips} of {int(ok.sum())}"
         )
+        print(_offset_line(name, eff[ok] - ref[ok], ref[ok], eff[ok], floor))
 
     if args.out:
         layer, head = (i.flatten() for i in torch.meshgrid(*(torch.arange(n) for n in ref.shape), indexing="ij"))
         cols = {"layer": layer, "head": head, **{k: v.float().cpu().flatten() for k, v in effects.items()}}
         pd.DataFrame({k: v.numpy() for k, v in cols.items()}).to_csv(args.out, index=False)
+
+
+def _offset_line(name: str, diff: torch.Tensor, ref: torch.Tensor, eff: torch.Tensor, floor: float) -> str:
+    """The signed offset of ``eff`` from ``ref`` (both ``[n]`` effects over the same heads, nats/token):
+    mean and median of ``diff = eff - ref``, heads with ``diff > 0``, and the floor's crossings by
+    direction (up: ``ref < floor <= eff``; down: ``eff < floor <= ref``)."""
+    d = diff.double()
+    up = int(((ref < floor) & (eff >= floor)).sum())
+    down = int(((eff < floor) & (ref >= floor)).sum())
+    return (
+        f"{name} - float32: mean {float(d.mean()):+.4f}, median {float(d.quantile(0.5)):+.4f} nats/token; "
+        f"higher for {int((d > 0).sum())} of {d.numel()} heads; crossings up {up}, down {down}"
+    )
 
 
 if __name__ == "__main__":

@@ -609,7 +609,8 @@ class ModelSettings:
     """torch's intra-op CPU threads (:func:`headprobe.options.choose_threads`); None: the default rule."""
     memory_budget: str | None = setting(
         None,
-        "working memory batched work may fill beyond the weights, e.g. 4GiB or 500MB (default: "
+        "working memory batched work may fill beyond the weights, e.g. 4GiB (2^30 bytes each) or 500MB (10^6 each; "
+        "a bare number is bytes) (default: "
         "$HEADPROBE_MEMORY_BUDGET, else 80 percent of the device's free memory); batch sizes are planned from it and "
         "the header prints them; work that cannot fit is refused before it starts",
         metavar="SIZE",

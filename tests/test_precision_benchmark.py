@@ -1,5 +1,6 @@
 """benchmarks/precision.py on the CPU: its three printed numbers recomputed from the file it writes
-(largest |effect difference|, Spearman by pandas' ranks, heads across the effect floor)."""
+(largest |effect difference|, Spearman by pandas' ranks, heads across the effect floor), and its
+signed offset line (mean, median, heads raised, crossings up and down) recomputed by numpy."""
 
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ def test_printed_numbers_are_the_files(tiny_dir, tmp_path, capsys, monkeypatch):
     spec.loader.exec_module(module)
     out = tmp_path / "effects.csv"
     module.main(["--model", str(tiny_dir), "--device", "cpu", "--out", str(out)])
-    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("bfloat16:"))
+    printed = capsys.readouterr().out.splitlines()
+    line = next(x for x in printed if x.startswith("bfloat16:"))
+    offset = next(x for x in printed if x.startswith("bfloat16 - float32:"))
     diff, rho, flips, n = re.search(
         r"difference\| (\S+) nats/token; Spearman (\S+); .*floor: (\d+) of (\d+)", line
     ).groups()
@@ -42,3 +45,12 @@ def test_printed_numbers_are_the_files(tiny_dir, tmp_path, capsys, monkeypatch):
 
     floor = VerdictRule().min_effect
     assert int(flips) == int(((a >= floor) != (b >= floor)).sum())
+    mean, median, higher, m, up, down = re.search(
+        r"mean (\S+), median (\S+) nats/token; higher for (\d+) of (\d+) heads; crossings up (\d+), down (\d+)", offset
+    ).groups()
+    signed = b - a
+    assert float(mean) == pytest.approx(signed.mean(), abs=5e-5)
+    assert float(median) == pytest.approx(np.median(signed), abs=5e-5)
+    assert (int(higher), int(m)) == (int((signed > 0).sum()), len(d))
+    assert int(up) == int(((a < floor) & (b >= floor)).sum()) and int(down) == int(((b < floor) & (a >= floor)).sum())
+    assert int(up) + int(down) == int(flips)

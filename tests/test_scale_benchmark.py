@@ -119,7 +119,13 @@ def test_tiny_run_has_every_step(tmp_path, monkeypatch):
     )
     assert f"| rate | {data['peak_memory']} | notes |" in md
     assert [g["goal"] for g in data["goals"]] == [g for g, _, _ in scale.GOALS]
-    assert data["goals"] == scale.goals(data["rows"], data["rows"][0]["model"]) and "## Goals" in md
+    assert data["goals"] == scale.goals(data["rows"], data["rows"][0]["model"], scale.SMALL) and "## Goals" in md
+    # tiny settings judge no goal: each row says what it ran at instead of a yes or no
+    assert all(g["reached"] is None for g in data["goals"]) and "| yes |" not in md and "| no |" not in md
+    circuit = next(g for g in data["goals"] if g["goal"].startswith("EAP-IG"))
+    assert circuit["not_tested"] == "not tested (tiny settings: 2 x 13 tokens within 1 GiB, a 2-layer random model)"
+    assert f"| {circuit['goal']} | {circuit['measured']} | {circuit['not_tested']} |" in md
+    assert next(r for r in data["rows"] if r["step"].startswith("circuit:"))["step"] == "circuit: EAP-IG 2 x 13 tokens"
 
 
 _PEAKS = """
@@ -197,9 +203,22 @@ def _rows(model="m", scan=(20.0, 30.0), sweep=(50.0, 0.6), prune=200.0, circuit_
         (_rows(sweep=(50.0, 0.49)), [True, False, True, True]),  # in time, below half the floor
         (_rows(sweep=(61.0, 0.9)), [True, False, True, True]),
         (_rows(prune=301.0), [True, True, False, True]),
-        (_rows(circuit_peak=40.1e9), [True, True, True, False]),  # 40 GB, not GiB
+        (_rows(circuit_peak=40.1e9), [True, True, True, True]),  # 40 GiB (42.9e9 bytes), not GB
+        (_rows(circuit_peak=40 * 2**30 + 1), [True, True, True, False]),
         (_rows(model="other") + _rows(model="m", prune=400.0), [True, True, False, True]),  # its own rows only
     ],
 )
 def test_goals_are_judged_by_their_limits(rows, reached):
     assert [g["reached"] for g in _scale().goals(rows, "m")] == reached
+
+
+def test_tiny_settings_judge_no_goal():
+    """A tiny run's rows (here ones that would reach every goal) are not claims about the goals' settings."""
+    scale = _scale()
+    met = scale.goals(_rows(), "m", scale.SMALL)
+    assert [g["reached"] for g in met] == [None] * 4
+    assert [g["not_tested"] for g in met] == [
+        "not tested (tiny settings: 2 x 16 tokens, a 2-layer random model)",
+    ] * 3 + ["not tested (tiny settings: 2 x 13 tokens within 1 GiB, a 2-layer random model)"]
+    table = scale.goals_table(met, "m", tiny=True)
+    assert "| yes |" not in table and table.count("not tested (tiny settings:") == 4

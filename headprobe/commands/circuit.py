@@ -156,7 +156,8 @@ class CircuitConfig(ModelSettings):
     )  # the CPU cap: headprobe.analyses.circuit.DEFAULT_BUDGET (plan_rows)
     memory_gb: float | None = setting(
         None,
-        "the same budget in GiB; wins over --memory-budget (default: --memory-budget's)",
+        "the same budget in GiB (2^30 bytes, not GB: 40 is 42.9e9 bytes); wins over --memory-budget "
+        "(default: --memory-budget's)",
         type=_gib,
     )
 
