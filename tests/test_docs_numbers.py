@@ -105,6 +105,19 @@ def test_the_h100_and_h200_table_is_the_planners(free_gib, column):
         assert said is not None and int(said.group(1)) == heads, cell
 
 
+@pytest.mark.usefixtures("no_stated_budget")
+def test_the_gradient_scores_one_sequence_sizes_are_the_planners():
+    """The 8B shape's gradient-score plan a sequence (ablate's sweep takes them in chunks, one
+    sequence of which must fit), as :func:`~headprobe.analyses.attribution.estimate_plan` makes it."""
+    from headprobe.analyses.attribution import estimate_plan
+
+    said = _find(
+        r"the gradient scores plan (\S+) GiB a sequence at 128 tokens, (\S+) GiB at 1,024 and (\S+) GiB at 4,096"
+    )
+    for T, text in zip((128, 1024, 4096), said):
+        assert _shown(estimate_plan(_model(*LLAMA), "gradient", 8, T, split=True).per_item / GIB, text), (T, text)
+
+
 def test_the_8b_weights_sizes():
     params = model_params(preset("llama3-8b"), MODEL_SHAPES["llama3-8b"]).total  # budget's whole-model count
     assert params == 8_030_261_248  # tests/test_budget_rows.py's hand count
