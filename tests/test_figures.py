@@ -1419,7 +1419,7 @@ def _committed_diff(name: str):
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from headprobe.commands.diff_core import redraw
+    from headprobe.commands.diff_drawing import redraw
 
     fig = redraw(Path(__file__).resolve().parents[1] / "figures" / name)["diff"]
     canvas = FigureCanvasAgg(fig)
