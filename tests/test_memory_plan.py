@@ -262,6 +262,44 @@ def test_bad_budget_is_one_line(tiny_dir, tmp_path, capsys):
     assert e.value.code == 2 and len(err) == 1 and "is not a size" in err[0]
 
 
+ENV_BUDGET_COMMANDS = {  # every command with --memory-budget that loads a model, with the least it runs on
+    "scan": [],
+    "ablate": [],
+    "prune": [],
+    "patch": [],
+    "circuit": [],
+    "kv": [],
+    "robustness": [],
+    "show": ["--head", "0.0", "--prompt", "a b c"],
+    "import": ["--heads-file", "heads.csv"],
+}
+
+
+@pytest.mark.parametrize("command", [*ENV_BUDGET_COMMANDS, "diff", "atlas"])
+def test_bad_environment_budget_is_refused_before_the_load(command, tiny_dir, tmp_path, capsys, monkeypatch):
+    """``HEADPROBE_MEMORY_BUDGET=lots`` was refused only once the model had loaded (walk-gpu trip 4),
+    while ``--memory-budget lots`` is refused at once: now both in the settings' preflight, one line,
+    no model loaded (a load here raises ``model loaded``), no output folder."""
+    from headprobe.probe.backends import loading
+
+    def no_load(*args, **kwargs):
+        raise HeadprobeError("model loaded")
+
+    monkeypatch.setattr(loading, "load_model", no_load)
+    monkeypatch.setenv(memory.BUDGET_ENV, "lots")
+    out, model = tmp_path / "o", str(tiny_dir)
+    if command == "diff":
+        argv = ["diff", model, model]
+    elif command == "atlas":
+        argv = ["atlas", "--models", model, model]
+    else:
+        argv = [command, "--model", model, *ENV_BUDGET_COMMANDS[command]]
+    assert main([*argv, *(["--out", str(out)] if command != "import" else [])]) == 2
+    err = _errors(capsys)
+    assert len(err) == 1 and "$HEADPROBE_MEMORY_BUDGET 'lots' is not a size" in err[0], err
+    assert not out.exists()
+
+
 def test_kv_splits_its_batch_to_the_budget_and_keeps_its_numbers(tiny_dir, tmp_path, capsys):
     """A budget between one sequence and the whole batch: kv runs in parts of the size the
     formula gives, says so in its header, and writes the numbers of the run in one batch."""
