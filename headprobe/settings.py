@@ -762,7 +762,7 @@ def check_settings(cfg) -> None:
         from headprobe.probe.core.sizes import parse_bytes
 
         parse_bytes(cfg.memory_budget, "--memory-budget")
-    elif hasattr(cfg, "memory_budget"):  # no flag: the environment's budget, refused now as the flag is, not after the load
+    elif hasattr(cfg, "memory_budget"):  # no flag: $HEADPROBE_MEMORY_BUDGET, refused now, not after the load
         from headprobe.probe.core.memory import stated
 
         stated()
