@@ -611,7 +611,7 @@ class ModelSettings:
         None,
         "working memory batched work may fill beyond the weights, e.g. 4GiB or 500MB (default: "
         "$HEADPROBE_MEMORY_BUDGET, else 80 percent of the device's free memory); batch sizes are planned from it and "
-        "the header prints them; work that cannot fit is refused before it starts",
+        "the header prints them; a budget above the free memory, or work that cannot fit, is refused before it starts",
         metavar="SIZE",
     )
     """Working-memory budget (``4GiB``; :mod:`headprobe.probe.core.memory`); None: the environment's, else free memory."""
