@@ -284,17 +284,15 @@ def plan_rows(model: LoadedModel, batch: int, pos: int, budget: float | None = N
     available = memory.free_bytes(model.device)
     given = memory.stated()
     where = f"a budget of {format_bytes(budget)}" if budget is not None else "budget"
-    if budget is None and given is not None:
+    if budget is not None:  # above the free memory: refused, the rule of every command's planner (memory.budget)
+        memory.within_free(budget, f"--memory-gb's budget of {format_bytes(budget)}", model.device, "--memory-gb")
+    elif given is not None:
         budget, where = given[0], given[1]
-    if budget is None:  # on a CPU at most DEFAULT_BUDGET; a GPU's batches take what is free, as other commands'
+        memory.within_free(budget, f"the {where}", model.device)
+    else:  # on a CPU at most DEFAULT_BUDGET; a GPU's batches take what is free, as other commands'
         cap = float("inf") if model.device.type == "cuda" else DEFAULT_BUDGET
         budget = min(cap, available * memory.HEADROOM)
         where = f"budget of {format_bytes(budget)}"
-    elif budget > available:
-        raise HeadprobeError(
-            f"a working-memory budget of {format_bytes(budget)} is more than the "
-            f"{format_bytes(available)} free on {model.device}"
-        )
     scoring, patching = row_bytes(model, pos)
     if scoring > budget or patching > budget:
         raise HeadprobeError(

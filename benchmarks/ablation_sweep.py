@@ -3,12 +3,19 @@
 Usage: ``PYTHONPATH=. python benchmarks/ablation_sweep.py [--model smollm2-135m] [--n-seqs 8]
 [--seq-len 100] [--all-heads] [--device cpu] [--max-batch 64]``
 
+``--model`` takes what every command's does (``headprobe.load_model``): a built-in name, a Hugging
+Face name or model directory, a ``.gguf`` file, or a headprobe checkpoint directory (``headprobe
+train --out DIR``). A checkpoint directory has no Hugging Face weights for TransformerLens: its
+reference (a) is then the same hook loop on the native model. Bad input (an unknown model, a
+non-positive count) is one line on stderr and exit status 2.
+
 In one process on one machine, on the same ``n_seqs x seq_len`` natural-text tokens (CPython's
 documentation, BOS first) and the same heads (default: 60 heads, two per layer; ``--all-heads``:
 every head), it times
 
-(a) the plain loop: one full forward pass of TransformerLens' ``TransformerBridge`` per head,
-    with that head zero-ablated by a ``hook_z`` hook (:func:`headprobe.analyses.ablation.sweep_loop`);
+(a) the plain loop: one full forward pass of TransformerLens' ``TransformerBridge`` per head
+    (a headprobe checkpoint: of the native model), with that head zero-ablated by a ``hook_z`` hook
+    (:func:`headprobe.analyses.ablation.sweep_loop`);
 (b) the engine: :func:`headprobe.analyses.ablation.exact_sweep` on the native model (shared prefix,
     ablations batched along the batch axis, logits only where scored);
 
@@ -34,10 +41,10 @@ it. Not a timed test: numbers depend on the machine and on what else runs on it.
 from __future__ import annotations
 
 import argparse
-import copy
-import dataclasses
 import os
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -47,33 +54,60 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line, ``ablation_sweep.py: error: ...``, exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def load_both(name: str, device: str):
+    """``(native, reference, what the reference is)``: ``name`` loaded as ``--model NAME`` is by every
+    command (:func:`headprobe.load_model`, self-checked), once on the native backend for the engine and
+    once on TransformerLens' bridge for the hook loop; a headprobe checkpoint directory, which the
+    bridge cannot read, is its own reference (the hook loop on the native model).
+
+    Raises:
+        HeadprobeError: the model cannot be found or read, or ``device`` is unknown or absent (one line).
+    """
+    import headprobe
+    from headprobe.options import check_model
+    from headprobe.probe.model.checkpoint import is_native_dir
+
+    check_model(name)  # an unknown name or a folder without weights, before torch loads anything
+    native = headprobe.load_model(name, device=device, backend="native")
+    if is_native_dir(Path(name).expanduser()):
+        return native, native, "the native model's hook loop (a headprobe checkpoint: no TransformerLens weights)"
+    bridge = headprobe.load_model(name, device=device, backend="transformer-lens", quiet=True)
+    return native, bridge, "TransformerLens hook loop"
+
+
 def main(argv: list[str] | None = None) -> None:
     from headprobe.analyses.ablation import exact_sweep, head_importance, spearman, sweep_loop
     from headprobe.analyses.attribution import N_PROBES, atp_star, forward_equivalents, second_order
     from headprobe.analyses.data import natural_text_tokens
-    from headprobe.probe.backends.hf_checkpoint import load_checkpoint
-    from headprobe.probe.backends.loading import device_auto
-    from headprobe.probe.backends.wrapping import wrap
+    from headprobe.settings import positive_int
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
+    ap = OneLineParser(prog="ablation_sweep.py", allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--n-seqs", type=int, default=8)
-    ap.add_argument("--seq-len", type=int, default=100)
+    ap.add_argument("--n-seqs", type=positive_int, default=8)
+    ap.add_argument("--seq-len", type=positive_int, default=100)
     ap.add_argument("--all-heads", action="store_true", help="sweep every head (default: two per layer)")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--max-batch", type=int, default=64, help="sequences per engine forward pass")
+    ap.add_argument("--max-batch", type=positive_int, default=64, help="sequences per engine forward pass")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
-        "--n-probes", type=int, default=N_PROBES, help="probes of the second-order estimate (default %(default)s)"
+        "--n-probes",
+        type=positive_int,
+        default=N_PROBES,
+        help="probes of the second-order estimate (default %(default)s)",
     )
     args = ap.parse_args(argv)
-    device = device_auto(args.device)
 
     t0 = time.perf_counter()
-    ckpt = load_checkpoint(args.model)
-    bridge = wrap(dataclasses.replace(ckpt, hf_model=copy.deepcopy(ckpt.hf_model)), "transformer-lens", device)
-    native = wrap(ckpt, "native", device)
+    native, bridge, reference = load_both(args.model, args.device)
+    device = str(native.device)
     print(
         f"loaded {args.model} on {device} in {time.perf_counter() - t0:.1f} s; torch threads {torch.get_num_threads()}"
     )
@@ -97,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     ref = sweep_loop(bridge, tokens, heads=heads)
     _sync(device)
     t_loop = time.perf_counter() - t0
-    print(f"(a) TransformerLens hook loop: {t_loop:.2f} s ({t_loop / len(heads) * 1e3:.0f} ms/head)", flush=True)
+    print(f"(a) {reference}: {t_loop:.2f} s ({t_loop / len(heads) * 1e3:.0f} ms/head)", flush=True)
 
     _sync(device)
     t0 = time.perf_counter()
@@ -181,4 +215,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from headprobe.probe.core.errors import HeadprobeError
+
+    try:
+        main()
+    except HeadprobeError as e:  # bad input: one line and exit 2, as every headprobe command
+        print(f"ablation_sweep.py: error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -18,7 +18,9 @@
 #   - pruned-model speed (benchmarks/pruned_speed.py: realised share of the FLOPs removed).
 # Usage: bash benchmarks/gpu_check.sh [--device cuda|cpu] [--model NAME|DIR] [--quick] [--out DIR]
 #   --device cpu runs the same steps on the CPU (the fallback the test suite runs, with --quick and a
-#   tiny model); --quick shrinks every workload to seconds. Set PYTHON to the interpreter of the
+#   tiny model; yours: --model figures/train-default, the committed headprobe checkpoint, 27 steps in
+#   about 2.5 minutes); --quick shrinks every workload to seconds, but without --model it still loads
+#   SmolLM2-135M, many minutes on a CPU. Set PYTHON to the interpreter of the
 #   environment (default: .venv/bin/python if present, else python); on a CUDA machine install it
 #   with `make setup TORCH_SPEC=torch` first. Every command runs as `python -m headprobe ...` with
 #   PYTHONPATH=. (default), through benchmarks/run_peak.py: it imports torch, transformers and

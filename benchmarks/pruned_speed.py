@@ -20,6 +20,10 @@ heads; every score counted, as for a non-causal kernel). The removed share is
 removed, ``(1 - t_pruned / t_full) / flop_share``: 1.0 means the time fell exactly as the FLOPs,
 the issue's goal is >= 0.8.
 
+``--model`` takes what every command's does (``headprobe.load_model``: a built-in name, a Hugging
+Face name or directory, a ``.gguf`` file, a headprobe checkpoint directory). Bad input (an unknown
+model, a fraction outside (0, 1), a non-positive count) is one line on stderr and exit status 2.
+
 Prints one row per model and a last line ``realised_<fraction>=<x>`` for each fraction, plus
 ``tokens_per_s_full=``. Not a timed test: numbers depend on the machine and on what else runs.
 """
@@ -30,6 +34,7 @@ import argparse
 import dataclasses
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -70,25 +75,47 @@ def time_forwards(nets: list, tokens: torch.Tensor, repeats: int) -> list[float]
     return [statistics.median(t) for t in times]
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line, ``pruned_speed.py: error: ...``, exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def fractions_of(text: str) -> list[float]:
+    """``--fractions``' shares, each in (0, 1) (argparse ``type``: else a one-line usage error)."""
+    try:
+        values = [float(f) for f in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated numbers, got {text!r}") from None
+    if not all(0 < v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"each share must be between 0 and 1, got {text!r}")
+    return values
+
+
 def main(argv: list[str] | None = None) -> None:
     import headprobe
     from headprobe.analyses.ablation import head_importance
     from headprobe.analyses.data import natural_text_tokens
-    from headprobe.options import DTYPES, torch_dtype
+    from headprobe.options import DTYPES, check_model, torch_dtype
     from headprobe.probe.model.pruned import remove_heads
+    from headprobe.settings import positive_int
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
+    ap = OneLineParser(prog="pruned_speed.py", allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--fractions", default="0.25,0.5", help="shares of heads to remove, comma-separated")
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--seq-len", type=int, default=512)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument(
+        "--fractions", type=fractions_of, default="0.25,0.5", help="shares of heads to remove, comma-separated"
+    )
+    ap.add_argument("--batch", type=positive_int, default=8)
+    ap.add_argument("--seq-len", type=positive_int, default=512)
+    ap.add_argument("--repeats", type=positive_int, default=5)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=DTYPES)
     args = ap.parse_args(argv)
-    fractions = [float(f) for f in args.fractions.split(",")]
+    fractions = args.fractions
 
+    check_model(args.model)  # an unknown name or a folder without weights, before torch loads anything
     model = headprobe.load_model(args.model, device=args.device, backend="native", quiet=True)
     spec = model.spec
     layout = spec.layout
@@ -137,4 +164,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from headprobe.probe.core.errors import HeadprobeError
+
+    try:
+        main()
+    except HeadprobeError as e:  # bad input: one line and exit 2, as every headprobe command
+        print(f"pruned_speed.py: error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -381,8 +381,9 @@ def _progress_bar_open() -> bool:
     return False
 
 
-def _left(out: str | None) -> str:
-    """What a command stopped before its end left in ``out`` (its ``--out``; None: it has none)."""
+def _left(out: str | None, rerun: str = "run the same command again") -> str:
+    """What a command stopped before its end left in ``out`` (its ``--out``; None: it has none);
+    ``rerun``: how to resume from its checkpoint, where it has one."""
     from pathlib import Path
 
     from headprobe.probe.core.io import CHECKPOINT_GLOB
@@ -391,10 +392,7 @@ def _left(out: str | None) -> str:
         return "files are written atomically: none was left half-written"
     out = str(Path(out))  # "x/" is said as x/, not x//
     if Path(out).is_dir() and any(Path(out).glob(CHECKPOINT_GLOB)):
-        return (
-            f"{out}/ holds what it held before this run, and this run's checkpoint: run the same command again "
-            f"to resume from it"
-        )
+        return f"{out}/ holds what it held before this run, and this run's checkpoint: {rerun} to resume from it"
     return (
         f"{out}/ is as it was before this run (a run's files are moved in together when it ends, "
         f"summary.json last); run the command again to start over"
@@ -423,14 +421,18 @@ def out_of_memory(e: BaseException) -> bool:
     )
 
 
-def _out_of_memory_line(e: BaseException, out: str | None) -> str:
+def _out_of_memory_line(e: BaseException, out: str | None, max_batch: bool = False) -> str:
     """One line for an allocation that failed mid-run (the memory plan's estimate fell short, or
-    work it does not plan): what torch said, what to change, what ``out`` holds."""
+    work it does not plan): what torch said, what to change, what ``out`` holds. The same command
+    would fail again: a checkpoint is resumed by a rerun with a smaller ``--memory-budget`` (or
+    ``--max-batch``, where the command has it: ``max_batch``), which are not part of its settings
+    (:data:`headprobe.options.RUN_ONLY`)."""
     said = (str(e).strip().splitlines() or [type(e).__name__])[0]
     said = said if len(said) <= 200 else said[:197] + "..."
+    smaller = "a smaller --memory-budget" + (" or --max-batch" if max_batch else "")
     return _own_line(
-        f"headprobe: error: out of memory ({said}); state a smaller --memory-budget, use "
-        f"--dtype bfloat16, or fewer or shorter sequences; {_left(out)}"
+        f"headprobe: error: out of memory ({said}); state {smaller}, use --dtype bfloat16, or fewer or "
+        f"shorter sequences; {_left(out, f'rerun with {smaller}')}"
     )
 
 
@@ -493,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, MemoryError) as e:
         if not out_of_memory(e):
             raise
-        print(_out_of_memory_line(e, getattr(args, "out", None)), file=sys.stderr)
+        print(_out_of_memory_line(e, getattr(args, "out", None), hasattr(args, "max_batch")), file=sys.stderr)
         return 2
     finally:
         for signum, handler in previous.items():  # the command line's run has ended, stopped or not:

@@ -1278,8 +1278,10 @@ def wrote_tables(paths: list, out: Path) -> str:
     return f"\nwrote {len(paths)} files to {out}/ ({', '.join(names)}{figures})"
 
 
-RUN_ONLY = ("threads", "memory_budget")
-"""Config fields that change how fast a run goes, not what it computes: left out of a checkpoint's key."""
+RUN_ONLY = ("threads", "memory_budget", "max_batch")
+"""Config fields that change how fast a run goes, not what it computes (the sweep is the same at
+any batch size): left out of a checkpoint's key, so a run that ran out of memory resumes with a smaller
+``--memory-budget`` or ``ablate --max-batch``."""
 
 
 def checkpoint_key(config) -> dict:

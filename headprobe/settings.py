@@ -612,7 +612,7 @@ class ModelSettings:
         "working memory batched work may fill beyond the weights, e.g. 4GiB (2^30 bytes each) or 500MB (10^6 each; "
         "a bare number is bytes) (default: "
         "$HEADPROBE_MEMORY_BUDGET, else 80 percent of the device's free memory); batch sizes are planned from it and "
-        "the header prints them; work that cannot fit is refused before it starts",
+        "the header prints them; a budget above the free memory, or work that cannot fit, is refused before it starts",
         metavar="SIZE",
     )
     """Working-memory budget (``4GiB``; :mod:`headprobe.probe.core.memory`); None: the environment's, else free memory."""
@@ -739,7 +739,8 @@ def check_settings(cfg) -> None:
     2 at least), ``period`` >= ``MIN_PERIOD``, ``device`` (:func:`check_device`) and ``backend`` among their
     choices, ``float16`` only on a backend with ``half_precision`` (:data:`FLOAT16_BRIDGE`, torch-free),
     ``max_memory`` readable and only with ``device_map``, ``device_map`` with a dtype other than float32
-    only on a backend with ``splits_after_load`` (:func:`device_map_float32_only`). Fields the config lacks, or leaves None, are skipped.
+    only on a backend with ``splits_after_load`` (:func:`device_map_float32_only`), ``memory_budget`` a size, or where
+    left None ``$HEADPROBE_MEMORY_BUDGET`` (if set). Fields the config lacks, or leaves None, are skipped.
 
     Raises:
         HeadprobeError: one line naming the flag.
@@ -762,6 +763,10 @@ def check_settings(cfg) -> None:
         from headprobe.probe.core.sizes import parse_bytes
 
         parse_bytes(cfg.memory_budget, "--memory-budget")
+    elif hasattr(cfg, "memory_budget"):  # no flag: $HEADPROBE_MEMORY_BUDGET, refused now, not after the load
+        from headprobe.probe.core.memory import stated
+
+        stated()
     for name in ("n_natural", "n_repeated", "threads"):
         if has(name) and getattr(cfg, name) < 1:
             raise HeadprobeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")

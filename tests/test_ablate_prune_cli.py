@@ -462,6 +462,39 @@ def test_killed_run_resumes_to_the_same_results(tiny_dir, tmp_path, capsys, comm
     assert rc == 2 and "other settings" in err and "--overwrite" in err
 
 
+def test_out_of_memory_mid_run_resumes_with_a_smaller_budget_or_batch(tiny_dir, tmp_path, monkeypatch, capsys):
+    """An ablate that ran out of memory after its first checkpoint said "run the same command again
+    to resume from it", which failed again the same way (walk-gpu trip 5). It now says to rerun with
+    a smaller --memory-budget or --max-batch, and that rerun resumes (neither is part of the
+    checkpoint's settings) and ends with the uninterrupted run's table."""
+    import torch
+
+    from headprobe.probe.core.io import CHECKPOINT_NAME, RunCheckpoint
+
+    args = ["--model", str(tiny_dir), "--text", _text(tmp_path), *SMALL, "--formats", "none"]
+    assert main(["ablate", "--out", str(tmp_path / "whole"), *args]) == 0
+    real_save = RunCheckpoint.save
+
+    def save_then_fail(self, state):
+        real_save(self, state)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(RunCheckpoint, "save", save_then_fail)
+    capsys.readouterr()
+    assert main(["ablate", "--out", str(tmp_path / "cut"), *args, "--memory-budget", "1GiB"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("headprobe: error: out of memory (CUDA out of memory.") and "same command" not in line
+    assert "checkpoint: rerun with a smaller --memory-budget or --max-batch to resume from it" in line, line
+    assert (tmp_path / "cut" / CHECKPOINT_NAME).is_file()
+    monkeypatch.setattr(RunCheckpoint, "save", real_save)
+    rerun = ["ablate", "--out", str(tmp_path / "cut"), *args, "--memory-budget", "512MiB", "--max-batch", "2"]
+    assert main(rerun) == 0
+    out = capsys.readouterr().out
+    assert "resuming from" in out and "0 resumed from a checkpoint" not in out, out
+    csv = "head_ablation.csv"
+    assert (tmp_path / "cut" / csv).read_text() == (tmp_path / "whole" / csv).read_text()
+
+
 def test_checkpoint_from_when_the_repeated_task_was_called_induction_resumes(tiny_dir, tmp_path):
     """The repeated task took scan's name ``repeated`` (it was ``induction`` in ablate and prune):
     a checkpoint written under the old name is read, not silently redone or broken. Ablate: a

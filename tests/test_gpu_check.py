@@ -124,6 +124,41 @@ def test_run_peak_reports_exit_codes_time_outs_and_memory(tmp_path):
     assert "steps in new processes" in (tmp_path / "log").read_text()
 
 
+def _bench(script: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH") or str(ROOT)}
+    return subprocess.run(
+        [sys.executable, f"benchmarks/{script}", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_sweep_and_speed_benchmarks_load_a_model_as_the_commands_do(tmp_path):
+    """gpu_check's sweep step (benchmarks/ablation_sweep.py) read --model with transformers alone: a
+    headprobe train directory, which every command takes, failed with a traceback and exit 1
+    (walk-gpu trip 3). It now loads as the commands do (headprobe.load_model); such a directory has no
+    TransformerLens weights and is its own hook-loop reference, which the engine equals. Bad input to
+    it and to pruned_speed.py (gpu_check's other benchmark) is one line on stderr and exit 2."""
+    from headprobe.cli import main
+
+    m = tmp_path / "m"
+    assert main(["train", "--out", str(m), "--steps", "4", "--warmup", "1", "--formats", "none"]) == 0
+    proc = _bench("ablation_sweep.py", "--model", str(m), "--device", "cpu", "--n-seqs", "2", "--seq-len", "16")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "(a) the native model's hook loop" in proc.stdout
+    last = _fields("sweep " + proc.stdout.strip().splitlines()[-1])
+    assert float(last["max_loss_diff"]) < 1e-5 and -1 <= float(last["spearman"]) <= 1, last
+    for script, args, said in [
+        ("ablation_sweep.py", ["--model", str(tmp_path), "--device", "cpu"], "has no config.json"),
+        ("ablation_sweep.py", ["--model", str(m), "--device", "cuda:7"], "--device cuda:7"),
+        ("ablation_sweep.py", ["--n-seqs", "0"], "--n-seqs: must be a positive integer, got 0"),
+        ("pruned_speed.py", ["--model", str(tmp_path)], "has no config.json"),
+        ("pruned_speed.py", ["--fractions", "0.5,2"], "each share must be between 0 and 1"),
+    ]:
+        proc = _bench(script, *args)
+        err = proc.stderr
+        assert proc.returncode == 2 and err.count("\n") == 1 and err.startswith(f"{script}: error: "), (args, err)
+        assert said in err, (args, err)
+
+
 def test_gpu_check_refuses_an_unknown_argument():
     proc = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--gpus", "2"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unknown argument --gpus" in proc.stderr

@@ -156,6 +156,33 @@ def test_ablate_refuses_before_the_folder(tiny_dir, tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", ["ablate", "scan", "circuit"])
+@pytest.mark.parametrize("how", ["flag", "environment"])
+def test_a_budget_above_the_free_memory_is_refused_by_every_command(
+    command, how, tiny_dir, tmp_path, capsys, monkeypatch
+):
+    """``ablate --memory-budget 40GiB`` with 22 GiB free was planned to 40 GiB without a word and
+    then ran out of memory (walk-gpu trip 5), while circuit refused it: now every command refuses a
+    stated budget (flag or $HEADPROBE_MEMORY_BUDGET) above the free memory, in one line naming both,
+    before the output folder (the machine's free memory said to be 512 MiB)."""
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 512 * 2**20)
+    out = tmp_path / command
+    stated = ["--memory-budget", "1GiB"] if how == "flag" else []
+    if how == "environment":
+        monkeypatch.setenv(memory.BUDGET_ENV, "1GiB")
+    if command == "circuit":
+        argv = [command, "--model", str(tiny_dir), "--verify", "0", "--steps", "1", "--period", "6", "--device", "cpu"]
+    else:
+        argv = [command, "--model", str(tiny_dir), "--text", _text(tmp_path), *SMALL]
+    assert main([*argv, "--out", str(out), *stated]) == 2
+    err = _errors(capsys)
+    assert len(err) == 1 and "1 GiB" in err[0] and "is more than the 512 MiB free on cpu" in err[0], err
+    assert ("$HEADPROBE_MEMORY_BUDGET" in err[0]) == (how == "environment"), err
+    assert not out.exists() or not any(out.iterdir())
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 2 * 2**30)  # 1 GiB within 2 GiB free: it runs
+    assert main([*argv, "--out", str(out), *stated, "--formats", "none"]) == 0
+
+
 def test_ablate_header_prints_the_plan(tiny_dir, tmp_path, capsys):
     from headprobe.probe.backends.loading import load_model
 
@@ -262,6 +289,44 @@ def test_bad_budget_is_one_line(tiny_dir, tmp_path, capsys):
         )
     err = _errors(capsys)
     assert e.value.code == 2 and len(err) == 1 and "is not a size" in err[0]
+
+
+ENV_BUDGET_COMMANDS = {  # every command with --memory-budget that loads a model, with the least it runs on
+    "scan": [],
+    "ablate": [],
+    "prune": [],
+    "patch": [],
+    "circuit": [],
+    "kv": [],
+    "robustness": [],
+    "show": ["--head", "0.0", "--prompt", "a b c"],
+    "import": ["--heads-file", "heads.csv"],
+}
+
+
+@pytest.mark.parametrize("command", [*ENV_BUDGET_COMMANDS, "diff", "atlas"])
+def test_bad_environment_budget_is_refused_before_the_load(command, tiny_dir, tmp_path, capsys, monkeypatch):
+    """``HEADPROBE_MEMORY_BUDGET=lots`` was refused only once the model had loaded (walk-gpu trip 4),
+    while ``--memory-budget lots`` is refused at once: now both in the settings' preflight, one line,
+    no model loaded (a load here raises ``model loaded``), no output folder."""
+    from headprobe.probe.backends import loading
+
+    def no_load(*args, **kwargs):
+        raise HeadprobeError("model loaded")
+
+    monkeypatch.setattr(loading, "load_model", no_load)
+    monkeypatch.setenv(memory.BUDGET_ENV, "lots")
+    out, model = tmp_path / "o", str(tiny_dir)
+    if command == "diff":
+        argv = ["diff", model, model]
+    elif command == "atlas":
+        argv = ["atlas", "--models", model, model]
+    else:
+        argv = [command, "--model", model, *ENV_BUDGET_COMMANDS[command]]
+    assert main([*argv, *(["--out", str(out)] if command != "import" else [])]) == 2
+    err = _errors(capsys)
+    assert len(err) == 1 and "$HEADPROBE_MEMORY_BUDGET 'lots' is not a size" in err[0], err
+    assert not out.exists()
 
 
 def test_kv_splits_its_batch_to_the_budget_and_keeps_its_numbers(tiny_dir, tmp_path, capsys):
@@ -686,7 +751,7 @@ def _metric_plans_bound_their_peaks(model, text: str, n: int, T: int, streaming:
     from headprobe.analyses.ablation import first_scored
     from headprobe.analyses.data import natural_text_tokens, open_text_file
 
-    memory.set_budget("64GiB")
+    memory.set_budget("64GiB")  # planned as is: the roomy fixture says 1 TiB is free
     natural = natural_text_tokens(model, n, T, 0, open_text_file(text))
     needles = M.scan_needles(model, n, T, 0, open_text_file(text))
     first = first_scored("natural", natural.start, None)  # as scan's
@@ -712,8 +777,15 @@ def _metric_plans_bound_their_peaks(model, text: str, n: int, T: int, streaming:
     return ratios | {"all of scan_metrics": largest / peak}
 
 
+@pytest.fixture
+def roomy(monkeypatch):
+    """1 TiB free, whatever the machine has: a stated 64 GiB budget (room for every plan) is not refused
+    as above the free memory (memory.within_free)."""
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 2**40)
+
+
 @pytest.mark.parametrize("streaming", ["off", "on"])
-def test_scan_metric_plans_bound_their_measured_peaks(streaming, tiny_dir, tmp_path):
+def test_scan_metric_plans_bound_their_measured_peaks(streaming, tiny_dir, tmp_path, roomy):
     """Each head-metric forward of scan (the pattern pass, the retrieval needles, the direct logit
     attribution's two forwards and gradient, value-weighted attention on materialised patterns) and
     the copying score's weight copies against its plan, streamed and materialised."""
@@ -742,7 +814,7 @@ def smollm2_width(tiny_tokenizer):
 
 
 @pytest.mark.parametrize("streaming", ["off", "on"])
-def test_scan_metric_plans_bound_their_peaks_at_smollm2_width(streaming, smollm2_width, tmp_path):
+def test_scan_metric_plans_bound_their_peaks_at_smollm2_width(streaming, smollm2_width, tmp_path, roomy):
     """As above at SmolLM2's width and vocabulary (2 x 64 tokens): the logits' and the copying
     score's [d_vocab, d_model] terms dominate there. The steps that unembed (the materialised
     pattern pass, value-weighted attention, the needles' queries) hold their logits once, no loss:
@@ -759,7 +831,7 @@ def test_scan_metric_plans_bound_their_peaks_at_smollm2_width(streaming, smollm2
 @pytest.mark.parametrize(
     ("cap", "dtype", "copies"), [(None, torch.float32, 1), (30.0, torch.float32, 3), (30.0, torch.bfloat16, 3)]
 )
-def test_pattern_pass_plan_counts_the_softcapped_logits_it_holds(cap, dtype, copies, tiny_tokenizer, tmp_path):
+def test_pattern_pass_plan_counts_the_softcapped_logits_it_holds(cap, dtype, copies, tiny_tokenizer, tmp_path, roomy):
     """logit_entry_bytes on a Gemma-2 with a final logit soft-cap (``tanh(logits / c) * c``: the
     logits, their quotient and its tanh alive at once) against the profiler's peak of scan's
     materialised pattern pass, on a 32,768-token vocabulary (2 x 32 tokens) where the logits are
@@ -777,7 +849,7 @@ def test_pattern_pass_plan_counts_the_softcapped_logits_it_holds(cap, dtype, cop
     model = _native(ckpt)
     assert model.model.cfg.final_softcap == cap and model.dtype == dtype
     assert model.logit_entry_bytes == dtype.itemsize * copies
-    memory.set_budget("64GiB")
+    memory.set_budget("64GiB")  # planned as is: the roomy fixture says 1 TiB is free
     natural = natural_text_tokens(model, 2, 32, 0, open_text_file(_text(tmp_path)))
     (plan,) = [p for p in M.metric_plans(model, 2, 32, 1, "off") if "pattern metrics" in p.what]
 
@@ -791,7 +863,7 @@ def test_pattern_pass_plan_counts_the_softcapped_logits_it_holds(cap, dtype, cop
 
 
 @pytest.mark.parametrize("weights", [True, False])
-def test_scan_refuses_a_budget_its_metrics_exceed(weights, tiny_dir, tmp_path, capsys, monkeypatch):
+def test_scan_refuses_a_budget_its_metrics_exceed(weights, tiny_dir, tmp_path, capsys, monkeypatch, roomy):
     """A budget above both scoring forwards but below a head-metric step: scan ran on (the metrics
     had no plan). Now refused in one line naming the step and --no-metrics, before any output
     folder; with --no-metrics the same budget runs. On the tiny model the copying score's weight
@@ -805,7 +877,7 @@ def test_scan_refuses_a_budget_its_metrics_exceed(weights, tiny_dir, tmp_path, c
     if not weights:
         monkeypatch.setattr(M, "copying_bytes", lambda spec: 0)
     model = load_model(str(tiny_dir), device="cpu")
-    memory.set_budget("64GiB")
+    memory.set_budget("64GiB")  # planned as is: the roomy fixture says 1 TiB is free
     cfg = ScanConfig(model=str(tiny_dir), seq_len=16, n_natural=3, n_repeated=2, period=6)
     scoring = max(p.total for p in _scoring_plans(model, cfg))
     metrics = M.metric_plans(model, 3, 16, first_scored("natural", int(model.prepend_bos), None))

@@ -306,6 +306,7 @@ def test_composition_passes_follow_the_budget_and_refuse_before_allocating(tiny_
     from headprobe.probe.core import memory
 
     model = tiny_llama_gqa_native
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 2**40)  # 64 GiB is not above the free memory
     memory.set_budget("64GiB")
     try:
         full = composition.composition_plan(model.spec, "cpu")

@@ -204,8 +204,10 @@ def test_cli_rejects_bad_input(argv, message, tmp_path, capsys):
         )
         == 2
     )
-    err = capsys.readouterr().err.strip()
+    out, err = capsys.readouterr()
+    err = err.strip()
     assert err.count("\n") == 0 and message in err
+    assert out == ""  # refused before the plan line ("training 2 layers x 4 heads ..."), as other commands
     assert not (tmp_path / "out").exists()
 
 

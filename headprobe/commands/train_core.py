@@ -272,6 +272,9 @@ def run(config: TrainConfig, progress: bool = False) -> TrainResult:
     """
     config.validate()
     config.model_config()  # layout errors (n_heads vs n_kv_heads, d_model vs n_heads) before any work
+    from headprobe.probe.backends.loading import device_auto, require_gpu
+
+    require_gpu(device_auto(config.device))  # refused before the plan line, as every other command's --device cuda
     if progress:  # the first evaluation line comes eval_every steps later (tens of seconds on a busy CPU)
         print(start_line(config), flush=True)
     with tempfile.TemporaryDirectory() as tmp:

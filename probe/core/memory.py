@@ -5,7 +5,8 @@ The budget is, in this order: the one stated for the process (:func:`set_budget`
 ``--memory-budget`` setting), the ``HEADPROBE_MEMORY_BUDGET`` environment variable, else
 :data:`HEADROOM` of the device's free memory (CUDA: ``torch.cuda.mem_get_info`` once the caching
 allocator's unused blocks are released; CPU: the kernel's ``MemAvailable`` in ``/proc/meminfo``, or
-``os.sysconf`` where there is none). Sizes are bytes,
+``os.sysconf`` where there is none). A stated budget above that free memory is refused
+(:func:`within_free`). Sizes are bytes,
 read and printed by :mod:`headprobe.probe.core.sizes` (``4GiB``, ``500MB``, a bare ``1000``).
 Torch is imported only to read a GPU's free memory.
 """
@@ -91,16 +92,34 @@ def stated() -> tuple[int, str] | None:
     return None
 
 
+def within_free(value: float, what: str, device, flag: str = "--memory-budget") -> None:
+    """Refuse a stated budget of ``value`` bytes above the :func:`free_bytes` of ``device``: a plan
+    filled to it would fail with out of memory mid-run. Every command's planner and ``circuit``'s
+    (``flag``: the one that states it there, ``--memory-gb``).
+
+    Raises:
+        HeadprobeError: one line naming ``what`` (``"the stated budget 40 GiB"``), the free memory
+            and what to state instead.
+    """
+    free = free_bytes(device)
+    if value > free:
+        raise HeadprobeError(
+            f"{what} is more than the {format_bytes(free)} free on {device}: state at most that with "
+            f"{flag}, or leave it out ({HEADROOM:.0%} of the free memory)"
+        )
+
+
 def budget(device) -> tuple[int, str]:
     """``(bytes, where from)``: the stated budget (:func:`set_budget`, then :data:`BUDGET_ENV`), else
     :data:`HEADROOM` of :func:`free_bytes`; the text says which (``"stated budget 4 GiB"``,
     ``"80% of 12.5 GiB free on cuda:0"``).
 
     Raises:
-        HeadprobeError: a bad :data:`BUDGET_ENV`.
+        HeadprobeError: a bad :data:`BUDGET_ENV`, or a stated budget above the free memory (:func:`within_free`).
     """
     given = stated()
     if given is not None:
+        within_free(given[0], f"the {given[1]}", device)
         return given
     free = free_bytes(device)
     return int(free * HEADROOM), f"{HEADROOM:.0%} of {format_bytes(free)} free on {device}"
