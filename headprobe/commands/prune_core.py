@@ -585,7 +585,9 @@ def _prune_curve(
         progress=progress,
         resume=saved.get(name),
         on_step=on_step,
-        max_batch=importance_plan(model, tuple(score.tokens.shape)).items if method == "michel" else None,
+        max_batch=importance_plan(model, (score.tokens.shape[0], score.tokens.shape[1])).items
+        if method == "michel"
+        else None,
     )
 
 
