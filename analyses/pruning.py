@@ -223,16 +223,13 @@ def iterative_pruning(
         rescore: recompute importance at the current mask after each step (else once, as in the paper).
         normalize: rank by ``I_h`` / its layer's l2 norm (Michel et al. §4.1); False: raw ``I_h`` (as ``ablate``).
         max_fraction: stop once this fraction of heads is removed.
-        resume: a state that ``on_step`` handed out earlier; the run continues after its last step.
-        on_step: called after every step with the run's state (JSON-serialisable), to checkpoint it.
-        max_batch: sequences per forward and backward of the gradient importance (None: all at once;
-            :func:`importance_plan` sizes it); the scores are one pass's to float rounding.
+        resume: a state ``on_step`` (called after each step with the JSON-serialisable state) gave: go on from it.
+        max_batch: sequences per gradient pass (None: all at once; :func:`importance_plan` sizes it).
 
     Raises:
         HeadprobeError: ``order`` unknown, a fraction outside (0, 1], or no head left to prune.
     """
     _check_pruning_args(order, step_fraction, max_fraction)
-    spec = model.spec
     keep = present_heads(model)
     n_present = int(keep.sum())
     per_step = max(1, round(step_fraction * n_present))
@@ -272,7 +269,7 @@ def iterative_pruning(
                     model, score_set.tokens, score_set.first, head_mask=keep, normalize=normalize, max_batch=max_batch
                 ).importance.clone()
             flat, margin = least_important_cut(scores, keep, n_now)
-        removed = [(i // spec.n_heads, i % spec.n_heads) for i in flat]
+        removed = [(i // model.spec.n_heads, i % model.spec.n_heads) for i in flat]
         for layer, head in removed:
             keep[layer, head] = 0.0
         run.removal_order += removed

@@ -230,11 +230,13 @@ class ScanConfig(ModelSettings, DataSettings):
             HeadprobeError: as :meth:`read_text`; ``k`` at least the head count; a sequence longer than the context;
                 only encoder-only head types for a model :func:`headprobe.options.peek_encoder` reads as causal.
         """
+        from headprobe.analyses.columns import ENCODER_ONLY_TYPES
         from headprobe.probe.backends.sources import canonical_name
 
         self.read_text()
-        if options.peek_encoder(self.model) is False:
-            self._check_types(causal=True, name=canonical_name(self.model))
+        assert self.types is not None  # set by __post_init__
+        if set(self.types) <= set(ENCODER_ONLY_TYPES) and options.peek_encoder(self.model) is False:
+            raise self._encoder_only(canonical_name(self.model))  # torch-free: the registry's records import it
         cfg = options.peek_config(self.model)
         if cfg:
             self._check_layout(cfg["n_layers"] * cfg["n_heads"], cfg["n_ctx"])
@@ -248,11 +250,16 @@ class ScanConfig(ModelSettings, DataSettings):
 
         assert self.types is not None  # set by __post_init__
         if not (types := tuple(t for t in self.types if DETECTORS[t].applies_to(causal))):
-            raise HeadprobeError(
-                f"head types {', '.join(self.types).replace('_', '-')} are scored on encoders only "
-                f"(bidirectional attention); {name} is causal"
-            )
+            raise self._encoder_only(name)
         return types
+
+    def _encoder_only(self, name: str) -> HeadprobeError:
+        """The refusal of only encoder-only head types for the causal model ``name``."""
+        assert self.types is not None  # set by __post_init__
+        return HeadprobeError(
+            f"head types {', '.join(self.types).replace('_', '-')} are scored on encoders only "
+            f"(bidirectional attention); {name} is causal"
+        )
 
     def _check_layout(self, n_heads: int, n_ctx: int | None) -> None:
         """The checks of ``seq_len``, ``period`` and ``k`` against a model's context and head count
