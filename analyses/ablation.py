@@ -1061,7 +1061,7 @@ def _chunked_gradients(
     """:func:`_importance_gradients` over consecutive chunks of at most ``max_batch`` sequences (None:
     one pass), each chunk's per-sequence results concatenated in order: sequences do not interact."""
     n = tokens.shape[0]
-    step = n if max_batch is None or max_batch >= n else max(1, max_batch)
+    step = max(1, n if max_batch is None else min(max_batch, n))
     parts = [
         _importance_gradients(
             model,
