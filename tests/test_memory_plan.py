@@ -896,3 +896,26 @@ def test_scan_refuses_a_budget_its_metrics_exceed(weights, tiny_dir, tmp_path, c
     assert f"{refused.what} needs about" in err[0] and err[0].endswith("or skip this step with --no-metrics"), err
     assert not out.exists()
     assert main([*argv, "--memory-budget", str(budget), "--no-metrics"]) == 0
+
+
+def test_ablate_max_batch_caps_the_gradient_chunks_too(tiny_dir, tmp_path, monkeypatch):
+    """``--max-batch`` (which the out-of-memory line advises) caps the gradient scores' chunks as it
+    caps the sweep's passes; the scores equal an uncapped run's."""
+    from headprobe.commands import ablate_core
+
+    seen = []
+    real = ablate_core.head_importance
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("max_batch"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ablate_core, "head_importance", spy)
+    argv = ["ablate", "--model", str(tiny_dir), "--text", _text(tmp_path), *SMALL, "--formats", "none"]
+    assert main([*argv, "--out", str(tmp_path / "one"), "--max-batch", "1"]) == 0
+    assert seen == [1, 1]  # one chunk size per task
+    assert main([*argv, "--out", str(tmp_path / "all")]) == 0
+    assert seen[2:] == [3, 2]  # the tasks' whole batches fit
+    one, full = (pd.read_csv(tmp_path / d / "head_ablation.csv") for d in ("one", "all"))
+    cols = [c for c in full.columns if "importance" in c or "attribution" in c]
+    np.testing.assert_allclose(one[cols].to_numpy(), full[cols].to_numpy(), rtol=1e-5, atol=1e-7)

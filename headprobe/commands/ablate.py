@@ -84,8 +84,8 @@ class AblateConfig(options.ModelRunConfig):
         kind: ablation kind, a name in :data:`headprobe.probe.core.ablation_kinds.KINDS` (zero, mean, resample).
         heads: heads to sweep, in any form :func:`~headprobe.probe.core.heads.read_heads` takes
             (``"5.1,7.3"``, ``["5.1", "7.3"]``, ``[(5, 1), (7, 3)]``, ``(5, 1)``; stored as the string); None: all.
-        max_batch: most sequences per forward pass in the sweep (>= 1); None: as many as the memory
-            budget holds (:func:`headprobe.analyses.ablation.sweep_plan`).
+        max_batch: most sequences per forward pass in the sweep and its gradient scores (>= 1); None: as
+            many as the memory budget holds (:func:`headprobe.analyses.ablation.sweep_plan`).
         estimate: None: the exact sweep; one of :data:`ESTIMATES`: that gradient estimate of every head's
             effect instead, with no sweep (for models where the sweep is too slow; labelled as an estimate).
         n_probes: sampled-target probes of ``estimate="second-order"`` (>= 1; ignored otherwise).
@@ -102,7 +102,7 @@ class AblateConfig(options.ModelRunConfig):
     )
     max_batch: int | None = setting(
         None,
-        "most sequences per forward pass in the sweep (default: as many as the memory "
+        "most sequences per forward pass in the sweep and its gradient scores (default: as many as the memory "
         "budget holds, see --memory-budget; the header prints the choice)",
         type=positive_int,
         needs=Needs("estimate", (None,)),

@@ -790,7 +790,7 @@ def _sweep_task(
     )
     t1 = time.perf_counter()
     effect_ci = _effect_ci(model, task, sweep)
-    chunk = gradient_chunk(model, "gradient", tokens, cfg.kind, GRADIENT_WORK)
+    chunk = min(gradient_chunk(model, "gradient", tokens, cfg.kind, GRADIENT_WORK), cfg.max_batch or len(tokens))
     grad = head_importance(model, tokens, first, kind=cfg.kind, mean_z=mean_z, source_tokens=src, max_batch=chunk)
     t2 = time.perf_counter()
     return TaskResult(
