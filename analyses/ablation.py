@@ -57,7 +57,7 @@ from headprobe.probe.hooks.ablation import (
     head_set_masks,
 )
 from headprobe.probe.hooks.names import attn_hook, block_hook
-from headprobe.probe.layout.cost import forward_sequence_bytes
+from headprobe.probe.layout.cost import backward_sequence_bytes, forward_sequence_bytes
 from headprobe.probe.layout.spec import ModelSpec
 
 
@@ -968,6 +968,35 @@ class HeadImportance:
     kind: str
 
 
+def importance_sequence_bytes(model: LoadedModel, seq_len: int, kind: str = "zero") -> int:
+    """Bytes of one sequence of ``seq_len`` tokens in :func:`head_importance`'s forward and backward
+    (``T`` tokens, ``L`` layers, ``H`` heads of ``d_head``, ``e`` the model's element bytes):
+    :func:`~headprobe.probe.layout.cost.backward_sequence_bytes` plus ``L T H d_head (4 + e)``, the
+    ablation directions ``r - z`` in float32 (:func:`ablation_directions`) beside the gradients at
+    ``z``, held while the graph is; ``L T H d_head e`` more for a kind that ablates with a source
+    (its z on every layer). The base of every gradient estimator's plan
+    (:func:`~headprobe.analyses.attribution.estimate_plan`)."""
+    spec, e = model.spec, model.dtype.itemsize
+    z = spec.n_layers * seq_len * spec.n_heads * spec.d_head
+    per = backward_sequence_bytes(spec.layout, seq_len, spec.d_vocab, e) + z * (4 + e)
+    return per + (z * e if ablation_kinds.KINDS.get(kind).needs == "source" else 0)
+
+
+def importance_plan(
+    model: LoadedModel, batch: int, seq_len: int, kind: str = "zero", work: str = "gradient importance"
+) -> memory.BatchPlan:
+    """The plan of :func:`head_importance` over ``batch`` sequences of ``seq_len`` tokens taken in
+    chunks (its ``max_batch`` is :attr:`~headprobe.probe.core.memory.BatchPlan.items`), each sequence
+    :func:`importance_sequence_bytes`; ``work`` names it in the header and the refusal. ablate's
+    gradient scores and prune's Michel importance are sized by it.
+
+    Raises:
+        HeadprobeError: not one sequence fits in the memory budget (one line, before any allocation).
+    """
+    what = f"{work} ({batch} x {seq_len} tokens, forward and backward)"
+    return memory.plan(importance_sequence_bytes(model, seq_len, kind), model.device, 1, what, cap=batch)
+
+
 def head_importance(
     model: LoadedModel,
     tokens: Int[Tensor, "batch pos"],
@@ -1004,7 +1033,7 @@ def head_importance(
             ablate`` reports it. Attribution is never normalised.
         max_batch: at most this many sequences per forward and backward (None: the whole batch in
             one); sequences do not interact, so the scores are one pass's to float rounding (a
-            budget sized by :func:`~headprobe.analyses.attribution.estimate_plan` with ``split``).
+            budget sized by :func:`importance_plan`).
 
     Returns:
         :class:`HeadImportance`: ``importance`` and ``attribution`` ``[layer, head]`` (NaN in a

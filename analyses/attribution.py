@@ -71,12 +71,16 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from headprobe.analyses.ablation import ablation_directions, kind_inputs, require_head_ablation
+from headprobe.analyses.ablation import (
+    ablation_directions,
+    importance_sequence_bytes,
+    kind_inputs,
+    require_head_ablation,
+)
 from headprobe.analyses.vocabulary import ESTIMATORS  # the --estimate choices, defined once (torch-free)
 from headprobe.probe.backends.base import LoadedModel, scored_loss
-from headprobe.probe.core import ablation_kinds, memory
+from headprobe.probe.core import memory
 from headprobe.probe.hooks.names import attn_hook, block_hook
-from headprobe.probe.layout.cost import backward_sequence_bytes
 
 N_PROBES = 8
 """Default sampled-target probes of :func:`second_order`. On SmolLM2-135M's 60 benchmark heads
@@ -119,14 +123,11 @@ def estimate_plan(
     methods), so one sequence must fit and :attr:`~headprobe.probe.core.memory.BatchPlan.items` is the
     chunk; otherwise the whole batch must (AtP* and second-order take it in one pass).
 
-    Per sequence (``T`` tokens, ``L`` layers, ``H`` heads of ``d_head``, ``D = d_model``, ``V``
-    the vocabulary, ``e`` the model's element bytes):
-    :func:`~headprobe.probe.layout.cost.backward_sequence_bytes` (a forward and a backward through
-    every layer, its six float32 ``[T, V]`` tensors at the loss cover second-order's logits,
-    distribution, cotangent and its gradient), plus ``L T H d_head (4 + e)``: the ablation
-    directions ``r - z`` in float32 (:func:`~headprobe.analyses.ablation.ablation_directions`)
-    beside the gradients at ``z``, held while the graph is; ``L T H d_head e`` more for a kind
-    that ablates with a source (its z on every layer); ``atp``: ``2 (L + 1) T D e``, the zero
+    Per sequence (``T`` tokens, ``L`` layers, ``D = d_model``, ``V`` the vocabulary, ``e`` the
+    model's element bytes): :func:`~headprobe.analyses.ablation.importance_sequence_bytes` (the
+    gradient methods' whole need, as :func:`~headprobe.analyses.ablation.importance_plan`: a forward
+    and a backward, whose six float32 ``[T, V]`` tensors at the loss cover second-order's logits,
+    distribution, cotangent and its gradient, and the ablation directions); ``atp``: ``2 (L + 1) T D e``, the zero
     probe at every layer boundary and its gradient, held through the ``L - 1`` partial backwards;
     ``second-order``: ``16 T n_probes``, its uniforms and draws. Kept beside the batch
     (``second-order``): the inverse-CDF draws' two float64 ``[rows, V]`` tensors,
@@ -140,10 +141,8 @@ def estimate_plan(
     if method not in ESTIMATORS:
         raise ValueError(f"unknown estimator {method!r}; expected one of {', '.join(ESTIMATORS)}")
     spec, e = model.spec, model.dtype.itemsize
-    L, T, z = spec.n_layers, seq_len, spec.n_heads * spec.d_head
-    per = backward_sequence_bytes(spec.layout, T, spec.d_vocab, e) + L * T * z * (4 + e)
-    if ablation_kinds.KINDS.get(kind).needs == "source":
-        per += L * T * z * e
+    L, T = spec.n_layers, seq_len
+    per = importance_sequence_bytes(model, T, kind)
     kept, passes = 0, "forward and backward"
     if method == "atp":
         per += 2 * (L + 1) * T * spec.d_model * e

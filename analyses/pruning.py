@@ -36,7 +36,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from headprobe.analyses import distributed
-from headprobe.analyses.ablation import head_importance, require_head_ablation, scored_loss
+from headprobe.analyses.ablation import head_importance, importance_plan, require_head_ablation, scored_loss
 from headprobe.analyses.vocabulary import PRUNING_METHODS as METHODS  # noqa: F401 - defined once (torch-free)
 from headprobe.analyses.vocabulary import PRUNING_ORDERS as ORDERS
 from headprobe.analyses.vocabulary import unreliable_picks  # noqa: F401 - defined once (torch-free: the LaTeX export reads it)
@@ -105,6 +105,8 @@ def masked_loss(model: LoadedModel, data: LossSet, keep: Float[Tensor, "layer he
 
 L0_BATCH = 4
 """Sequences per Adam step of the L0 gates (:func:`l0_pruning`'s ``batch_size``)."""
+IMPORTANCE_WORK = "prune's gradient importance"
+"""How the memory plan names Michel et al.'s importance (header and refusal)."""
 
 
 def memory_plan(
@@ -117,7 +119,7 @@ def memory_plan(
 ) -> memory.BatchPlan:
     """The working memory of a pruning run's largest step: the gradient importance (``michel`` in
     ``methods``: the ``score = (batch, seq_len)`` sequences forward and backward in chunks of as many
-    as fit, :func:`importance_chunk`, :func:`~headprobe.probe.layout.cost.backward_sequence_bytes` each),
+    as fit: :func:`~headprobe.analyses.ablation.importance_plan`, the plan of ablate's gradient scores),
     an L0 gates' step (``l0``: :data:`L0_BATCH` of them), each held-out loss (``evals``: name ->
     ``(batch, seq_len)``, one forward with logits at every position,
     :func:`~headprobe.probe.layout.cost.forward_sequence_bytes`), with ``per_layer`` the per-layer
@@ -136,7 +138,7 @@ def memory_plan(
     def fwd(t: int) -> int:
         return forward_sequence_bytes(spec.layout, t, spec.d_vocab, e)
 
-    plans = [importance_plan(model, score)] if "michel" in methods else []
+    plans = [importance_plan(model, *score, work=IMPORTANCE_WORK)] if "michel" in methods else []
     steps = []  # (what, bytes a sequence, sequences, bytes kept)
     b, t = score
     if "l0" in methods:
@@ -156,21 +158,6 @@ def memory_plan(
         steps.append((f"the pruned model's check ({b} x {t} tokens)", fwd(t) + logits, b, weights))
     plans += [memory.plan(per, model.device, need, what, kept, cap=need) for what, per, need, kept in steps]
     return max(plans, key=lambda p: p.total)
-
-
-def importance_plan(model: LoadedModel, score: tuple[int, int]) -> memory.BatchPlan:
-    """The gradient importance's plan over the ``score = (batch, seq_len)`` sequences: as many a
-    forward and backward as fit (:attr:`~headprobe.probe.core.memory.BatchPlan.items`, the chunk
-    :func:`iterative_pruning` takes as ``max_batch``), each
-    :func:`~headprobe.probe.layout.cost.backward_sequence_bytes`.
-
-    Raises:
-        HeadprobeError: not one sequence fits in the memory budget (one line, before any allocation).
-    """
-    b, t = score
-    backward = backward_sequence_bytes(model.spec.layout, t, model.spec.d_vocab, model.dtype.itemsize)
-    what = f"prune's gradient importance ({b} x {t} tokens, forward and backward)"
-    return memory.plan(backward, model.device, 1, what, cap=b)
 
 
 @dataclass
@@ -224,7 +211,7 @@ def iterative_pruning(
         normalize: rank by ``I_h`` / its layer's l2 norm (Michel et al. §4.1); False: raw ``I_h`` (as ``ablate``).
         max_fraction: stop once this fraction of heads is removed.
         resume: a state ``on_step`` (called after each step with the JSON-serialisable state) gave: go on from it.
-        max_batch: sequences per gradient pass (None: all at once; :func:`importance_plan` sizes it).
+        max_batch: sequences per gradient pass (None: all at once; :func:`~headprobe.analyses.ablation.importance_plan` sizes it).
 
     Raises:
         HeadprobeError: ``order`` unknown, a fraction outside (0, 1], or no head left to prune.

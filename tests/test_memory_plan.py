@@ -22,7 +22,7 @@ from headprobe.cli import main
 from headprobe.probe.core import memory
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.layout.attention import AttentionLayout
-from headprobe.probe.layout.cost import forward_sequence_bytes
+from headprobe.probe.layout.cost import backward_sequence_bytes, forward_sequence_bytes
 
 pytestmark = pytest.mark.usefixtures("no_stated_budget")
 
@@ -365,8 +365,6 @@ def test_kv_splits_its_batch_to_the_budget_and_keeps_its_numbers(tiny_dir, tmp_p
 
 
 def test_backward_sequence_bytes_hand_count():
-    from headprobe.probe.layout.cost import backward_sequence_bytes
-
     layout = AttentionLayout(d_model=8, n_layers=2, n_heads=2, n_kv_heads=1, d_head=4, bytes_per_element=4)
     # per token and layer: 8 * 8 + 3 * (2 + 2 * 1) * 4 + 3 * 2 * 4 + 4 * 32 = 64 + 48 + 24 + 128 = 264 numbers;
     # 2 layers * (3 tokens * 4 bytes * 264 + two float32 weights 2 * 4 * 2 * 3 * 3) = 2 * (3168 + 144)
@@ -390,13 +388,17 @@ def test_prune_takes_its_gradient_importance_in_chunks_that_fit(tiny_dir, tmp_pa
     """Michel et al.'s importance ran forward and backward over the whole score set, so a budget
     under that pass was refused though every other step fit. Now it takes as many sequences as fit:
     a budget of two sequences' pass gives the unbounded run's curve and removal order; a budget under
-    one sequence's pass is refused before the folder, naming the importance."""
-    from headprobe.analyses.pruning import importance_plan
+    one sequence's pass is refused before the folder, naming the importance. One sequence's pass is
+    ablate's (its ablation directions included: prune's plan left them out, and took a budget under it)."""
+    from headprobe.analyses.ablation import importance_sequence_bytes
     from headprobe.probe.backends.loading import load_model
     from headprobe.probe.layout.cost import forward_sequence_bytes
 
     model = load_model(str(tiny_dir), device="cpu")
-    one = importance_plan(model, (3, 16)).per_item
+    one = importance_sequence_bytes(model, 16)
+    spec = model.spec  # by hand: the backward plus the float32 directions r - z beside z, every layer
+    backward = backward_sequence_bytes(spec.layout, 16, spec.d_vocab, 4)
+    assert one == backward + spec.n_layers * 16 * spec.n_heads * spec.d_head * (4 + 4)
     forward = forward_sequence_bytes(model.spec.layout, 16, model.spec.d_vocab, model.dtype.itemsize)
     assert 3 * forward < 2 * one  # the held-out forwards fit where two sequences' importance does
     argv = ["prune", "--model", str(tiny_dir), "--text", _text(tmp_path), *SMALL, "--methods", "michel"]

@@ -15,15 +15,15 @@ import pandas as pd
 
 from headprobe import options
 from headprobe.analyses import figures as figs
-from headprobe.analyses.ablation import first_scored
+from headprobe.analyses.ablation import first_scored, importance_plan
 from headprobe.analyses.data import TokenSet, left_out_notes, window_counts
 from headprobe.analyses.outputs import WritesOutputs
 from headprobe.analyses.pruning import (
+    IMPORTANCE_WORK,
     LossSet,
     PruningRun,
     build_pruned,
     curve_auc,
-    importance_plan,
     iterative_pruning,
     l0_pruning,
     per_layer_best_head,
@@ -585,7 +585,7 @@ def _prune_curve(
         progress=progress,
         resume=saved.get(name),
         on_step=on_step,
-        max_batch=importance_plan(model, (score.tokens.shape[0], score.tokens.shape[1])).items
+        max_batch=importance_plan(model, score.tokens.shape[0], score.tokens.shape[1], work=IMPORTANCE_WORK).items
         if method == "michel"
         else None,
     )
