@@ -39,7 +39,7 @@ def quiet_progress_bars() -> Iterator[None]:
     try:
         import transformers.modeling_gguf_pytorch_utils as gguf_utils
     except ImportError:  # pragma: no cover - transformers without GGUF support
-        gguf_utils = None  # type: ignore[assignment]  # the module or None, read with getattr below
+        gguf_utils = None  # the module or None, read with getattr below
     gguf_tqdm = getattr(gguf_utils, "tqdm", None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "cannot disable: HF_HUB_DISABLE_PROGRESS_BARS=0 has priority"
