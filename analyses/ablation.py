@@ -215,9 +215,8 @@ def sweep_plan(
     (:func:`headprobe.probe.core.memory.plan`), at most ``max_batch`` and ``batch n_heads`` (a pass
     ablates heads of one layer), at least ``batch`` (one ablation). Per sequence
     :func:`~headprobe.probe.layout.cost.forward_sequence_bytes`
-    with :data:`SWEEP_STREAMS` streams, logits at the scored positions and no ``d_mlp`` (an MLP
-    :data:`~headprobe.probe.layout.cost.MLP_WIDTH_RATIO` ``* d_model`` wide, whatever the model's
-    own width: Llama 3 8B 16,384 for 14,336, SmolLM2 2,304 for 1,536; docs/scale.md); kept: the clean
+    with :data:`SWEEP_STREAMS` streams, logits at the scored positions and the model's MLP width
+    (:attr:`~headprobe.probe.layout.spec.ModelSpec.d_mlp`); kept: the clean
     activations, ``min(STORED_ACTIVATION_BYTES, batch * seq_len * n_layers * (2 d_model + head d_head) * bytes)``.
 
     Raises:
@@ -225,7 +224,13 @@ def sweep_plan(
     """
     spec, e = model.spec, model.dtype.itemsize
     per = forward_sequence_bytes(
-        spec.layout, seq_len, spec.d_vocab, e, logit_positions=max(1, seq_len - 1 - first), streams=SWEEP_STREAMS
+        spec.layout,
+        seq_len,
+        spec.d_vocab,
+        e,
+        logit_positions=max(1, seq_len - 1 - first),
+        d_mlp=spec.d_mlp,
+        streams=SWEEP_STREAMS,
     )
     kept = min(
         STORED_ACTIVATION_BYTES, batch * seq_len * n_layers * (2 * spec.d_model + spec.n_heads * spec.d_head) * e
@@ -244,7 +249,8 @@ def set_plan(model: LoadedModel, batch: int, seq_len: int, max_batch: int | None
     Raises:
         HeadprobeError: one set's ablation of the batch does not fit (one line, before any allocation).
     """
-    per = forward_sequence_bytes(model.spec.layout, seq_len, model.spec.d_vocab, model.dtype.itemsize, streams=1)
+    spec = model.spec
+    per = forward_sequence_bytes(spec.layout, seq_len, spec.d_vocab, model.dtype.itemsize, d_mlp=spec.d_mlp, streams=1)
     what = f"control-set ablations ({batch} sequences x {seq_len} tokens per set)"
     return memory.plan(per, model.device, batch, what, 0, max_batch)
 
@@ -612,7 +618,7 @@ def capture_z_plan(model: LoadedModel, batch: int, seq_len: int, what: str) -> m
     """
     spec, e = model.spec, model.dtype.itemsize
     z = len(spec.attention_layers) * seq_len * spec.n_heads * spec.d_head * e
-    per = forward_sequence_bytes(spec.layout, seq_len, spec.d_vocab, e) + z
+    per = forward_sequence_bytes(spec.layout, seq_len, spec.d_vocab, e, d_mlp=spec.d_mlp) + z
     return memory.plan(per, model.device, batch, f"{what} ({batch} x {seq_len} tokens, one forward)", 0, cap=batch)
 
 
@@ -978,7 +984,7 @@ def importance_sequence_bytes(model: LoadedModel, seq_len: int, kind: str = "zer
     (:func:`~headprobe.analyses.attribution.estimate_plan`)."""
     spec, e = model.spec, model.dtype.itemsize
     z = spec.n_layers * seq_len * spec.n_heads * spec.d_head
-    per = backward_sequence_bytes(spec.layout, seq_len, spec.d_vocab, e) + z * (4 + e)
+    per = backward_sequence_bytes(spec.layout, seq_len, spec.d_vocab, e, spec.d_mlp) + z * (4 + e)
     return per + (z * e if ablation_kinds.KINDS.get(kind).needs == "source" else 0)
 
 

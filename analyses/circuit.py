@@ -260,14 +260,15 @@ def row_bytes(model: LoadedModel, pos: int) -> tuple[int, int]:
 
     ``scoring``: one sequence's share of :func:`prepare_runs` and one EAP(-IG) step: its deltas
     ``[layer, pos, head, d_model]`` twice while they are built, the clean residuals, the autograd
-    graph of a forward (per layer about ``12 d_model + 2 head pos + 6 head d_head`` floats per
-    token, an MLP of ``4 d_model`` assumed), the logits three times (logits, log-probabilities,
+    graph of a forward (per layer about ``8 d_model + d_mlp + 2 head pos + 6 head d_head`` floats
+    per token, :attr:`~headprobe.probe.layout.spec.ModelSpec.d_mlp`, ``4 d_model`` where not known), the logits three times (logits, log-probabilities,
     their gradient) and one layer's pull-back ``[3, head, pos, d_model]`` four times. ``patching``:
     one stacked copy of a path-patched forward (logits three times, a layer's activations).
     float32 throughout (the engines keep float32 copies whatever the weights' dtype)."""
     sp = model.spec
     L, H, D, V, dh = sp.n_layers, sp.n_heads, sp.d_model, sp.d_vocab, sp.d_head
-    scoring = 2 * L * H * D + 2 * L * D + L * (12 * D + 2 * H * pos + 6 * H * dh) + 3 * V + 12 * H * D
+    mlp = 4 * D if sp.d_mlp is None else sp.d_mlp
+    scoring = 2 * L * H * D + 2 * L * D + L * (8 * D + mlp + 2 * H * pos + 6 * H * dh) + 3 * V + 12 * H * D
     patching = 3 * V + 16 * D + 2 * H * pos + 2 * D
     return 4 * pos * scoring, 4 * pos * patching
 

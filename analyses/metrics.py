@@ -743,7 +743,7 @@ def metric_plans(
 
     def forward(logit_positions: int) -> int:
         return forward_sequence_bytes(
-            spec.layout, T, V, e, logit_positions=logit_positions, logit_bytes=model.logit_entry_bytes
+            spec.layout, T, V, e, logit_positions=logit_positions, d_mlp=spec.d_mlp, logit_bytes=model.logit_entry_bytes
         )
 
     steps: list[tuple[str, int, str]] = []

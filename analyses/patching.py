@@ -672,7 +672,7 @@ def pass_plans(
     held = w + (spec.n_heads * spec.d_head if site in ("k", "v") else 0)
     kept = 2 * batch * T * n_layers * held * e
     positions = T if model.residual_with_logits else 1
-    fwd = forward_sequence_bytes(spec.layout, T, spec.d_vocab, e, logit_positions=positions)
+    fwd = forward_sequence_bytes(spec.layout, T, spec.d_vocab, e, logit_positions=positions, d_mlp=spec.d_mlp)
     units = max(1, max_batch // batch)
     per = fwd + T * e * held
     shape = f"{batch} x {T} tokens"

@@ -237,7 +237,9 @@ def score_plan(model: LoadedModel, batch: int, seq_len: int, first: int, what: s
     """
     spec = model.spec
     positions = max(1, min(seq_len - 1 - first, LOSS_ROWS // batch))
-    per = forward_sequence_bytes(spec.layout, seq_len, spec.d_vocab, model.dtype.itemsize, logit_positions=positions)
+    per = forward_sequence_bytes(
+        spec.layout, seq_len, spec.d_vocab, model.dtype.itemsize, logit_positions=positions, d_mlp=spec.d_mlp
+    )
     return memory.plan(per, model.device, batch, f"{what} ({batch} x {seq_len} tokens, one forward)", 0, cap=batch)
 
 

@@ -37,11 +37,13 @@ def _room_for_any_budget(monkeypatch):
 
 
 def _model(name: str, d_vocab: int, dtype: torch.dtype) -> LoadedModel:
-    """A model with the preset's shape as :func:`sweep_plan` reads it (its spec, dtype and device),
-    without its weights: one 1 x 1 layer in ``dtype`` on the CPU stands in for them."""
+    """A model with the preset's shape as :func:`sweep_plan` reads it (its spec with the preset's MLP
+    width, dtype and device), without its weights: one 1 x 1 layer in ``dtype`` on the CPU stands in
+    for them."""
     model = object.__new__(LoadedModel)
     model.model, model._main_device = torch.nn.Linear(1, 1, bias=False, dtype=dtype), None
-    model.spec = ModelSpec(name, name, preset(name), d_vocab, 8192, str(dtype))
+    d_mlp = MODEL_SHAPES[name].d_mlp
+    model.spec = ModelSpec(name, name, preset(name), d_vocab, 8192, str(dtype), d_mlp=d_mlp)
     return model
 
 
@@ -72,14 +74,14 @@ def _find(pattern: str) -> tuple[str, ...]:
 
 @pytest.mark.usefixtures("no_stated_budget")
 def test_the_sweeps_planned_sequence_sizes_are_the_planners():
-    big, logits, real, smol, big_4k, smol_4k = _find(
+    big, logits, ratio, smol, big_4k, smol_4k = _find(
         r"is then (\S+) MiB for the 8B shape in bfloat16 \((\S+) MiB of it the float32 logits .*?; (\S+) MiB with "
-        r"the MLP's real width\) and (\S+) MiB for SmolLM2 in float32; at 4,096 tokens (\S+) GiB and (\S+) GiB"
+        r"the MLP taken as 4 x d_model\) and (\S+) MiB for SmolLM2 in float32; at 4,096 tokens (\S+) GiB and (\S+) GiB"
     )
     assert _shown(_plan(LLAMA, 128).per_item / MIB, big)
     assert _shown(8 * 127 * 128256 / MIB, logits)  # float32 logits and their log-softmax at P = T - 1
     lay = preset("llama3-8b")
-    assert _shown(forward_sequence_bytes(lay, 128, 128256, 2, 127, d_mlp=14336, streams=3) / MIB, real)
+    assert _shown(forward_sequence_bytes(lay, 128, 128256, 2, 127, d_mlp=4 * 4096, streams=3) / MIB, ratio)
     assert _shown(_plan(SMOL, 128).per_item / MIB, smol)
     assert _shown(_plan(LLAMA, 4096).per_item / GIB, big_4k)
     assert _shown(_plan(SMOL, 4096).per_item / GIB, smol_4k)
@@ -115,15 +117,16 @@ def test_the_h100_and_h200_table_is_the_planners(free_gib, column):
 @pytest.mark.usefixtures("no_stated_budget")
 def test_the_gradient_scores_one_sequence_sizes_are_the_planners():
     """The 8B shape's gradient-score plan a sequence (ablate's sweep takes them in chunks, one
-    sequence of which must fit), as :func:`~headprobe.analyses.attribution.estimate_plan` makes it."""
-    from headprobe.analyses.attribution import estimate_plan
+    sequence of which must fit; prune's Michel importance the same), as
+    :func:`~headprobe.analyses.ablation.importance_plan` makes it."""
+    from headprobe.analyses.ablation import importance_plan
 
     said = _find(
         r"the gradient scores plan (\S+) GiB a sequence at 128 tokens, (\S+) GiB at 1,024 and (\S+) GiB at 4,096"
     )
     memory.set_budget(1 << 50)  # a plan, not a refusal: the sizes whatever this machine holds
     try:
-        sizes = [estimate_plan(_model(*LLAMA), "gradient", 8, T, split=True).per_item for T in (128, 1024, 4096)]
+        sizes = [importance_plan(_model(*LLAMA), 8, T).per_item for T in (128, 1024, 4096)]
     finally:
         memory.set_budget(None)
     assert all(_shown(size / GIB, text) for size, text in zip(sizes, said)), (sizes, said)

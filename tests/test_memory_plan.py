@@ -4,6 +4,8 @@ and batching that does not change a number (sweeps and control sets equal across
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 
 import numpy as np
@@ -84,7 +86,8 @@ def test_sweep_plan_equals_formula(tiny_llama_gqa_native, monkeypatch):
     model = tiny_llama_gqa_native
     spec, e = model.spec, model.dtype.itemsize
     B, T, L = 3, 17, spec.n_layers
-    per = forward_sequence_bytes(spec.layout, T, spec.d_vocab, e, logit_positions=T - 1, streams=3)
+    mlp = 128  # the tiny Llama's intermediate_size (tests/conftest.py), which the plans read (spec.d_mlp)
+    per = forward_sequence_bytes(spec.layout, T, spec.d_vocab, e, logit_positions=T - 1, d_mlp=mlp, streams=3)
     kept = min(STORED_ACTIVATION_BYTES, B * T * L * (2 * spec.d_model + spec.n_heads * spec.d_head) * e)
     monkeypatch.setenv(memory.BUDGET_ENV, "3MiB")
     plan = sweep_plan(model, B, T, L)
@@ -94,7 +97,7 @@ def test_sweep_plan_equals_formula(tiny_llama_gqa_native, monkeypatch):
     memory.set_budget("1MiB")  # the setting wins over the environment
     assert sweep_plan(model, B, T, L).items == (2**20 - kept) // per
     assert sweep_plan(model, B, T, L, max_batch=5).items == 5
-    per_set = forward_sequence_bytes(spec.layout, T, spec.d_vocab, e, streams=1)
+    per_set = forward_sequence_bytes(spec.layout, T, spec.d_vocab, e, d_mlp=mlp, streams=1)
     assert set_plan(model, B, T).items == 2**20 // per_set
     memory.set_budget("1GiB")  # room for far more than a pass can use: one layer's heads on the batch
     assert sweep_plan(model, B, T, L).items == B * spec.n_heads
@@ -397,7 +400,7 @@ def test_prune_takes_its_gradient_importance_in_chunks_that_fit(tiny_dir, tmp_pa
     model = load_model(str(tiny_dir), device="cpu")
     one = importance_sequence_bytes(model, 16)
     spec = model.spec  # by hand: the backward plus the float32 directions r - z beside z, every layer
-    backward = backward_sequence_bytes(spec.layout, 16, spec.d_vocab, 4)
+    backward = backward_sequence_bytes(spec.layout, 16, spec.d_vocab, 4, d_mlp=128)  # its intermediate_size
     assert one == backward + spec.n_layers * 16 * spec.n_heads * spec.d_head * (4 + 4)
     forward = forward_sequence_bytes(model.spec.layout, 16, model.spec.d_vocab, model.dtype.itemsize)
     assert 3 * forward < 2 * one  # the held-out forwards fit where two sequences' importance does
@@ -618,7 +621,8 @@ def test_patched_pass_holds_each_source_once(site, tiny_llama_gqa_native, monkey
     held = site_width(spec, site) + (spec.n_heads * spec.d_head if site in ("k", "v") else 0)
     per = pass_plans(model, B, T, site, 2, max_batch=B * len(units))[1].per_item
     positions = T if model.residual_with_logits else 1  # the native backend unembeds the answer position only
-    assert per == forward_sequence_bytes(spec.layout, T, spec.d_vocab, e, logit_positions=positions) + T * held * e
+    fwd = forward_sequence_bytes(spec.layout, T, spec.d_vocab, e, logit_positions=positions, d_mlp=128)  # its MLP width
+    assert per == fwd + T * held * e
 
     def run():
         return patch(model, pairs, site, units, max_batch=B * len(units))
@@ -921,3 +925,39 @@ def test_ablate_max_batch_caps_the_gradient_chunks_too(tiny_dir, tmp_path, monke
     one, full = (pd.read_csv(tmp_path / d / "head_ablation.csv") for d in ("one", "all"))
     cols = [c for c in full.columns if "importance" in c or "attribution" in c]
     np.testing.assert_allclose(one[cols].to_numpy(), full[cols].to_numpy(), rtol=1e-5, atol=1e-7)
+
+
+def _widest_mlp_activation(model) -> int:
+    """A native model's widest per-token MLP activation, read from its modules (not its config): a
+    dense MLP's ``fc_out`` input width, a mixture's routed experts (``k`` of ``down``'s width) plus
+    its shared expert's; 0 without MLPs."""
+    from headprobe.probe.model.feedforward import MoE
+
+    widths = [0]
+    for block in model.model.blocks:
+        mlp = getattr(block, "mlp", None)
+        if isinstance(mlp, MoE):
+            shared = 0 if mlp.shared is None else mlp.shared.fc_out.in_features
+            widths.append(mlp.cfg.n_experts_per_token * mlp.down.shape[2] + shared)
+        elif mlp is not None:
+            widths.append(mlp.fc_out.in_features)
+    return max(widths)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "mixtral", "qwen3_moe", "qwen3_next", "llama4_text", "gpt_oss"])
+def test_the_plans_read_the_models_own_mlp_width(family, tiny_tokenizer):
+    """Every memory plan takes a sequence's MLP activations at the model's width (``spec.d_mlp``), a
+    mixture of experts' as each token's routed and shared experts: equal to what the modules hold
+    (test_sweep_plan_equals_formula: the plans use it). The plans took 4 x d_model whatever the width
+    (under Qwen2.5-7B's 5.3 x, an underestimate)."""
+    import zoo
+
+    from headprobe.probe.backends.wrapping import wrap
+
+    ckpt = zoo.make_checkpoint(family, tiny_tokenizer)
+    model = wrap(ckpt, backend="native")
+    assert model.spec.d_mlp == _widest_mlp_activation(model) > 0, family
+    spec = model.spec
+    if family == "gpt2":  # the bridge reads the same width from TransformerLens' config
+        bridge = wrap(dataclasses.replace(ckpt, hf_model=copy.deepcopy(ckpt.hf_model)), backend="transformer-lens")
+        assert bridge.spec.d_mlp == spec.d_mlp == 4 * spec.d_model

@@ -454,7 +454,19 @@ def spec_from_bridge(name: str, hf_name: str, weights: str, bridge: Any, bias: s
         n_ctx=cfg.n_ctx,
         weights=weights,
         backend="transformer-lens",
+        d_mlp=_mlp_activation_width(cfg),
     )
+
+
+def _mlp_activation_width(cfg: Any) -> int | None:
+    """:attr:`ModelSpec.d_mlp` from a bridge's config: ``d_mlp``, times ``experts_per_token`` for a
+    mixture of experts, 0 for an attention-only model; None where the config gives no width."""
+    if getattr(cfg, "attn_only", False):
+        return 0
+    d_mlp = getattr(cfg, "d_mlp", None)
+    if not isinstance(d_mlp, int) or d_mlp <= 0:
+        return None
+    return d_mlp * (getattr(cfg, "experts_per_token", None) or 1) if getattr(cfg, "num_experts", None) else d_mlp
 
 
 def _execution_device(module: torch.nn.Module) -> torch.device:

@@ -52,6 +52,11 @@ class ModelSpec:
         removed_heads: ``(layer, head)`` of the heads a pruned headprobe model no longer has (loaded
             back at full shape with zero weights); analyses blank their scores and never draw
             them into a control set. Empty for every other model.
+        d_mlp: the widest MLP hidden activation one token takes in a layer (dense: the MLP's width;
+            a mixture of experts: its routed experts' widths and the shared expert's summed; 0
+            without MLPs), for the memory plans' per-sequence estimates
+            (:func:`~headprobe.probe.layout.cost.forward_sequence_bytes`); None where not known
+            (the estimates then take :data:`~headprobe.probe.layout.cost.MLP_WIDTH_RATIO` ``* d_model``).
 
     ``n_layers``, ``n_heads`` (query heads), ``n_kv_heads`` (key/value heads: equal for MHA, 1 for
     MQA), ``d_head`` (the width of ``z``), ``d_model``, ``group_size`` and :meth:`kv_head` read the
@@ -68,6 +73,7 @@ class ModelSpec:
     backend: str = "native"
     causal: bool = True
     removed_heads: tuple[tuple[int, int], ...] = ()
+    d_mlp: int | None = None
 
     @property
     def precision(self) -> str:

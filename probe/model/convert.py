@@ -155,4 +155,19 @@ def spec_from_native(name: str, hf_name: str, weights: str, cfg: TransformerConf
         weights=weights,
         backend="native",
         causal=cfg.causal,
+        d_mlp=mlp_activation_width(cfg),
     )
+
+
+def mlp_activation_width(cfg: TransformerConfig) -> int:
+    """:attr:`ModelSpec.d_mlp` of a native model: 0 without MLPs, ``d_mlp`` for dense ones, and for a
+    mixture of experts ``n_experts_per_token * d_expert + d_shared_expert`` (each token's routed
+    experts and the shared one; :class:`~headprobe.probe.model.feedforward.MoE`), or the dense width
+    where that is wider and some layers are dense (``moe_layers``)."""
+    if cfg.mlp is None:
+        return 0
+    assert cfg.d_mlp is not None  # filled by TransformerConfig.__post_init__
+    if cfg.n_experts is None:
+        return cfg.d_mlp
+    routed = cfg.n_experts_per_token * (cfg.d_expert or cfg.d_mlp) + (cfg.d_shared_expert or 0)
+    return routed if cfg.moe_layers is None else max(routed, cfg.d_mlp)
