@@ -257,3 +257,39 @@ def test_auto_says_it_took_the_bridge_for_an_architecture_the_native_model_lacks
     err = capsys.readouterr().err.strip()
     assert err.startswith("NOTE: --backend auto took TransformerLens' bridge") and "'bloom'" in err, err
     assert "use --backend transformer-lens" not in err and "did you mean" not in err and "\n" not in err
+
+
+def test_a_gated_model_without_access_says_how_to_get_it(monkeypatch):
+    """transformers' refusal of a gated repository (Llama 3, Gemma) without access, an OSError raised
+    from huggingface_hub's GatedRepoError, is one line that says where to ask for access and how
+    to log in, not the hub's HTTP error cut at 300 characters."""
+    import httpx
+    from huggingface_hub.errors import GatedRepoError
+
+    from headprobe.probe.backends import hf_checkpoint
+
+    name = "meta-llama/Meta-Llama-3-8B"
+    response = httpx.Response(
+        401, request=httpx.Request("GET", f"https://huggingface.co/{name}/resolve/main/config.json")
+    )
+
+    def refused(*args, **kwargs):
+        try:
+            raise GatedRepoError("401 Client Error. Cannot access gated repo for url ...", response=response)
+        except GatedRepoError as e:  # what transformers.utils.hub raises from it
+            raise OSError(f"You are trying to access a gated repo.\nMake sure to have access to it at {name}.") from e
+
+    monkeypatch.setattr(hf_checkpoint, "_resolve", lambda n: (n, "float32", {"source": n, "local_only": False}))
+    monkeypatch.setattr(hf_checkpoint, "_load_source", refused)  # as if the hub answered (it cannot here)
+    with pytest.raises(HeadprobeError) as e:
+        hf_checkpoint.load_checkpoint(name)
+    said = str(e.value)
+    assert "\n" not in said and f"{name} is gated" in said and f"https://huggingface.co/{name}" in said, said
+    assert "hf auth login" in said and "HF_TOKEN" in said and "--model PATH" in said, said
+
+    def other(*args, **kwargs):
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(hf_checkpoint, "_load_source", other)  # any other failure keeps the general line
+    with pytest.raises(HeadprobeError, match="cannot load model .*: OSError: disk on fire$"):
+        hf_checkpoint.load_checkpoint(name)

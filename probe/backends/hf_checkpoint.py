@@ -166,12 +166,29 @@ def load_checkpoint(name: str = SMOLLM2_NAME, quiet: bool = False, split: dict[s
     except HeadprobeError:
         raise
     except Exception as e:  # a third-party file can fail in any library's own way (safetensors, gguf, json, ...)
+        if _gated(e):
+            raise HeadprobeError(
+                f"cannot load model {name}: {hf_name} is gated on the Hugging Face hub: request access at "
+                f"https://huggingface.co/{hf_name}, then log in (`hf auth login`) or set HF_TOKEN; "
+                "or pass a local copy (--model PATH)"
+            ) from None
         msg = " ".join(str(e).split())[:300]
         raise HeadprobeError(f"cannot load model {name}: {type(e).__name__}: {msg}") from None
     check_finite_weights(hf_model)
     ckpt = Checkpoint(name, hf_name, precision, hf_model, tokenizer)
     refuse_unstudiable(ckpt)
     return ckpt
+
+
+def _gated(error: BaseException) -> bool:
+    """Whether ``error`` (or what it was raised from) is the hub's refusal of a gated repository without
+    access: huggingface_hub's ``GatedRepoError``, or transformers' ``OSError`` naming a gated repo."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if type(seen).__name__ == "GatedRepoError" or "gated repo" in str(seen).lower():
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def refuse_unstudiable(ckpt: Checkpoint, fix: str | None = None) -> None:
