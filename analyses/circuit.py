@@ -285,14 +285,19 @@ def plan_rows(model: LoadedModel, batch: int, pos: int, budget: float | None = N
     available = memory.free_bytes(model.device)
     given = memory.stated()
     where = f"a budget of {format_bytes(budget)}" if budget is not None else "budget"
+    # on a CPU at most DEFAULT_BUDGET; a GPU's batches take what is free, as other commands'
+    cap = float("inf") if model.device.type == "cuda" else DEFAULT_BUDGET
+    default = min(cap, available * memory.HEADROOM)
+    said = f"{format_bytes(default)}: {memory.HEADROOM:.0%} of the free memory" + (
+        f", at most {format_bytes(DEFAULT_BUDGET)} on a CPU" if cap == DEFAULT_BUDGET else ""
+    )
     if budget is not None:  # above the free memory: refused, the rule of every command's planner (memory.budget)
-        memory.within_free(budget, f"--memory-gb's budget of {format_bytes(budget)}", model.device, "--memory-gb")
+        memory.within_free(budget, f"--memory-gb's budget of {format_bytes(budget)}", model.device, "--memory-gb", said)
     elif given is not None:
         budget, where = given[0], given[1]
-        memory.within_free(budget, f"the {where}", model.device)
-    else:  # on a CPU at most DEFAULT_BUDGET; a GPU's batches take what is free, as other commands'
-        cap = float("inf") if model.device.type == "cuda" else DEFAULT_BUDGET
-        budget = min(cap, available * memory.HEADROOM)
+        memory.within_free(budget, f"the {where}", model.device, default=said)
+    else:
+        budget = default
         where = f"budget of {format_bytes(budget)}"
     scoring, patching = row_bytes(model, pos)
     if scoring > budget or patching > budget:

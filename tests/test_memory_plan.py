@@ -181,6 +181,12 @@ def test_a_budget_above_the_free_memory_is_refused_by_every_command(
     err = _errors(capsys)
     assert len(err) == 1 and "1 GiB" in err[0] and "is more than the 512 MiB free on cpu" in err[0], err
     assert ("$HEADPROBE_MEMORY_BUDGET" in err[0]) == (how == "environment"), err
+    default = (
+        "409.6 MiB: 80% of the free memory, at most 1 GiB on a CPU"
+        if command == "circuit"
+        else "80% of the free memory, 409.6 MiB"
+    )
+    assert f"or leave it out ({default})" in err[0], err
     assert not out.exists() or not any(out.iterdir())
     monkeypatch.setattr(memory, "free_bytes", lambda device: 2 * 2**30)  # 1 GiB within 2 GiB free: it runs
     assert main([*argv, "--out", str(out), *stated, "--formats", "none"]) == 0
@@ -961,3 +967,19 @@ def test_the_plans_read_the_models_own_mlp_width(family, tiny_tokenizer):
     if family == "gpt2":  # the bridge reads the same width from TransformerLens' config
         bridge = wrap(dataclasses.replace(ckpt, hf_model=copy.deepcopy(ckpt.hf_model)), backend="transformer-lens")
         assert bridge.spec.d_mlp == spec.d_mlp == 4 * spec.d_model
+
+
+def test_circuits_refusal_of_a_budget_above_the_free_memory_says_what_its_default_takes(
+    tiny_llama_gqa_native, monkeypatch
+):
+    """circuit's default on a CPU is at most 1 GiB, not 80% of the free memory as the refusal said
+    (with 4 GiB free: 1 GiB, where the line promised 3.2 GiB)."""
+    from headprobe.analyses.circuit import DEFAULT_BUDGET, plan_rows
+
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 4 * 2**30)
+    with pytest.raises(HeadprobeError) as e:
+        plan_rows(tiny_llama_gqa_native, 2, 16, budget=8 * 2**30)
+    assert "or leave it out (1 GiB: 80% of the free memory, at most 1 GiB on a CPU)" in str(e.value), e.value
+    assert DEFAULT_BUDGET == 2**30 and plan_rows(tiny_llama_gqa_native, 2, 16) == plan_rows(
+        tiny_llama_gqa_native, 2, 16, budget=DEFAULT_BUDGET
+    )  # what it says leaving the flag out takes is what the plan takes

@@ -92,10 +92,11 @@ def stated() -> tuple[int, str] | None:
     return None
 
 
-def within_free(value: float, what: str, device, flag: str = "--memory-budget") -> None:
+def within_free(value: float, what: str, device, flag: str = "--memory-budget", default: str | None = None) -> None:
     """Refuse a stated budget of ``value`` bytes above the :func:`free_bytes` of ``device``: a plan
     filled to it would fail with out of memory mid-run. Every command's planner and ``circuit``'s
-    (``flag``: the one that states it there, ``--memory-gb``).
+    (``flag``: the one that states it there, ``--memory-gb``; ``default``: what leaving it out
+    gives, where not :data:`HEADROOM` of the free memory).
 
     Raises:
         HeadprobeError: one line naming ``what`` (``"the stated budget 40 GiB"``), the free memory
@@ -103,9 +104,10 @@ def within_free(value: float, what: str, device, flag: str = "--memory-budget") 
     """
     free = free_bytes(device)
     if value > free:
+        default = default or f"{HEADROOM:.0%} of the free memory, {format_bytes(free * HEADROOM)}"
         raise HeadprobeError(
             f"{what} is more than the {format_bytes(free)} free on {device}: state at most that with "
-            f"{flag}, or leave it out ({HEADROOM:.0%} of the free memory)"
+            f"{flag}, or leave it out ({default})"
         )
 
 
