@@ -224,24 +224,34 @@ def test_a_folder_without_tokenizer_files_is_refused_at_load(tmp_path, tiny_toke
         headprobe.wrap(hf, one)
 
 
-def test_a_model_without_attention_is_refused_at_load(tmp_path, tiny_tokenizer, capsys):
+@pytest.mark.parametrize("family", ["mamba", "rwkv"])
+def test_a_model_without_attention_is_refused_at_load(family, tmp_path, tiny_tokenizer, capsys):
     """A Mamba checkpoint got the header "2 layers x 1 heads (MHA, 1 KV head)" and then a
-    TransformerLens KeyError about hook names; now one line at load says it has no attention layers."""
+    TransformerLens KeyError about hook names; now one line at load says it has no attention layers.
+    RWKV (whose time mixing is named ``RwkvSelfAttention``) passed the module-name check the same way."""
     import torch
-    from transformers import MambaConfig, MambaForCausalLM
+    from transformers import MambaConfig, MambaForCausalLM, RwkvConfig, RwkvForCausalLM
 
     from headprobe.cli import main
 
     torch.manual_seed(0)
-    MambaForCausalLM(MambaConfig(vocab_size=101, hidden_size=16, num_hidden_layers=2, state_size=4)).save_pretrained(
-        tmp_path / "mamba"
-    )
-    tiny_tokenizer.save_pretrained(tmp_path / "mamba")
-    want = f"{tmp_path / 'mamba'} (MambaForCausalLM) has no attention layers: headprobe studies attention heads"
+    if family == "mamba":
+        hf = MambaForCausalLM(MambaConfig(vocab_size=101, hidden_size=16, num_hidden_layers=2, state_size=4))
+        why = ""
+    else:
+        cfg = RwkvConfig(
+            vocab_size=101, hidden_size=16, num_hidden_layers=2, attention_hidden_size=16, intermediate_size=32
+        )
+        hf = RwkvForCausalLM(cfg)
+        assert any(type(m).__name__ == "RwkvSelfAttention" for m in hf.modules())
+        why = " (its *SelfAttention modules are RWKV's time mixing, a recurrence with no attention pattern)"
+    hf.save_pretrained(tmp_path / family)
+    tiny_tokenizer.save_pretrained(tmp_path / family)
+    want = f"{tmp_path / family} ({type(hf).__name__}) has no attention layers: headprobe studies attention heads{why}"
     with pytest.raises(HeadprobeError) as e:
-        load_model(str(tmp_path / "mamba"), quiet=True)
+        load_model(str(tmp_path / family), quiet=True)
     assert str(e.value) == want
-    code = main(["scan", "--model", str(tmp_path / "mamba"), "--no-verify", "--out", str(tmp_path / "o")])
+    code = main(["scan", "--model", str(tmp_path / family), "--no-verify", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert code == 2 and f"headprobe: error: {want}" in err.splitlines() and "NOTE" not in err, err
 

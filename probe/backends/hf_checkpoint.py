@@ -191,9 +191,18 @@ def _gated(error: BaseException) -> bool:
     return False
 
 
+RECURRENT_NAMED_ATTENTION = {
+    t: "its *SelfAttention modules are RWKV's time mixing, a recurrence with no attention pattern"
+    for t in ("rwkv", "rwkv5", "rwkv6", "rwkv7")
+}
+"""Hugging Face ``model_type`` -> why: attention-free models whose modules are named as attention, which
+the module-name check of :func:`refuse_unstudiable` would pass."""
+
+
 def refuse_unstudiable(ckpt: Checkpoint, fix: str | None = None) -> None:
     """Refuse, before any wrapping, a checkpoint headprobe cannot study: a model without attention
-    layers (Mamba: no module of its named ``*Attention*``/``*Attn*``), or a tokenizer that cannot be
+    layers (Mamba: no module of its named ``*Attention*``/``*Attn*``; RWKV, whose are:
+    :data:`RECURRENT_NAMED_ATTENTION`), or a tokenizer that cannot be
     the model's (:func:`~headprobe.probe.backends.tokens.refuse_unusable_tokenizer`; ``fix``: what its
     message advises, None for its default).
 
@@ -202,9 +211,12 @@ def refuse_unstudiable(ckpt: Checkpoint, fix: str | None = None) -> None:
     """
     hf_model = ckpt.hf_model
     names = {type(m).__name__.lower() for m in hf_model.modules()}
-    if not any("attention" in n or "attn" in n for n in names):
+    model_type = str(getattr(hf_model.config, "model_type", ""))
+    if not any("attention" in n or "attn" in n for n in names) or model_type in RECURRENT_NAMED_ATTENTION:
+        why = RECURRENT_NAMED_ATTENTION.get(model_type)
         raise HeadprobeError(
             f"{ckpt.name} ({type(hf_model).__name__}) has no attention layers: headprobe studies attention heads"
+            + (f" ({why})" if why else "")
         )
     rows = _embedding_rows(hf_model)
     refuse_unusable_tokenizer(ckpt.tokenizer, rows, ckpt.name, *([fix] if fix else []))
