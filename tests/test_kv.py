@@ -599,6 +599,29 @@ def test_kv_says_when_the_natural_text_cannot_rank_policies(tiny_tokenizer, text
             assert "100% of the text's tokens are unknown" in s["natural_text_untrusted"]
 
 
+@pytest.mark.parametrize("sink", [0, 1, 2, 4, 9])
+def test_the_default_distances_plant_the_block_after_the_sink(sink, llama, text_file):
+    """The farthest default distance put the planted block's first occurrence right after BOS
+    (position 1), inside a sink of 2 or more positions, which a streaming group keeps: its copy
+    accuracy there was partly not long-range. Now every default distance's block starts at or after
+    the sink (found in the tokens: where the repeat's tokens first occur), the farthest one at it."""
+    from headprobe.commands.kv_core import sink_notes
+
+    _, model = llama
+    cfg = KVConfig(model="llama", seq_len=48, block_len=6, sink=sink, window=6, text=str(text_file))
+    lr = long_range_tokens(model, cfg.seq_len, list(cfg.distances), cfg.block_len, seed=1, text=text_file.read_text())
+    starts = []
+    for row in lr.tokens.tolist():
+        block = row[-cfg.block_len :]
+        starts.append(next(i for i in range(len(row)) if row[i : i + cfg.block_len] == block))
+    assert min(starts) == max(sink, 1) and len(cfg.distances) == 4, (starts, cfg.distances)
+    assert sink_notes(cfg.seq_len, cfg.block_len, sink, list(cfg.distances)) == []
+    inside = cfg.seq_len - cfg.block_len - sink + 1  # one more: the block's first token in the sink
+    if sink > 1:
+        (note,) = sink_notes(cfg.seq_len, cfg.block_len, sink, [cfg.block_len, inside])
+        assert f"--distances {inside} puts" in note and f"at most {cfg.seq_len - cfg.block_len - sink}" in note
+
+
 def test_repeated_distances_are_measured_once():
     """``--distances 100,100`` measured the same distance twice and reported "3 distances";
     distances are a set, as ``--budgets`` are (sorted, each once)."""

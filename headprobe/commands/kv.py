@@ -117,7 +117,7 @@ class KVConfig(ModelSettings):
         text: a UTF-8 file instead of CPython's pydoc_data.topics.
         seq_len: tokens per sequence of both tasks (natural text and long-range). n_natural: natural-text windows.
         distances: long-range task: tokens from the planted block to its repeat (None: 1/4, 1/2,
-            3/4 of the room and the farthest that fits). block_len: the planted block's tokens.
+            3/4 of the room and the farthest whose first block starts after the sink). block_len: the planted block's tokens.
         n_per_distance: long-range sequences per distance.
         sink: attention-sink positions a streaming group keeps. window: recent positions it keeps
             (None: ``seq_len // 8``).
@@ -138,8 +138,8 @@ class KVConfig(ModelSettings):
     n_natural: int = shared(DataSettings, "n_natural", 1)
     distances: tuple[int, ...] | None = setting(
         None,
-        "long-range task: tokens from the planted block to its repeat (default: the farthest that fits, "
-        "seq-len - block-len - 1, and 1/4, 1/2, 3/4 of it)",
+        "long-range task: tokens from the planted block to its repeat (default: the farthest whose first "
+        "block starts after the sink, seq-len - block-len - max(sink, 1), and 1/4, 1/2, 3/4 of it)",
         type=_ints,
         metavar="D,...",
     )
@@ -217,8 +217,8 @@ class KVConfig(ModelSettings):
             )
         )
         object.__setattr__(self, "budgets", budgets)
-        if self.distances is None:
-            room = self.seq_len - self.block_len - 1
+        if self.distances is None:  # the farthest whose first block starts after the sink (and BOS)
+            room = max(self.block_len, self.seq_len - self.block_len - max(self.sink, 1))
             object.__setattr__(
                 self, "distances", tuple(sorted({max(self.block_len, room * i // 4) for i in (1, 2, 3)} | {room}))
             )

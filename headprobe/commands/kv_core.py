@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -349,6 +350,7 @@ class KVResult(CompactRepr, WritesOutputs):
         notes = left_out_notes_of(self.windows)
         if self.full.natural_token_loss is not None and self.full.natural_token_loss.shape[0] == 1:
             notes.append(ONE_WINDOW_NOTE)
+        notes += sink_notes(c["seq_len"], c["block_len"], c["sink"], c["distances"])
         if self.untrusted:
             notes.append(
                 f"the natural-text losses cannot rank these policies: {self.untrusted} (summary.json's "
@@ -449,6 +451,20 @@ def natural_unit_rule(n_windows: int) -> str:
         f"window{'s' if n_windows != 1 else ''} of text (token-to-token noise) and covers text-to-text spread only "
         "as far as several windows (--n-natural) differ; another text can fall outside it"
     )
+
+
+def sink_notes(seq_len: int, block_len: int, sink: int, distances: Sequence[int]) -> list[str]:
+    """The report's NOTE where a distance puts the planted block's first occurrence (it starts at
+    ``seq_len - block_len - distance``) inside the first ``sink`` positions, which a streaming group
+    keeps: its copy accuracy there is not a long-range measure (the default distances avoid it)."""
+    inside = [d for d in distances if seq_len - block_len - d < sink]
+    if not inside:
+        return []
+    return [
+        f"--distances {','.join(map(str, inside))} put{'s' * (len(inside) == 1)} the planted block's first "
+        f"occurrence inside the sink (its first {sink} positions), which a streaming group keeps: its copy "
+        f"accuracy there is not long-range; at most {seq_len - block_len - sink} keeps it out"
+    ]
 
 
 ONE_WINDOW_NOTE = (
