@@ -519,8 +519,10 @@ class EdgeScores(CompactRepr):
     head_scores: np.ndarray
     logit_scores: np.ndarray
 
+    @property
     def table(self) -> pd.DataFrame:
-        """One row per edge: ``edge, sender, receiver, input, score``, largest ``|score|`` first."""
+        """One row per edge: ``edge, sender, receiver, input, score``, largest ``|score|`` first (a
+        property, as every result's ``table``; built on each access)."""
         rows = []
         n_in, L, H = self.head_scores.shape[:3]
         for i in range(n_in):
@@ -745,7 +747,7 @@ def exact_effects(
 
 
 def _graph_key(name: str) -> tuple[int, ...]:
-    """Where edge ``name`` stands in :meth:`EdgeScores.table`'s graph order (before its sort): input
+    """Where edge ``name`` stands in :attr:`EdgeScores.table`'s graph order (before its sort): input
     (q, k, v, then logits), receiver layer and head, sender layer and head."""
     e = parse_edge(name)
     if e.receiver is None:
@@ -775,7 +777,7 @@ def verify_edges(
     k: int = 10,
     progress: bool = False,
 ) -> tuple[pd.DataFrame, dict | None]:
-    """Path patch the ``n`` edges of ``table`` (:meth:`EdgeScores.table`, sorted by ``|score|``) largest
+    """Path patch the ``n`` edges of ``table`` (:attr:`EdgeScores.table`, sorted by ``|score|``) largest
     in ``|score|`` and ``n`` drawn at random (seeded) from the rest, exactly (:func:`verification_picks`).
     Returns the table with an ``exact`` column (NaN where not patched) and :func:`agreement` over the
     patched edges (None if fewer than 3); ``progress``: :func:`exact_effects`' bar."""
@@ -965,7 +967,7 @@ def edge_attribution(
 ) -> EdgeScores:
     """EAP or EAP-IG scores of every head -> head (q/k/v) and head -> logits edge (defined in
     :mod:`headprobe.analyses.circuit`; Syed et al. 2023; Hanna et al. 2024): :func:`edge_scores` after
-    :func:`prepare_runs`; ``.table()`` lists the edges. Scores estimate :func:`path_patch`'s effects,
+    :func:`prepare_runs`; ``.table`` lists the edges. Scores estimate :func:`path_patch`'s effects,
     in the metric's units.
 
     Args:

@@ -82,9 +82,10 @@ class QKAttribution(CompactRepr):
         """Each query-side component's total ``sum_b C[a, b]``, largest first."""
         return pd.Series(self.contributions.sum(1), index=self.q_labels).sort_values(ascending=False)
 
+    @property
     def table(self) -> pd.DataFrame:
         """One row per (query component, key component): ``q_component, k_component, contribution``,
-        largest ``|contribution|`` first."""
+        largest ``|contribution|`` first (a property, as every result's ``table``)."""
         q, k = np.meshgrid(np.arange(len(self.q_labels)), np.arange(len(self.k_labels)), indexing="ij")
         df = pd.DataFrame(
             {

@@ -442,7 +442,7 @@ def _drawn(monkeypatch, model, scores, n, seed):
 
     monkeypatch.setattr(circuit_module, "exact_effects", fake_exact)
     clean = torch.randint(0, 100, (1, 6), generator=torch.Generator().manual_seed(0))
-    verify_edges(model, prepare_runs(model, clean, clean.flip(1)), scores.table(), n, seed)
+    verify_edges(model, prepare_runs(model, clean, clean.flip(1)), scores.table, n, seed)
     return seen
 
 
@@ -457,8 +457,8 @@ def test_the_random_verified_edges_do_not_depend_on_the_float_order_of_small_sco
     head[small] = -head[small] + np.random.default_rng(1).normal(size=small.sum()) * 1e-7
     logits = -logits + np.random.default_rng(2).normal(size=logits.shape) * 1e-7
     shaken = EdgeScores("eap", 1, head, logits)
-    order = scores.table()["edge"].to_numpy()
-    assert (order != shaken.table()["edge"].to_numpy())[9:].any()  # the |score| order did change
+    order = scores.table["edge"].to_numpy()
+    assert (order != shaken.table["edge"].to_numpy())[9:].any()  # the |score| order did change
     for seed in range(5):
         first = _drawn(monkeypatch, model, scores, 9, seed)
         assert len(first) == 18 and first[:9] == list(order[:9])  # the top 9, then 9 random from the rest

@@ -69,6 +69,8 @@ def test_cli_writes_edges_figure_and_summary(llama_dir, tmp_path, capsys):
     assert set(paths["receiver"]) == {"1.0:k", "logits"} and len(paths) == H + 2 * H
     qk = pd.read_csv(out / "qk_attribution.csv")
     assert qk["key_side"].sum() == pytest.approx(summary["qk_attribution"]["score"], rel=1e-3)
+    # the bias-free Llama: no b_O, k/q bias rows of zeros; embed, layer 0's 4 heads and its MLP
+    assert list(qk["component"].sort_values()) == sorted(["embed", "0.0", "0.1", "0.2", "0.3", "mlp 0"]), qk
     assert (out / "circuit.png").is_file()
     # scripts/redraw_figures.py redraws circuit.png from the saved edges.csv and summary.json as the
     # command drew it (the CSV's 6 significant digits move line widths by less than a pixel)

@@ -53,7 +53,8 @@ __getattr__ = lazy_names(__name__, "headprobe.commands.circuit_core", _CORE)
 
 HELP = (
     "head circuits: edge attribution (EAP, EAP-IG) checked by exact direct-path patching (the sender's change "
-    "reaches the receiver directly, not through the MLPs between), and why a head attends"
+    "reaches the receiver directly, not through the MLPs between), and why a head attends, on repeated random "
+    "tokens (the induction task; your own prompts: the Python API, docs/circuit.md)"
 )
 
 METHODS = ("eap-ig", "eap")
@@ -145,7 +146,12 @@ class CircuitConfig(ModelSettings):
     receivers: str | None = setting(
         None, "path patch every earlier head into these, e.g. 18.6:k,17.3:k,logits (default: none)"
     )
-    qk_head: str | None = setting(None, "explain this head's attention by QK attribution, e.g. 18.6 (default: none)")
+    qk_head: str | None = setting(
+        None,
+        "explain this head's attention by QK attribution, e.g. 18.6, at the middle query of the first "
+        "sequence's second copy and its induction target (default: none; another query or your own prompt: "
+        "headprobe.qk_attribution in Python, docs/circuit.md)",
+    )
     memory_budget: str | None = shared(
         ModelSettings,
         "memory_budget",

@@ -46,17 +46,22 @@ class CircuitResult(CompactRepr, WritesOutputs):
     parallel_attn_mlp: bool | None = None
 
     def qk_table(self):
-        """qk_attribution.csv: ``component, query_side, key_side`` (each component's total, score units)."""
+        """qk_attribution.csv: ``component, query_side, key_side`` (each component's total, score units);
+        a bias term (``b_O L``, ``q bias``/``k bias``, ``ln1 bias``) that is exactly 0 on both sides (a
+        model without that bias) is left out."""
         import pandas as pd
 
         q, k = self.qk.query_side(), self.qk.key_side()
-        return pd.DataFrame(
+        table = pd.DataFrame(
             {
                 "component": k.index,
                 "key_side": k.to_numpy(),
                 "query_side": q.reindex(k.index.str.replace("k bias", "q bias")).to_numpy(),
             }
         )
+        bias = table["component"].str.startswith("b_O ") | table["component"].str.endswith(" bias")
+        absent = bias & (table["key_side"] == 0) & (table["query_side"] == 0)
+        return table[~absent].reset_index(drop=True)
 
     def summary(self) -> dict:
         """summary.json: the task, the clean loss, the top edges with their exact effects, the
@@ -252,7 +257,7 @@ def run(model: LoadedModel, config: CircuitConfig, progress: bool = True) -> Cir
         )
     scores = circuit_analysis.edge_scores(model, runs, config.method, config.steps, progress=progress)
     edges, agreement = circuit_analysis.verify_edges(
-        model, runs, scores.table(), config.verify, config.seed, progress=progress
+        model, runs, scores.table, config.verify, config.seed, progress=progress
     )
     sweep = circuit_analysis.receiver_sweep(model, runs, receivers, scores, progress=progress) if receivers else None
     qk = None
