@@ -334,18 +334,44 @@ def least_important_cut(scores: Tensor, keep: Tensor, n: int) -> tuple[list[int]
     return kept[order[:n]].tolist(), margin
 
 
-def _median_time(fn, repeats: int = 3) -> float:
-    """Median seconds of ``repeats`` calls of ``fn`` after one warm-up call."""
+TIMING_PAIRS = 7
+"""Interleaved pairs of forwards :func:`paired_speedup` times (after one warm-up of each)."""
+
+
+def paired_speedup(slow: Callable[[], Any], fast: Callable[[], Any], pairs: int = TIMING_PAIRS, clock=None) -> dict:
+    """How much faster ``fast`` runs than ``slow``, timed in ``pairs`` interleaved pairs (which goes
+    first alternates), so that a change of the machine's load between two blocks of runs (a shared
+    CPU) does not land on one of them alone: ``{"slow_s", "fast_s"`` (median seconds of each),
+    ``"speedup"`` (the median of the pairs' ``slow / fast``), ``"speedup_range"`` (their least and
+    most), ``"pairs"}``. ``clock``: seconds (default ``time.perf_counter``)."""
     import statistics
     import time
 
-    fn()
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
+    clock = clock or time.perf_counter
+
+    def seconds(f: Callable[[], Any]) -> float:
+        t0 = clock()
+        f()
+        return clock() - t0
+
+    slow(), fast()  # warm-up
+    times = []
+    for i in range(pairs):
+        if i % 2:
+            b = seconds(fast)
+            a = seconds(slow)
+        else:
+            a = seconds(slow)
+            b = seconds(fast)
+        times.append((a, b))
+    ratios = [a / b for a, b in times]
+    return {
+        "slow_s": statistics.median(a for a, _ in times),
+        "fast_s": statistics.median(b for _, b in times),
+        "speedup": statistics.median(ratios),
+        "speedup_range": [min(ratios), max(ratios)],
+        "pairs": pairs,
+    }
 
 
 @torch.inference_mode()
@@ -372,7 +398,8 @@ def build_pruned(
         ``{"heads_removed", "fraction_removed"`` (of the heads ``model`` has), ``"heads_already_removed"``
         (by a pruned checkpoint, before), ``"kv_heads_removed", "attention_parameters": {"full"``
         (``model``'s, a pruned checkpoint's without its removed heads), ``"pruned"}, "max_abs_logit_diff_vs_masked",
-        "forward_s": {"masked", "pruned"} (median seconds per forward), "speedup", "tokens",
+        "forward_s": {"masked", "pruned"} (median seconds per forward), "speedup"`` (the median of
+        :func:`paired_speedup`'s interleaved pairs' ratios) ``, "speedup_range", "timing_pairs", "tokens",
         "bytes"`` (size of the saved weights and config, :func:`headprobe.probe.model.pruned.save_pruned_dir`,
         without the tokenizer) ``, "loss": {name: nats/token}}`` (with ``eval_sets``).
 
@@ -398,20 +425,21 @@ def build_pruned(
     diff = float((reloaded(tokens).float() - masked_logits.float()).abs().max())
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
 
-    def timed(f):
+    def synced(f):
         def g():
             f()
             sync()
 
-        return _median_time(g)
+        return g
 
-    t_masked = timed(lambda: model.forward(tokens, head_mask=mask))
-    t_pruned = timed(lambda: reloaded(tokens))
+    timing = paired_speedup(synced(lambda: model.forward(tokens, head_mask=mask)), synced(lambda: reloaded(tokens)))
     return pruned, {
         **_removal_counts(model, present, keep, pruned),
         "max_abs_logit_diff_vs_masked": diff,
-        "forward_s": {"masked": t_masked, "pruned": t_pruned},
-        "speedup": t_masked / t_pruned,
+        "forward_s": {"masked": timing["slow_s"], "pruned": timing["fast_s"]},
+        "speedup": timing["speedup"],
+        "speedup_range": timing["speedup_range"],
+        "timing_pairs": timing["pairs"],
         "tokens": list(tokens.shape),
         "bytes": size,
         **({} if eval_sets is None else {"loss": _own_losses(reloaded, eval_sets)}),

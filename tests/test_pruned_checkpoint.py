@@ -437,3 +437,43 @@ def test_a_pruned_checkpoints_header_gives_its_source_a_line_of_its_own(tiny_dir
     assert lines[report + 1] == f"  pruned from {SMOLLM2_PRECISION}"
     precision = json.loads((out / "summary.json").read_text())["weights_precision"]
     assert precision == own.replace("; native", f"; pruned from {SMOLLM2_PRECISION}; native")
+
+
+def test_the_pruned_models_speedup_is_timed_in_interleaved_pairs():
+    """prune's speedup of the small model timed every masked forward, then every pruned one: a
+    machine whose load rose between the two blocks (walk-paper: "0.65x", where the median of 7 runs
+    by hand gave 1.27x) read the faster model as slower. On a clock that runs 3x slower from the
+    7th call on, with the masked forward taking 2 units and the pruned 1, interleaved pairs give 2.0
+    (each pair under one load), where the two blocks' medians give 0.67."""
+    import statistics
+
+    from headprobe.analyses.pruning import paired_speedup
+    from headprobe.commands.prune_core import _speedup_text
+
+    now, calls = [0.0], [0]
+
+    def run(cost: float):
+        def f():
+            calls[0] += 1
+            now[0] += cost * (3.0 if calls[0] > 6 else 1.0)
+
+        return f
+
+    t = paired_speedup(run(2.0), run(1.0), pairs=7, clock=lambda: now[0])
+    assert t["speedup"] == 2.0 and t["speedup_range"] == [2.0, 2.0] and t["pairs"] == 7, t
+    assert t["slow_s"] == 6.0 and t["fast_s"] == 3.0  # the medians fall in the loaded half
+    now[0], calls[0] = 0.0, 0  # the blocks, on the same clock: one warm-up and three runs each
+
+    def block(f):
+        f()
+        out = []
+        for _ in range(3):
+            t0 = now[0]
+            f()
+            out.append(now[0] - t0)
+        return statistics.median(out)
+
+    assert block(run(2.0)) / block(run(1.0)) == pytest.approx(2 / 3)
+    line = _speedup_text({"speedup": 1.1, "speedup_range": [0.9, 1.3], "timing_pairs": 7})
+    assert line == "1.10x, 0.90x to 1.30x over 7 interleaved pairs; not told apart from 1x on this machine"
+    assert _speedup_text({"speedup": 0.65}) == "0.65x"  # a summary from before the pairs

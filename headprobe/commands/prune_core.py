@@ -425,6 +425,16 @@ def rank_lines(ranks: dict | None) -> list[str]:
     return lines
 
 
+def _speedup_text(p: dict) -> str:
+    """``1.27x, 0.98x to 1.41x over 7 interleaved pairs``; a range across 1x says the machine's timing
+    cannot tell the two apart (a summary from before the pairs: the one ratio)."""
+    if "speedup_range" not in p:
+        return f"{p['speedup']:.2f}x"
+    lo, hi = p["speedup_range"]
+    text = f"{p['speedup']:.2f}x, {lo:.2f}x to {hi:.2f}x over {p['timing_pairs']} interleaved pairs"
+    return text + ("; not told apart from 1x on this machine" if lo < 1 < hi else "")
+
+
 def saved_lines(p: dict) -> list[str]:
     """The report's lines on the saved pruned model (:attr:`PruneResult.pruned_info`): what was
     removed and its check against the masked model, then its own losses and, where its heads are
@@ -434,7 +444,7 @@ def saved_lines(p: dict) -> list[str]:
         f"pruned model: {p['heads_removed']} heads removed ({p['kv_heads_removed']} KV heads){before}; attention "
         f"parameters {p['attention_parameters']['full']:,} -> {p['attention_parameters']['pruned']:,}; max "
         f"|logit diff| vs masked {p['max_abs_logit_diff_vs_masked']:.2e}; forward {p['forward_s']['masked']:.3f} s "
-        f"masked vs {p['forward_s']['pruned']:.3f} s pruned ({p['speedup']:.2f}x)"
+        f"masked vs {p['forward_s']['pruned']:.3f} s pruned ({_speedup_text(p)})"
     ]
     if "loss" not in p:
         return lines
