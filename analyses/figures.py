@@ -1463,6 +1463,27 @@ def composition_plot(
     return fig
 
 
+LOCAL_WEIGHTS = ("local Hugging Face directory", "GGUF file", "headprobe checkpoint")
+"""What a ModelSpec's ``weights`` says of a model loaded from a local folder or file
+(:func:`headprobe.probe.backends.sources.resolve`, a headprobe checkpoint, a pruned one)."""
+
+
+def title_name(name: str, weights: str = "") -> str:
+    """How titles and captions name the model ``name`` (a ModelSpec's, or summary.json's ``model``): a
+    registered or Hugging Face name as it is; one loaded from a local folder or file (``weights``, the
+    spec's or summary.json's ``weights_precision``, says so: :data:`LOCAL_WEIGHTS`, or the name starts
+    with ``.``, ``/`` or ``~``) by that folder's or file's own name: a path is no name, and one
+    without spaces cannot wrap (``Head pruning, /tmp/run/pruned_mode`` was cut at the edge)."""
+    local = name.startswith((".", "/", "~")) or any(w in weights for w in LOCAL_WEIGHTS)
+    return (Path(name).name or name) if local else name
+
+
+def model_tag(name: str, weights: str) -> str:
+    """``title_name (weights_label)``: the model as a figure's title names it, e.g.
+    ``smollm2-135m (4-bit weights)`` or ``pruned_model (float32 weights)``."""
+    return f"{title_name(name, weights)} ({weights_label(weights)})"
+
+
 def weights_label(weights: str) -> str:
     """Short form of a ModelSpec's ``weights`` for figure titles: ``4-bit weights`` for the
     quantized default model, else the first word (``float32 weights``)."""

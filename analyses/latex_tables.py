@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from headprobe.analyses.figures import format_ci, format_interval, weights_label
+from headprobe.analyses.figures import format_ci, format_interval, title_name, weights_label
 from headprobe.analyses.verdicts import CORRECTION_NAMES, NOT_TESTED, decided, effect_digits, ordered_rows, p_cell
 from headprobe.analyses.verdicts import label as verdict_label
 from headprobe.analyses.vocabulary import KV_TABLE_DIGITS, kv_sample_sizes, kv_sample_text, unreliable_picks
@@ -260,7 +260,8 @@ def _run_text(summary: dict) -> str:
     dtype, seed = summary.get("dtype") or cfg.get("dtype"), cfg.get("seed", summary.get("seed"))
     parts = [weights_label(str(summary["weights_precision"])) if summary.get("weights_precision") else None]
     parts += [f"{dtype} compute" if dtype else None, None if seed is None else f"seed {seed}"]
-    return f"{summary.get('model')} ({', '.join(p for p in parts if p)})"
+    model = title_name(str(summary.get("model")), str(summary.get("weights_precision") or ""))
+    return f"{model} ({', '.join(p for p in parts if p)})"
 
 
 def _curve_table(path: Path, summary: dict, curves: Mapping) -> str:

@@ -147,7 +147,7 @@ def redraw_prune(d: Path) -> list[Path]:
     dtype = summary.get("dtype") or summary["config"].get("dtype", "float32")
     total = summary.get("n_heads_total", 0)
     title, xlabel, saved = figure_labels(
-        summary["model"],
+        figs.title_name(summary["model"], summary["weights_precision"]),
         figs.weights_label(summary["weights_precision"]),
         dtype,
         summary.get("n_heads_present", total),
@@ -187,7 +187,7 @@ def redraw_ablate(d: Path, out: Path | None = None, formats=None) -> list[Path]:
     its head_ablation.csv and summary.json (model, weights, ablation kind, removed heads) with today's
     figure code (:func:`headprobe.commands.ablate_core.ablation_figures`, what the command draws),
     into ``out`` (default ``d``)."""
-    from headprobe.analyses.figures import removed_cells, weights_label
+    from headprobe.analyses.figures import model_tag, removed_cells
     from headprobe.commands.ablate_core import ESTIMATE_COLUMN, ablation_figures
     from headprobe.probe.core.heads import parse_heads
 
@@ -198,7 +198,7 @@ def redraw_ablate(d: Path, out: Path | None = None, formats=None) -> list[Path]:
     column = ESTIMATE_COLUMN[estimate] if estimate else "loss_delta"
     maps = [t[f"{task}_{column}"].to_numpy(dtype=float).reshape(shape) for task in ("natural", "repeated")]
     removed = parse_heads(",".join(meta.get("removed_heads", [])), *shape) if meta.get("removed_heads") else []
-    tag = f"{meta['model']} ({weights_label(meta['weights_precision'])}), {meta['config']['kind']}-ablated"
+    tag = f"{model_tag(meta['model'], meta['weights_precision'])}, {meta['config']['kind']}-ablated"
     group_size = shape[1] // (int(t["kv_head"].max()) + 1)
     figures = ablation_figures(maps, tag, group_size, removed_cells(*shape, removed), estimate)
     return _save(figures, d, out, formats)
@@ -213,7 +213,10 @@ def redraw_robustness(d: Path, out: Path | None = None, formats=None) -> list[Pa
 
     meta = json.loads((d / "summary.json").read_text())
     conds = [c["name"] for c in meta["conditions"]]
-    fig = stability_plot(pd.read_csv(d / "robustness.csv"), meta["types"], conds, meta["model"], meta["config"]["k"])
+    table = pd.read_csv(d / "robustness.csv")
+    fig = stability_plot(
+        table, meta["types"], conds, meta["model"], meta["config"]["k"], meta.get("weights_precision", "")
+    )
     return _save({"robustness": fig}, d, out, formats)
 
 

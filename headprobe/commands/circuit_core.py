@@ -308,11 +308,12 @@ def model_title(name: str, weights: str, n_layers: int, n_heads: int) -> str:
     registered or Hugging Face name as it is; a model ``headprobe train`` saved (its ``weights``, the
     spec's or summary.json's ``weights_precision``, say :data:`TRAINED_WEIGHTS`) by its shape and its
     folder's name, never the path it was loaded from ("figures/train-default" read as a file name); any
-    other folder by its name."""
-    folder = Path(name).expanduser().name or name
+    other as every title names it (:func:`~headprobe.analyses.figures.title_name`: a local folder by its name)."""
+    from headprobe.analyses.figures import title_name
+
     if TRAINED_WEIGHTS in weights:
-        return f"{n_layers}-layer, {n_heads}-head model trained with headprobe ({folder})"
-    return folder if name.startswith((".", "/", "~")) or Path(name).is_dir() else name
+        return f"{n_layers}-layer, {n_heads}-head model trained with headprobe ({Path(name).expanduser().name or name})"
+    return title_name(name, weights)
 
 
 def circuit_figure(

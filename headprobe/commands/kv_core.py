@@ -404,7 +404,7 @@ def curve_figure(rows: list[dict], summary: dict):
 
     config = summary["config"]
     weights = summary.get("weights_precision")
-    model = f"{summary['model']} ({figures.weights_label(weights)})" if weights else summary["model"]
+    model = figures.model_tag(summary["model"], weights) if weights else summary["model"]
     why = summary.get("interval_null_reasons") or {}
     none = [f"no {k.replace('_', ' ')} interval" for k in ("natural_loss", "copy_accuracy") if k in why]
     method = summary.get("method") or config.get("method")

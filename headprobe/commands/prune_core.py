@@ -75,7 +75,7 @@ def per_layer_figure(t: pd.DataFrame, model: str, weights: str) -> Figure:
         t.loss_worst_only.to_numpy(),
         t.loss_layer_ablated.to_numpy(),
         t.best_head.to_numpy(),
-        f"One head per layer, {model} ({figs.weights_label(weights)})",
+        f"One head per layer, {figs.model_tag(model, weights)}",
         inverted=t.layer.isin(unreliable_picks(t.to_dict("records"))["inverted"]).to_numpy(),
     )
 
@@ -283,7 +283,12 @@ class PruneResult(CompactRepr, WritesOutputs):
         curves, bands = [], []
         present, total = self.heads_present
         title, xlabel, saved = figure_labels(
-            spec.name, figs.weights_label(spec.weights), cfg.dtype, present, total, self.pruned_info
+            figs.title_name(spec.name, spec.weights),
+            figs.weights_label(spec.weights),
+            cfg.dtype,
+            present,
+            total,
+            self.pruned_info,
         )
         for m in cfg.methods:
             rs = self._curves(m)

@@ -509,17 +509,22 @@ def stability_figure(result: RobustnessResult):
     """robustness.png of ``result`` (:func:`stability_plot`)."""
     conds, k = [o.condition.name for o in result.outcomes], result.config.k
     assert k is not None  # set by resolved() before the run
-    return stability_plot(result.table, result.types, conds, result.spec.name, k)
+    return stability_plot(result.table, result.types, conds, result.spec.name, k, result.spec.weights)
 
 
-def stability_plot(table: pd.DataFrame, types: dict[str, dict], conds: list[str], model: str, k: int):
+def stability_plot(
+    table: pd.DataFrame, types: dict[str, dict], conds: list[str], model: str, k: int, weights: str = ""
+):
     """Heads x conditions for each type of ``types`` (summary.json's ``types``): a cell dark where the head
     is in the condition's top-``k`` set, light where not, blank where the condition is not the type's (a
     legend says so); the verdict of each condition above its column; each row's head on the left and its
     stability with its 95% bootstrap interval on the right axis. ``table``: robustness.csv (``type``,
     ``layer``, ``head``, ``stability``, ``ci95_low``, ``ci95_high`` and one 0/1 column per condition of
-    ``conds``, in summary.json's order); what the command draws and scripts/redraw_figures.py redraws."""
+    ``conds``, in summary.json's order); the model as titles name it (:func:`~headprobe.analyses.figures.title_name`
+    of ``model`` and its ``weights``); what the command draws and scripts/redraw_figures.py redraws."""
     from matplotlib.figure import Figure
+
+    from headprobe.analyses.figures import title_name
 
     names = list(types)
     n_rows = [max(1, sum(table["type"] == t)) for t in names] if len(table) else [1] * len(names)
@@ -533,7 +538,7 @@ def stability_plot(table: pd.DataFrame, types: dict[str, dict], conds: list[str]
             fontsize=9,
         )
     fig.legend(handles=_stability_keys(), loc="outside lower center", ncols=2, frameon=False, fontsize=7)
-    fig.suptitle(f"Label stability of {model}, k = {k}", fontsize=10)
+    fig.suptitle(f"Label stability of {title_name(model, weights)}, k = {k}", fontsize=10)
     return fig
 
 

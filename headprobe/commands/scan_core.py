@@ -871,7 +871,7 @@ def figure_makers(result: ScanResult) -> dict[str, Callable[[], Figure]]:
     spec = result.spec
     assert result.config.types is not None  # set by ScanConfig.__post_init__
     dets = [DETECTORS[name] for name in result.config.types]
-    tag = f"{spec.name} ({figs.weights_label(spec.weights)})"
+    tag = figs.model_tag(spec.name, spec.weights)
     caveat = no_verdict_caveat(result.warnings)
     tag += f"\n{caveat}" if caveat else ""
     out: dict[str, Callable[[], Figure]] = {}

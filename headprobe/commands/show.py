@@ -146,7 +146,7 @@ def run(
     pattern, positions = _head_pattern(model, tokens, layer, head)
 
     name = format_head((layer, head))
-    title = f"head {name}, {spec.name} ({figs.weights_label(spec.weights)})\nyour prompt ({n} tokens)"
+    title = f"head {name}, {figs.model_tag(spec.name, spec.weights)}\nyour prompt ({n} tokens)"
     # drawn only when a figure is written (--formats none: the page alone)
     figure = {
         f"pattern_{name}": lambda: figs.pattern_plot(
@@ -164,7 +164,13 @@ def run(
     patterns["prompt"]["label"] = (
         f"your prompt ({n} tokens)" if n == shown else f"your prompt (first {shown} of {n} tokens)"
     )
-    page = build_page(table, summary, patterns, title=f"{spec.name}: head {name} on your prompt", verdicts=False)
+    page = build_page(
+        table,
+        summary,
+        patterns,
+        title=f"{figs.title_name(spec.name, spec.weights)}: head {name} on your prompt",
+        verdicts=False,
+    )
 
     def write_page(d: Path) -> list[Path]:
         write_text(d / "index.html", page)
