@@ -720,7 +720,7 @@ def _study_caption(summary: dict, table: pd.DataFrame, stats: pd.DataFrame) -> s
         f"headprobe study {which}: {base.get('n_layers')}-layer attention-only transformers of d_model "
         f"{base.get('d_model')} ({base.get('positional')} positions, {'biases' if base.get('bias') else 'no biases'}), "
         f"{grid}, each trained {base.get('steps')} steps (batch {base.get('batch_size')} × {base.get('seq_len')} "
-        f"tokens, AdamW lr {base.get('lr')}) once per seed (seeds {', '.join(map(str, seeds))}) on {corpus}: {data}; "
+        f"tokens, AdamW lr {base.get('lr')}) once per seed ({'seeds' if len(seeds) > 1 else 'seed'} {', '.join(map(str, seeds))}) on {corpus}: {data}; "
         f"device {summary.get('device')}. KV cache: bytes per token over all layers at bf16; attn. params: "
         f"attention parameters per layer. Held-out loss: {unit} on {base.get('n_eval')} held-out "
         f"{'text windows' if corpus == 'text+copy' else 'sequences'}; in-context loss: late minus early loss on "

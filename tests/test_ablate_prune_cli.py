@@ -393,7 +393,9 @@ def test_ablate_cli_heads_subset_and_out_of_range(tiny_dir, tmp_path):
     # the two thresholds, each named with its quantity (they read as one rule: "fewer than 8 heads swept" beside
     # "none from fewer than 4 heads"): rho needs 8 heads, its interval 4
     assert "n/a: rho needs at least 8 heads swept, 5 were: too few to rank" in stdout, stdout
-    assert "Spearman rho: reported from 8 heads swept; its interval [lo, hi]: 95% interval" in stdout, stdout
+    assert "Spearman rho: reported where 8 or more heads are swept; its interval [lo, hi]: 95% interval" in stdout, (
+        stdout
+    )
     assert "no interval from fewer than 4 heads (n - 3 > 0)" in stdout, stdout
     text = (one / "summary.json").read_text()
     assert "NaN" not in text and json.loads(text)["spearman_with_exact_sweep"]["natural"]["gradient_importance"] is None

@@ -598,3 +598,18 @@ def test_a_study_export_imports_no_torch(tmp_path):
     """A study's table is read from results.csv and study.json in a process that never imports torch."""
     export_without_torch(STUDIES["layouts"], tmp_path / "o", "--format", "latex")
     assert (tmp_path / "o" / "latex" / "study.tex").is_file()
+
+
+def test_a_one_seed_studys_caption_says_seed_not_seeds(tmp_path):
+    """The caption of a study trained with one seed read "(seeds 0)"; it says "(seed 0)" and "one seed"."""
+    import shutil
+
+    src = tmp_path / "one-seed"
+    shutil.copytree(STUDIES["heads"], src)
+    rows = pd.read_csv(src / "results.csv")
+    rows[rows["seed"] == 0].to_csv(src / "results.csv", index=False)
+    summary = json.loads((src / "study.json").read_text())
+    (src / "study.json").write_text(json.dumps({**summary, "seeds": [0]}))
+    assert _export(src, tmp_path / "out") == 0
+    caption = re.search(r"\\caption\{(.*)\}\n\\label", (tmp_path / "out" / "latex" / "study.tex").read_text()).group(1)
+    assert "once per seed (seed 0) on" in caption and "seeds 0" not in caption, caption

@@ -452,3 +452,20 @@ def test_study_report_gives_the_seed_spread_where_there_are_two_seeds():
     assert f"{np.std(mha, ddof=1):.3f}" in mha_row.split(), text
     one = StudyResult(StudyConfig("layouts"), _layouts_table([0], mha[:1], mla[:1], [1.0], [1.4])).report()
     assert "_sd" not in one, one
+
+
+def test_a_study_where_no_variant_formed_induction_says_so():
+    """walk-paper's 200-step study printed its table (and an MLA-vs-MHA headline) with no word that no
+    model had an induction head yet; now a NOTE says it, naming the steps. One variant formed in one
+    seed: no NOTE."""
+    from headprobe.commands.study import StudyConfig
+    from headprobe.commands.study_core import StudyResult
+
+    mha, mla = [3.00, 3.20], [3.10, 3.24]
+    table = _layouts_table([0, 1], mha, mla, [1.0, 1.3], [1.4, 1.2]).assign(max_induction=0.2)
+    text = StudyResult(StudyConfig("layouts", steps=200), table).report()
+    note = [line for line in text.splitlines() if line.startswith("NOTE:")]
+    assert len(note) == 1 and "no variant formed an induction head in any seed" in note[0], text
+    assert "in 200 steps" in note[0] and "train longer" in note[0], note
+    table.loc[1, "max_induction"] = 0.8
+    assert "NOTE" not in StudyResult(StudyConfig("layouts", steps=200), table).report()

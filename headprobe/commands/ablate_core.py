@@ -504,7 +504,7 @@ class AblateResult(CompactRepr, WritesOutputs):
                 f"attribution {r['attribution_patching']}{why}"
             )
         lines.append(  # two thresholds, each named with its quantity: rho's (here) and its interval's (the rule)
-            f"(Spearman rho: reported from {MIN_RANKED_HEADS} heads swept; its interval [lo, hi]: "
+            f"(Spearman rho: reported where {MIN_RANKED_HEADS} or more heads are swept; its interval [lo, hi]: "
             f"{s['spearman_interval_rule']})"
         )
         resumed = sum(len(r.effect[np.isfinite(r.effect)]) for r in t.values()) - self.swept

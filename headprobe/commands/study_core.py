@@ -23,7 +23,7 @@ from headprobe.analyses.study_table import (
     formed_in_every_seed,
     variant_stats,
 )
-from headprobe.analyses.train_config import TrainConfig
+from headprobe.analyses.train_config import INDUCTION_FORMED, TrainConfig
 from headprobe.commands.study import CONTEXT, StudyConfig, layout_of
 from headprobe.options import check_fields, config_inputs, notes_flags, reports_for_readers
 from headprobe.probe.core.io import cpu_kernels, models_self_check, summary_envelope
@@ -282,13 +282,28 @@ class StudyResult(CompactRepr, WritesOutputs):
         seeds (``_sd``) where a variant ran 2+ seeds."""
         stats = variant_stats(self.table)
         means = stats[list(REPORT_COLUMNS)].copy()
+        note = self._none_formed_note()
         if stats[["eval_loss_sd", "in_context_loss_sd"]].notna().any().any():
             for c in ("in_context_loss", "eval_loss"):
                 means.insert(means.columns.get_loc(c) + 1, f"{c}_sd", stats[f"{c}_sd"].astype(float))
             n = stats["n_seeds"]
             seeds = f"{n.min()}" if n.min() == n.max() else f"{n.min()}-{n.max()}"
-            return f"{means.round(REPORT_DIGITS).to_string(na_rep='n/a')}\n(_sd: standard deviation over {seeds} seeds)"
-        return str(means.round(REPORT_DIGITS))
+            text = f"{means.round(REPORT_DIGITS).to_string(na_rep='n/a')}\n(_sd: standard deviation over {seeds} seeds)"
+            return text + note
+        return str(means.round(REPORT_DIGITS)) + note
+
+    def _none_formed_note(self) -> str:
+        """A NOTE where no variant formed an induction head in any seed: the models compared are all before
+        the phase change (at the defaults MHA passes it at steps 600-800, docs/study.md), so the table
+        compares models without induction heads."""
+        column = formed_column(self.table)
+        if (self.table[column] > INDUCTION_FORMED).any():
+            return ""
+        return (
+            f"\nNOTE: no variant formed an induction head in any seed ({column} above {INDUCTION_FORMED}) in "
+            f"{self.config.steps} steps: the table compares models before the phase change (at the defaults MHA "
+            "passes it at steps 600-800, docs/study.md); train longer (--steps) to compare models that have them"
+        )
 
 
 def run(config: StudyConfig, progress: bool = False) -> StudyResult:
