@@ -739,3 +739,33 @@ def test_cli_flops_table_of_a_small_model_scales_its_unit(capsys):
     rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
     fl = cost.attention_flops(cost.PRESETS["smollm2-135m"], 1024, 1)
     assert rows[1][:3] == ["1,024", f"{fl.projections / 1e9:.2f}", f"{fl.scores / 1e9:.2f}"]
+
+
+def test_compare_latex_is_the_json_numbers_one_column_per_layout_and_fits_a_page(capsys, tmp_path):
+    """budget had no table for a paper (walk-paper: the MHA/GQA/MQA cost table built by hand from
+    --json): --compare --latex prints a booktabs table, one column per layout, whose cells are the
+    --json numbers (thousands separators), that pdflatex reads within a 397 pt text width; without
+    --compare, or with --json, one line and exit 2."""
+    import json
+    import re
+    import shutil
+
+    argv = ("--preset", "smollm2-135m", "--compare", "--seq-len", "8192")
+    code, out, _ = run_cli(capsys, *argv, "--json")
+    rows = json.loads(out)["compare"]
+    code, tex, _ = run_cli(capsys, *argv, "--latex")
+    assert code == 0 and tex.count("\\toprule") == 1 and "\\label{tab:budget-compare}" in tex
+    head, body = re.search(r"\\toprule\n(.*?) \\\\\n\\midrule\n(.*?)\\bottomrule", tex, re.S).groups()
+    assert [c.strip() for c in head.split("&")] == ["", *(r["layout"] for r in rows)], head
+    cells = [[c.strip() for c in r.split("&")] for r in body.strip().removesuffix(" \\\\").split(" \\\\\n")]
+    line = {c[0]: c[1:] for c in cells}
+    assert line["attn params/layer"] == [f"{r['attn_params_per_layer']:,}" for r in rows]
+    assert line["KV numbers/token/layer"] == [f"{r['kv_numbers_per_token_per_layer']:,}" for r in rows]
+    assert line["n\\_kv\\_heads"] == [str(r["n_kv_heads"]) for r in rows]
+    for bad in ((), ("--compare", "--json")):
+        code, _, err = run_cli(capsys, "--preset", "smollm2-135m", *bad, "--latex")
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+    if shutil.which("pdflatex"):
+        from test_export_latex import _assert_compiles_within
+
+        _assert_compiles_within("budget-compare", tex, 397, tmp_path)

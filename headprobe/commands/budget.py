@@ -287,8 +287,15 @@ class BudgetPrint:
     """How ``headprobe budget`` prints its result: a flag of the command line, not part of the
     :class:`BudgetConfig` (the Python API returns the :class:`BudgetResult` itself)."""
 
-    json: bool = setting(False, "print JSON instead of a table", action="store_true")
+    json: bool = setting(False, "print JSON instead of a table", action="store_true", exclusive="print")
     """Print :meth:`BudgetResult.to_dict` as JSON instead of the table."""
+    latex: bool = setting(
+        False,
+        "print the --compare table as a LaTeX booktabs table (a paper's; the terminal's cells and units)",
+        action="store_true",
+        exclusive="print",
+    )
+    """Print :meth:`BudgetResult.latex` (``--compare`` only) instead of the table."""
 
 
 WINDOW_FLAGS = ("sliding_window", "global_every")
@@ -900,6 +907,14 @@ def kv_token_header(lay: AttentionLayout) -> str:
 def format_compare(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: str, seq_len: int, batch: int) -> str:
     """The ``--compare`` table: one row per layout, one FLOPs column per kind of layer (global,
     each window; :func:`~headprobe.probe.layout.cost.attention_flops_by_window`)."""
+    header, table = compare_cells(rows, lay, seq_len, batch)
+    return f"{describe(lay, dtype)}\n\n" + _table(table, header, right=set(range(1, len(header))))
+
+
+def compare_cells(
+    rows: list[dict[str, Any]], lay: AttentionLayout, seq_len: int, batch: int
+) -> tuple[list[str], list[list[str]]]:
+    """``(header, cells)`` of the ``--compare`` table as the terminal and ``--latex`` print it."""
     table = [
         [
             r["layout"],
@@ -932,7 +947,7 @@ def format_compare(rows: list[dict[str, Any]], lay: AttentionLayout, dtype: str,
         "KV vs MHA",
         *(f"FLOPs/layer, {k}" if k else "FLOPs/layer" for k in kinds),
     ]
-    return f"{describe(lay, dtype)}\n\n" + _table(table, header, right=set(range(1, len(header))))
+    return header, table
 
 
 def flops_table(lay: AttentionLayout, seq_lens: list[int], batch: int, as_mha: bool) -> list[dict[str, Any]]:
@@ -1557,6 +1572,30 @@ class BudgetResult(CompactRepr):
         checked = format_dir_check if "heads_per_layer" in self.check["measured"] else format_check
         return checked(self.check) + "\n\n" + text
 
+    def latex(self) -> str:
+        """The ``--compare`` table as a LaTeX booktabs table (:func:`~headprobe.analyses.latex_tables.table_tex`),
+        one column per layout and one row per quantity, with the terminal's cells and units
+        (:func:`compare_cells`), the caption naming the layout, its element size and the workload.
+
+        Raises:
+            HeadprobeError: not a ``--compare`` result.
+        """
+        import pandas as pd
+
+        from headprobe.analyses.latex_tables import table_tex
+
+        if self.mode != "compare":
+            raise HeadprobeError("--latex prints the --compare table: add --compare")
+        c = self.config
+        header, cells = compare_cells(self.data["compare"], self.layout, c.workload_seq_len, c.batch)
+        caption = (
+            f"Attention cost of head layouts: {describe(self.layout, c.dtype)}. Per layer and token where "
+            f"named; KV/batch at {c.batch} × {c.workload_seq_len:,} tokens; formulas of headprobe budget."
+        )
+        # one column per layout, one row per quantity: ten columns of long headers overrun a page's width
+        table = pd.DataFrame({"": header[1:], **{row[0]: row[1:] for row in cells}})
+        return table_tex(table, caption, "tab:budget-compare", "l" + "r" * len(cells))
+
     @property
     def table(self) -> pandas.DataFrame:
         """The result as a pandas DataFrame: one row per layout (compare), per length (flops
@@ -1928,9 +1967,14 @@ def budget(**fields_: Any) -> BudgetResult:
 
 
 def main(args: argparse.Namespace, config: BudgetConfig) -> int:
-    """The CLI's run target: :class:`BudgetConfig` -> :func:`run` -> printed text or JSON
-    (``args.json``); returns the exit status (:attr:`BudgetResult.exit_code`)."""
+    """The CLI's run target: :class:`BudgetConfig` -> :func:`run` -> printed text, JSON (``args.json``)
+    or the ``--compare`` table in LaTeX (``args.latex``); returns the exit status (:attr:`BudgetResult.exit_code`)."""
+    if getattr(args, "latex", False) and not config.compare:
+        raise HeadprobeError("--latex prints the --compare table: add --compare")
     result = run(config)
+    if getattr(args, "latex", False):
+        print(result.latex())
+        return result.exit_code
     # --json as strictly as every file headprobe writes (headprobe.probe.core.io.write_json): no bare NaN or Infinity
     print(json.dumps(result.summary(), indent=2, allow_nan=False) if args.json else result.format())
     return result.exit_code
