@@ -23,7 +23,7 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/headprobe scan --model smollm2-135m --out figures/smollm2-135m --overwrite --html
 
-# The linter, the formatter's check and the type checker first (seconds; mypy about a minute cold), then two pytest
+# The linter, the formatter's check and the type checker first (seconds; mypy about 30 s cold), then two pytest
 # workers (pytest-xdist), each test file on one worker so that its module fixtures are built once;
 # tests/conftest.py gives each worker its share of the cores and hands out the heaviest files first. The suite
 # starts over a hundred Python processes (the CLI, resumed runs, notebooks): each would compile torch's and

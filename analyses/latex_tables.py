@@ -236,7 +236,8 @@ def _verdict_row(r: Mapping, d: int, primary: str) -> list[str]:
 def prune_tables(path: Path, summary: dict) -> dict[str, str]:
     """``pruning_curve``: each method's loss (natural, repeated; nats/token) at each step, random orders
     as the mean over seeds with their range ``[min, max]`` (the figure's band), as prune's terminal
-    table rounds them (fraction 2 decimals, loss 3); ``per_layer`` where the run has it.
+    table rounds them (fraction 2 decimals, loss 3), and with ``--save-pruned`` the saved model's own
+    losses as a last row (the figure's star); ``per_layer`` where the run has it.
 
     Raises:
         HeadprobeError: summary.json without curves or per-layer rows."""
@@ -279,13 +280,18 @@ def _curve_table(path: Path, summary: dict, curves: Mapping) -> str:
                 band = f" [{min(vals):.3f}, {max(vals):.3f}]" if len(vals) > 1 else ""
                 cell.append(f"{mean:.3f}{band}")
             cells.append(cell)
+    saved = summary.get("pruned_model") or {}
+    if "loss" in saved:  # the figure's star: the really smaller model's own losses
+        row = ["saved model", str(saved["heads_removed"]), f"{saved['fraction_removed']:.2f}"]
+        cells.append(row + [f"{saved['loss'][k]:.3f}" for k in ("natural", "repeated")])
     table = pd.DataFrame(cells, columns=["method", "heads removed", "fraction", "natural loss", "repeated loss"])
     tok = summary.get("tokens") or {}
     seeds = {m: len(r) for m, r in methods.items() if len(r) > 1}
     band = "; ".join(f"{m}: mean over {n} seeds [min, max]" for m, n in seeds.items())
     caption = (
         f"Loss (nats/token; lower is better) of {_run_text(summary)} as attention heads are removed, per method "
-        f"({', '.join(methods)}){'; ' + band if band else ''}; of its {summary.get('n_heads_present')} heads. "
+        f"({', '.join(methods)}){'; ' + band if band else ''}; of its {summary.get('n_heads_present')} heads"
+        f"{'; saved model: the pruned model written with --save-pruned, its own losses' if 'loss' in saved else ''}. "
         f"Evaluation ({summary.get('evaluation', '')}): held-out natural text {' × '.join(map(str, tok.get('held_out_natural', [])))} "
         f"tokens, repeated random tokens {' × '.join(map(str, tok.get('repeated', [])))} (period {tok.get('period')})."
     )

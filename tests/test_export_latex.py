@@ -613,3 +613,17 @@ def test_a_one_seed_studys_caption_says_seed_not_seeds(tmp_path):
     assert _export(src, tmp_path / "out") == 0
     caption = re.search(r"\\caption\{(.*)\}\n\\label", (tmp_path / "out" / "latex" / "study.tex").read_text()).group(1)
     assert "once per seed (seed 0) on" in caption and "seeds 0" not in caption, caption
+
+
+def test_a_pruning_table_ends_with_the_saved_models_own_losses(tmp_path):
+    """The figure's star (the --save-pruned model's own losses) was missing from pruning_curve.tex
+    (walk-paper): its last row is that model, with summary.json's heads removed, fraction and losses."""
+    src = FIGURES / "smollm2-135m-prune-2x64"
+    saved = json.loads((src / "summary.json").read_text())["pruned_model"]
+    assert _export(src, tmp_path / "out", "--format", "latex") == 0
+    text = (tmp_path / "out" / "latex" / "pruning_curve.tex").read_text()
+    last = rows(text)[-1]
+    loss = saved["loss"]
+    want = ["saved model", str(saved["heads_removed"]), f"{saved['fraction_removed']:.2f}"]
+    assert last == [*want, f"{loss['natural']:.3f}", f"{loss['repeated']:.3f}"], last
+    assert "saved model: the pruned model written with --save-pruned" in text.replace("-{}-", "--")
