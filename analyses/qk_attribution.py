@@ -82,6 +82,24 @@ class QKAttribution(CompactRepr):
         """Each query-side component's total ``sum_b C[a, b]``, largest first."""
         return pd.Series(self.contributions.sum(1), index=self.q_labels).sort_values(ascending=False)
 
+    def totals(self) -> pd.DataFrame:
+        """Each component's totals, ``component, key_side, query_side`` (score units), in
+        :meth:`key_side`'s order (the key bias's row holds the query bias's query side): what
+        ``headprobe circuit --qk-head`` and ``headprobe show --why`` write as a CSV. A bias term
+        (``b_O L``, ``q bias``/``k bias``, ``ln1 bias``) that is exactly 0 on both sides, as every
+        bias of a model without biases, is left out."""
+        q, k = self.query_side(), self.key_side()
+        table = pd.DataFrame(
+            {
+                "component": k.index,
+                "key_side": k.to_numpy(),
+                "query_side": q.reindex(k.index.str.replace("k bias", "q bias")).to_numpy(),
+            }
+        )
+        bias = table["component"].str.startswith("b_O ") | table["component"].str.endswith(" bias")
+        absent = bias & (table["key_side"] == 0) & (table["query_side"] == 0)
+        return table[~absent].reset_index(drop=True)
+
     @property
     def table(self) -> pd.DataFrame:
         """One row per (query component, key component): ``q_component, k_component, contribution``,

@@ -968,8 +968,8 @@ def output_hint(name: str, config_cls) -> str | None:
     said = f"; {name} is an output setting: "
     if name == "out":
         return f"{said}pass the folder to {call}"
-    if name == "json":
-        return f"{said}{function}() returns the result; {call} is what --json prints"
+    if name in ("json", "latex"):
+        return f"{said}{function}() returns the result; {call} is what --{name} prints"
     if name == "prompt_file":
         return "; prompt_file is a flag of the command line: pass the file's text as prompt="
     return f"{said}pass it to {call}"
@@ -978,7 +978,7 @@ def output_hint(name: str, config_cls) -> str | None:
 def _output_place(command, name: str) -> tuple[str, str] | None:
     """``(call, function)``: where output setting ``name`` of :class:`~headprobe.commands.Command`
     ``command`` goes in Python -- ``result.save(path)`` (``out``), ``result.save(path,
-    formats="png")`` (a keyword of the result's ``save``), ``result.to_dict()`` (``json``) or
+    formats="png")`` (a keyword of the result's ``save``), ``result.to_dict()`` (``json``), ``result.latex()`` (``latex``) or
     ``prompt=`` (``prompt_file``) -- and the name of the command's function; None where ``name``
     is not a field of the command's flag blocks other than its Config's, or has no such place.
     The result class (the function's return annotation) is imported now (a refusal, not a run)."""
@@ -1003,6 +1003,8 @@ def _output_place(command, name: str) -> tuple[str, str] | None:
         return f"result.save(path, {name}={value})", function.__name__
     if name == "json" and hasattr(result, "to_dict"):
         return "result.to_dict()", function.__name__
+    if name == "latex" and hasattr(result, "latex"):
+        return "result.latex()", function.__name__
     if name == "prompt_file":
         return "prompt=<the file's text>", function.__name__
     return None

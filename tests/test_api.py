@@ -616,6 +616,11 @@ FORMATS = r'formats is an output setting: pass it to result\.save\(path, formats
             r"json is an output setting: budget\(\) returns the result; result\.to_dict\(\) is what --json prints",
         ),
         (
+            lambda **kw: headprobe.budget(**kw),
+            "latex",
+            r"latex is an output setting: budget\(\) returns the result; result\.latex\(\) is what --latex prints",
+        ),
+        (
             lambda **kw: headprobe.show("smollm2-135m", head="1.1", prompt="a b", out="never-written", **kw),
             "prompt_file",
             r"prompt_file is a flag of the command line: pass the file's text as prompt=",
@@ -630,6 +635,7 @@ FORMATS = r'formats is an output setting: pass it to result\.save\(path, formats
         "diff-out",
         "study-overwrite",
         "budget-json",
+        "budget-latex",
         "show-prompt-file",
     ],
 )
@@ -743,7 +749,7 @@ def test_the_api_page_names_only_members_the_loaded_model_has(tiny_gpt2_native):
 def _parser_settings(command: str) -> set[str]:
     """The settings of ``headprobe <command>``'s parser (each flag's ``dest``), read from argparse
     itself, less the output flags a result's ``save`` takes instead (``out``, ``overwrite``, ``formats``,
-    ``html``, ``json``, ``prompt_file``) and atlas's hidden ``--model`` (refused)."""
+    ``html``, ``json``, ``latex``, ``prompt_file``) and atlas's hidden ``--model`` (refused)."""
     import argparse
 
     parser = argparse.ArgumentParser(add_help=False)
@@ -751,7 +757,7 @@ def _parser_settings(command: str) -> set[str]:
     dests = {a.dest for a in parser._actions}
     return (
         dests
-        - {"out", "overwrite", "formats", "html", "json", "prompt_file"}
+        - {"out", "overwrite", "formats", "html", "json", "latex", "prompt_file"}
         - ({"model"} if command == "atlas" else set())
     )
 

@@ -258,3 +258,52 @@ def test_show_summary_is_what_the_cli_builds_its_page_from(tiny_dir, tmp_path):
     assert data["notes"] and data["selected"] == "1.5"  # not two empty pages agreeing
     got["notes"].append("changed")
     assert result.summary()["notes"] == data["notes"]  # a copy each time
+
+
+def test_show_why_splits_the_score_of_the_key_the_head_attends_to_most(
+    tiny_dir, tiny_llama_gqa_checkpoint, tmp_path, capsys
+):
+    """``--why Q``: QK attribution of the head's score at query Q (-1: the last) for the key it attends
+    to most there: the key is the argmax of Hugging Face's own attention row (output_attentions), and
+    why_<head>.csv's key and query sides each sum to the score (the identity); the terminal names the
+    query, the key and the largest terms. A query outside the prompt: one line, exit 2, no folder."""
+    import pandas as pd
+    import torch
+
+    from headprobe.cli import main
+
+    argv = [
+        "show",
+        "--model",
+        str(tiny_dir),
+        "--head",
+        "1.5",
+        "--prompt",
+        PROMPT,
+        "--device",
+        "cpu",
+        "--formats",
+        "none",
+    ]
+    assert main([*argv, "--why", "-1", "--out", str(tmp_path / "o")]) == 0
+    said = capsys.readouterr().out
+    csv = pd.read_csv(tmp_path / "o" / "why_1.5.csv")
+    result = run(
+        ShowConfig(model=str(tiny_dir), head="1.5", prompt=PROMPT, why=-1, out=str(tmp_path / "p"), device="cpu")
+    )
+    why = result.why
+    hf = tiny_llama_gqa_checkpoint.hf_model
+    ids = tiny_llama_gqa_checkpoint.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    assert ids == [int(w[1:]) for w in PROMPT.split()]  # t<i> is id i
+    tokens = torch.tensor([hf.config.bos_token_id, *ids])[None]
+    with torch.no_grad():
+        row = hf(tokens, output_attentions=True).attentions[1][0, 5, -1]
+    assert why.q_pos == tokens.shape[1] - 1 and why.k_pos == int(row.argmax()), (why.k_pos, row)
+    assert csv["key_side"].sum() == pytest.approx(why.score, rel=1e-4, abs=1e-5)
+    assert csv["query_side"].sum() == pytest.approx(why.score, rel=1e-4, abs=1e-5)
+    assert (
+        f"why 1.5 attends from {why.q_pos} (" in said and f"to {why.k_pos} (" in said and "key side, largest:" in said
+    )
+    rc, _, err = run_cli(*argv, "--why", "40", "--out", str(tmp_path / "bad"))
+    assert_one_line_error(rc, err, "--why 40: the prompt has 11 tokens")
+    assert not (tmp_path / "bad").exists()

@@ -54,7 +54,7 @@ __getattr__ = lazy_names(__name__, "headprobe.commands.circuit_core", _CORE)
 HELP = (
     "head circuits: edge attribution (EAP, EAP-IG) checked by exact direct-path patching (the sender's change "
     "reaches the receiver directly, not through the MLPs between), and why a head attends, on repeated random "
-    "tokens (the induction task; your own prompts: the Python API, docs/circuit.md)"
+    "tokens (the induction task; your own prompts: headprobe show --why)"
 )
 
 METHODS = ("eap-ig", "eap")
@@ -150,7 +150,7 @@ class CircuitConfig(ModelSettings):
         None,
         "explain this head's attention by QK attribution, e.g. 18.6, at the middle query of the first "
         "sequence's second copy and its induction target (default: none; another query or your own prompt: "
-        "headprobe.qk_attribution in Python, docs/circuit.md)",
+        "headprobe show --why, or headprobe.qk_attribution in Python)",
     )
     memory_budget: str | None = shared(
         ModelSettings,

@@ -46,22 +46,8 @@ class CircuitResult(CompactRepr, WritesOutputs):
     parallel_attn_mlp: bool | None = None
 
     def qk_table(self):
-        """qk_attribution.csv: ``component, query_side, key_side`` (each component's total, score units);
-        a bias term (``b_O L``, ``q bias``/``k bias``, ``ln1 bias``) that is exactly 0 on both sides (a
-        model without that bias) is left out."""
-        import pandas as pd
-
-        q, k = self.qk.query_side(), self.qk.key_side()
-        table = pd.DataFrame(
-            {
-                "component": k.index,
-                "key_side": k.to_numpy(),
-                "query_side": q.reindex(k.index.str.replace("k bias", "q bias")).to_numpy(),
-            }
-        )
-        bias = table["component"].str.startswith("b_O ") | table["component"].str.endswith(" bias")
-        absent = bias & (table["key_side"] == 0) & (table["query_side"] == 0)
-        return table[~absent].reset_index(drop=True)
+        """qk_attribution.csv: :meth:`~headprobe.analyses.qk_attribution.QKAttribution.totals`."""
+        return self.qk.totals()
 
     def summary(self) -> dict:
         """summary.json: the task, the clean loss, the top edges with their exact effects, the

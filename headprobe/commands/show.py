@@ -51,6 +51,8 @@ class ShowConfig(ModelSettings):
         head: ``layer.head`` (or ``L5H1``), checked against the model once it is loaded.
         prompt: the text (or ``prompt_file``'s content, read by :func:`main`; None until then); at
             most :data:`MAX_TOKENS` tokens.
+        why: a query position (negative: from the end) whose score for its most-attended key is
+            split by QK attribution (:func:`why_attends`); None: none.
         out: output directory.
     """
 
@@ -60,6 +62,14 @@ class ShowConfig(ModelSettings):
     prompt: str | None = setting(
         MISSING, "the text to run the model on", exclusive="text", required=True, kw_only=True
     )  # None: --prompt-file given, read into it by main before the run
+    why: int | None = setting(
+        None,
+        "also say why the head attends where it does from this query (a token position, 0-based; -1: the last): "
+        "QK attribution of its score for the key it attends to most there, written to why_<head>.csv with its "
+        "largest terms printed (native backend, a decoder; default: none)",
+        type=int,
+        kw_only=True,
+    )
     out: str = field(kw_only=True)  # its flag is OutputSettings'
 
 
@@ -84,6 +94,8 @@ class ShowResult(CompactRepr):
             prompt's window of them).
         labels: the tokens' labels.
         paths: the files written.
+        why: with ``why``, the :class:`~headprobe.analyses.qk_attribution.QKAttribution` of the
+            query's score for its most-attended key; else None.
     """
 
     head: tuple[int, int]
@@ -91,6 +103,7 @@ class ShowResult(CompactRepr):
     labels: list[str]
     paths: list[Path]
     _summary: dict = field(default_factory=dict)
+    why: object = None
 
     def summary(self) -> dict:
         """What index.html is built from (show writes no summary.json): ``model``, ``weights_precision``,
@@ -144,6 +157,7 @@ def run(
     scores, _, _ = score_tokens(model, ts, "natural", first=0)
     labels = [drawable(label) for label in token_labels(model, tokens[0].cpu())]  # the viewer's are for a browser
     pattern, positions = _head_pattern(model, tokens, layer, head)
+    why = None if cfg.why is None else why_attends(model, tokens, layer, head, cfg.why)
 
     name = format_head((layer, head))
     title = f"head {name}, {figs.model_tag(spec.name, spec.weights)}\nyour prompt ({n} tokens)"
@@ -174,10 +188,50 @@ def run(
 
     def write_page(d: Path) -> list[Path]:
         write_text(d / "index.html", page)
-        return [d / "index.html"]
+        if why is None:
+            return [d / "index.html"]
+        write_text(d / f"why_{name}.csv", why.totals().to_csv(index=False, float_format="%.6g"))
+        return [d / "index.html", d / f"why_{name}.csv"]
 
     paths = write_outputs(out, overwrite, summary=None, figures=figure, extra=write_page, formats=formats)
-    return ShowResult((layer, head), pattern, labels, paths, summary)
+    return ShowResult((layer, head), pattern, labels, paths, summary, why)
+
+
+def why_attends(model: LoadedModel, tokens, layer: int, head: int, query: int):
+    """The :func:`~headprobe.analyses.qk_attribution.qk_attribution` of head ``layer.head``'s score at
+    position ``query`` of the prompt's ``[1, pos]`` ``tokens`` (negative: from the end) for the key it
+    attends to most there (the argmax of its pattern's row; the first of a tie).
+
+    Raises:
+        HeadprobeError: a query outside the prompt; as qk_attribution (the transformer-lens backend, an
+            encoder, an identity that fails).
+    """
+    from headprobe.analyses.qk_attribution import qk_attribution
+    from headprobe.probe.hooks.capture import capture_heads
+
+    n = tokens.shape[1]
+    if not -n <= query < n:
+        raise HeadprobeError(f"--why {query}: the prompt has {n} tokens (positions 0 to {n - 1}, or -1 for the last)")
+    q = query % n
+    row = capture_heads(model, tokens, layers=[layer], heads=[head], rows=[q])["pattern"][layer][0, 0, 0]
+    return qk_attribution(model, tokens, layer, head, q, int(row.float().argmax()))
+
+
+def why_lines(why, labels: Sequence[str], top: int = 5) -> list[str]:
+    """What ``show --why`` prints: the query and key with their tokens, the score, and the ``top``
+    components of the key side and of the query side by size (:meth:`~headprobe.analyses.qk_attribution.QKAttribution.totals`)."""
+    t = why.totals()
+
+    def largest(column: str) -> str:
+        part = t.reindex(t[column].abs().sort_values(ascending=False).index).head(top)
+        return ", ".join(f"{c} {v:+.3g}" for c, v in zip(part["component"], part[column]))
+
+    return [
+        f"why {why.layer}.{why.head} attends from {why.q_pos} ({labels[why.q_pos]!r}) to {why.k_pos} "
+        f"({labels[why.k_pos]!r}): score {why.score:.4g} = sum of the terms (identity error {why.identity_error:.1g})",
+        f"  key side, largest: {largest('key_side')}",
+        f"  query side, largest: {largest('query_side')}",
+    ]
 
 
 def _head_pattern(model: LoadedModel, tokens, layer: int, head: int) -> tuple:
@@ -321,6 +375,7 @@ def show(
     out: str | Path,
     overwrite: bool = False,
     formats: str | Sequence[str] | None = None,
+    why: int | None = None,
     **load,
 ) -> ShowResult:
     """``headprobe show`` from Python: ``head``'s pattern on ``prompt`` written into ``out``.
@@ -332,6 +387,8 @@ def show(
         head: one head, ``"18.6"`` (or ``"L18H6"``) or ``(18, 6)``.
         formats: the figure's formats, as ``--formats``: ``"png"``, ``"png,svg"`` or ``("png", "pdf")``;
             ``"none"`` or ``()``: the page alone; None: ``$HEADPROBE_FIGURE_FORMATS``, or all three.
+        why: a query position (negative: from the end): also split the head's score there for its
+            most-attended key by QK attribution (``result.why``, ``why_<head>.csv``; :func:`why_attends`).
 
     Returns:
         ShowResult: ``head`` ``(layer, head)``, its ``pattern`` ``[q_pos, k_pos]`` (float32 attention
@@ -349,7 +406,7 @@ def show(
 
     formats = figure_formats(formats)
 
-    fields = dict(head=heads_text(head, "head"), prompt=prompt, out=str(out), **load)
+    fields = dict(head=heads_text(head, "head"), prompt=prompt, out=str(out), why=why, **load)
     options.check_fields(ShowConfig, fields, "show", accepts=show)
     options.check_model_argument(model, "show")
     if isinstance(model, (str, os.PathLike)):
@@ -362,7 +419,7 @@ def show(
 
 FLAGS = (
     Flags(group=ModelSettings, helps={"prepend_bos": "do not put BOS in front of the text"}),
-    Flags(only=("head", "prompt")),
+    Flags(only=("head", "prompt", "why")),
     Flags(PromptFile),
     OUTPUT,
 )
@@ -397,6 +454,8 @@ def main(args: argparse.Namespace, config: ShowConfig) -> int:
         model = options.load_for(cfg)
         print(options.describe_model(model), flush=True)  # the header every command that loads a model prints
         result = run(cfg, overwrite=args.overwrite, model=model)
+    if result.why is not None:
+        print("\n".join(why_lines(result.why, result.labels)))
     print(
         f"head {result.head[0]}.{result.head[1]} on {len(result.labels)} tokens; wrote "
         + ", ".join(str(p) for p in result.paths)
