@@ -106,3 +106,32 @@ def test_wrap_warns_of_a_tokenizer_that_may_not_be_the_models(tmp_path, capsys):
         "WARNING: headprobe.wrap: the tokenizer has 256 tokens, more than the model's embedding of 128 rows: it may "
         "not be the model's (ids >= 128 are refused); pass the model's own tokenizer"
     ], err
+
+
+def test_wrap_says_when_a_tokenizer_has_far_fewer_tokens_or_no_bos(capsys):
+    """walk-api wrapped a 256-row GPT-2 with a tokenizer of far fewer tokens and no BOS: it ran with
+    no word, BOS silently off (first-token scores then read a real word). Now a tokenizer under 90% of
+    the embedding's rows gets the WARNING, and BOS asked for but absent a NOTE; prepend_bos=False, or
+    a tokenizer with BOS and every row, gets neither."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>"] + [f"w{i}" for i in range(99)]  # 100 tokens, no BOS
+    tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    no_bos = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>")
+    model = tiny("gpt2")  # 256 rows
+    wrapped = headprobe.wrap(model, no_bos)
+    err = capsys.readouterr().err.splitlines()
+    assert not wrapped.prepend_bos and wrapped.to_tokens("w1 w2").tolist() == [[2, 3]]
+    assert [x for x in err if x.startswith(("WARNING", "NOTE"))] == [
+        "WARNING: headprobe.wrap: the tokenizer has 100 tokens for the model's embedding of 256 rows (39%; a model's "
+        "own leaves at most a few rows of padding unused): it may not be the model's; pass the model's own tokenizer",
+        f"NOTE: headprobe.wrap: {wrapped.spec.name}'s tokenizer has no BOS token: sequences start with the text's "
+        "first token, not BOS (first-token and attention-sink scores read that token); pass prepend_bos=False "
+        "(--no-bos) to say so",
+    ], err
+    headprobe.wrap(model, no_bos, prepend_bos=False)
+    assert "NOTE" not in capsys.readouterr().err
+    headprobe.wrap(model, in_memory_tokenizer())  # 256 tokens with BOS for 256 rows
+    assert not [x for x in capsys.readouterr().err.splitlines() if x.startswith(("WARNING", "NOTE"))]

@@ -97,4 +97,27 @@ def _tokenizer_warning(hf_model: Any, tokenizer: Any) -> str | None:
             f"the tokenizer has {size} tokens, more than the model's embedding of {rows} rows: it may not be "
             f"the model's (ids >= {rows} are refused); {fix}"
         )
+    if rows is not None and size < FEWEST_TOKENS_SHARE * rows:
+        return (
+            f"the tokenizer has {size} tokens for the model's embedding of {rows} rows ({size / rows:.0%}; a model's "
+            f"own leaves at most a few rows of padding unused): it may not be the model's; {fix}"
+        )
     return None
+
+
+FEWEST_TOKENS_SHARE = 0.9
+"""A tokenizer with fewer tokens than this share of the embedding's rows gets :func:`_tokenizer_warning`'s
+line: models pad their vocabulary by a few rows (GPT-2 none, Qwen2.5 0.2%, Phi-3 0.2%), not by a third
+(BERT's 30,522 tokens on SmolLM2's 49,152 rows: 62%)."""
+
+
+def no_bos_note(model: Any, asked: bool) -> str | None:
+    """Where BOS was asked for (``asked``, ``prepend_bos``) but a decoder's tokenizer has none, so its
+    sequences start with the text's first token: a NOTE saying so (a first-token or attention-sink
+    score then reads that token), else None."""
+    if not asked or model.prepend_bos or not model.spec.causal:
+        return None
+    return (
+        f"{model.spec.name}'s tokenizer has no BOS token: sequences start with the text's first token, not BOS "
+        "(first-token and attention-sink scores read that token); pass prepend_bos=False (--no-bos) to say so"
+    )

@@ -61,7 +61,7 @@ import torch
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.backends.bridge import _execution_device, boot_bridge, spec_from_bridge  # noqa: F401 - the bridge's loading, re-exported
 from headprobe.probe.backends.hf_checkpoint import load_checkpoint, quiet_progress_bars
-from headprobe.probe.backends.hf_tokenizers import _read_tokenizer
+from headprobe.probe.backends.hf_tokenizers import _read_tokenizer, no_bos_note
 from headprobe.probe.backends.native import NativeModel
 from headprobe.probe.backends.native_loading import _load_native_from_cache, load_native
 from headprobe.probe.backends.sources import (  # noqa: F401 - the names, re-exported (torch-free, checked before loading)
@@ -192,6 +192,8 @@ def load_model(
     model.self_check  # noqa: B018 - run the self-check now, at load (see headprobe.probe.hooks.selfcheck)
     if device_map is not None and not split_at_load:
         model.dispatch(device_map, max_memory, offload_dir)  # after the self-check, on the whole float32 model
+    if not quiet and (note := no_bos_note(model, prepend_bos)) is not None:
+        print(f"NOTE: {note}", file=sys.stderr, flush=True)
     return model
 
 

@@ -12,7 +12,7 @@ import torch
 
 from headprobe.probe.backends.base import LoadedModel
 from headprobe.probe.backends.hf_checkpoint import check_finite_weights, refuse_unstudiable
-from headprobe.probe.backends.hf_tokenizers import _tokenizer_fix, _tokenizer_warning
+from headprobe.probe.backends.hf_tokenizers import _tokenizer_fix, _tokenizer_warning, no_bos_note
 from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.vocabulary import backend_class
 from headprobe.probe.layout.spec import Checkpoint
@@ -81,7 +81,8 @@ def wrap_model(
         backend: ``auto``, ``native`` or ``transformer-lens``.
         device: where the wrapped copy goes (default: where ``hf_model``'s weights are).
         prepend_bos: put the tokenizer's BOS token in front of every sequence (once), as
-            :func:`headprobe.load_model`'s.
+            :func:`headprobe.load_model`'s; a decoder whose tokenizer has none runs without, and a
+            ``NOTE: headprobe.wrap: ...`` line says so.
         name: what outputs call the model (default: the config's ``_name_or_path``, else the class name).
 
     Returns:
@@ -128,4 +129,6 @@ def wrap_model(
         loaded.model.float()  # its own copy: check the decomposition in float32, then round
         loaded.to(dtype)
     loaded.self_check  # noqa: B018 - as load_model: run the self-check now
+    if (note := no_bos_note(loaded, prepend_bos)) is not None:
+        print(f"NOTE: headprobe.wrap: {note}", file=sys.stderr, flush=True)
     return loaded
