@@ -806,7 +806,7 @@ def test_diff_panels_share_the_quantitys_scale_say_when_nothing_changed_and_stay
     axes = [ax for ax in fig.axes if ax.images]
     assert [ax.images[0].get_clim() for ax in axes] == [(-0.025, 0.025), (-0.3, 0.3)]
     said = [ax.get_title().replace("\n", " ") for ax in axes]  # under the panel's title, over no cell
-    assert said[0].endswith("(no head changed by >= 0.5 sd)") and "no head changed" not in said[1], said
+    assert said[0].endswith("(no head changed significantly by >= 0.5 sd)") and "no head changed" not in said[1], said
     assert not [t for ax in axes for t in ax.texts]
     width = fig.get_figwidth() * fig.dpi
     for ax in axes:

@@ -1467,7 +1467,7 @@ def test_diff_boxes_each_changed_head_on_its_own(name):
 
 @pytest.mark.parametrize("name", ["smollm2-135m-diff-int8", "smollm2-135m-diff-int3"])
 def test_diff_note_of_a_panel_without_changes_covers_no_cell(name):
-    """The "no head changed by >= 0.5 sd" note was a box across the middle of its panel, over a few of a
+    """The "no head changed (significantly) by >= 0.5 sd" note was a box across the middle of its panel, over a few of a
     30-layer model's cells (int3's text-loss ablation panel has changes under 0.5 sd to read there). Each
     panel with no changed head says so once, inside the figure, and the note overlaps no heatmap."""
     import json

@@ -115,7 +115,7 @@ def draw_diff(
         moved = {tuple(h) for h in sets["A"]} ^ {tuple(h) for h in sets["B"]}
         dotted[q] = {(int(h[0]), int(h[1])): bool(changed[q][h[0], h[1]]) for h in moved} if q in changed else {}
     panels = [(*quantity_labels(q), changes[q], changed[q], dotted.get(q, {})) for q in changes]
-    empty = None if min_change is None else f"no head changed by >= {min_change:g} sd"
+    empty = None if min_change is None else f"no head changed significantly by >= {min_change:g} sd"
     lims = None if limits is None else [limits.get(q, float("nan")) for q in changes]
     return diff_heatmaps(panels, title, group_size, lims, empty)
 

@@ -354,10 +354,15 @@ def _least_overlap(name: str, mine: list[Outcome]) -> dict | None:
 
 def _verdict_words(rec: dict, overlap: bool = True) -> str:
     """The report's words for what holds of one type: how many of its conditions confirm its
-    verdict, and (``overlap``) its least top-k overlap with the base's set and where."""
+    verdict and how many reached none ("?"; all of them: said so, not "CONFIRMED in 0"), and
+    (``overlap``) its least top-k overlap with the base's set and where."""
     n = len(rec["conditions"])
     held = sum(v["confirmed"] is True for v in rec["verdicts"].values())
-    words = f"CONFIRMED in {held} of {n} conditions"
+    none = sum(v["confirmed"] is None for v in rec["verdicts"].values())  # "?": no verdict could be reached
+    if none == n:
+        words = f"no verdict in any of the {n} conditions"
+    else:
+        words = f"CONFIRMED in {held} of {n} conditions" + (f" (no verdict in {none})" if none else "")
     least = rec.get("least_top_k_overlap")
     if least and overlap:
         words += (
