@@ -547,7 +547,8 @@ def _untrained_model(cfg: TrainConfig, tokenizer) -> tuple[torch.nn.Module, Nati
     :class:`~headprobe.probe.model.transformer.Transformer` of ``cfg.model_config()``, initialised from
     ``cfg.seed`` (:func:`~headprobe.probe.model.transformer.init_weights`) on ``device`` (``"cpu"`` or
     ``"cuda"``, from ``cfg.device``), and ``loaded``, the
-    :class:`~headprobe.probe.backends.loading.LoadedModel` around it with ``tokenizer``.
+    :class:`~headprobe.probe.backends.loading.LoadedModel` around it with ``tokenizer`` and the
+    training's periods (``trained_periods``, as its saved copy reloads with them).
 
     Raises:
         HeadprobeError: ``device="cuda"`` without a CUDA GPU.
@@ -562,7 +563,10 @@ def _untrained_model(cfg: TrainConfig, tokenizer) -> tuple[torch.nn.Module, Nati
     torch.manual_seed(cfg.seed)
     model = init_weights(Transformer(mcfg)).to(device)
     spec = spec_from_native("headprobe-train", "headprobe-train", "float32 (training)", mcfg)
-    return model, NativeModel(model, tokenizer, spec, prepend_bos=True), device  # what LoadedModel(model, ...) picks
+    loaded = NativeModel(model, tokenizer, spec, prepend_bos=True)  # what LoadedModel(model, ...) picks
+    # the periods its saved copy reloads with (native_loading): the default --period is the same in memory
+    loaded.trained_periods = (cfg.min_period, cfg.max_period, cfg.eval_period)
+    return model, loaded, device
 
 
 def _eval_data(

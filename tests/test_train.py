@@ -524,6 +524,20 @@ def test_scan_of_a_trained_model_uses_a_period_it_was_trained_on(tiny_run, tmp_p
     assert cfg.resolved(model.spec, (4, 20, 8)).period == 16
 
 
+def test_the_trained_model_in_memory_has_the_periods_its_saved_copy_reloads_with(tiny_run, tmp_path):
+    """``scan(result.loaded)`` took period 16 where ``scan(saved folder)`` took the eval period 8
+    (walk-api: 47 against 24): the model ``train`` returns carried no trained periods. It carries
+    those its saved copy reloads with, so both resolve the same default."""
+    from headprobe.commands.scan import ScanConfig
+    from headprobe.probe.backends.native_loading import load_native
+
+    tiny_run.save(tmp_path / "saved")
+    saved = load_native(tmp_path / "saved")
+    assert tiny_run.loaded.trained_periods == saved.trained_periods == (4, 12, 8)
+    cfg = ScanConfig(model="x")
+    assert cfg.resolved(tiny_run.loaded.spec, tiny_run.loaded.trained_periods).period == 8
+
+
 def test_train_summary_records_the_cpu_threads_and_kernels():
     """As study.json: training losses move in the 4th decimal with torch's thread count and the CPU's
     vector kernels, so a CPU run's summary names both; a CUDA run's names neither."""
