@@ -137,7 +137,7 @@ def run(
     from headprobe.analyses.scoring import drawable, score_tokens, token_labels
     from headprobe.analyses.viewer import build_page, head_patterns
     from headprobe.probe.core.heads import format_head
-    from headprobe.probe.core.io import prepare_output_dir, write_text
+    from headprobe.probe.core.io import prepare_output_dir
 
     out = prepare_output_dir(cfg.out, overwrite, create=False)
     if model is None:
@@ -186,15 +186,24 @@ def run(
         verdicts=False,
     )
 
-    def write_page(d: Path) -> list[Path]:
+    paths = write_outputs(
+        out, overwrite, summary=None, figures=figure, extra=_page_writer(page, why, name), formats=formats
+    )
+    return ShowResult((layer, head), pattern, labels, paths, summary, why)
+
+
+def _page_writer(page: str, why, name: str):
+    """show's ``extra`` writer: index.html and, with ``--why`` (``why`` a QKAttribution), why_<head>.csv."""
+    from headprobe.probe.core.io import write_text
+
+    def write(d: Path) -> list[Path]:
         write_text(d / "index.html", page)
         if why is None:
             return [d / "index.html"]
         write_text(d / f"why_{name}.csv", why.totals().to_csv(index=False, float_format="%.6g"))
         return [d / "index.html", d / f"why_{name}.csv"]
 
-    paths = write_outputs(out, overwrite, summary=None, figures=figure, extra=write_page, formats=formats)
-    return ShowResult((layer, head), pattern, labels, paths, summary, why)
+    return write
 
 
 def why_attends(model: LoadedModel, tokens, layer: int, head: int, query: int):

@@ -355,10 +355,8 @@ def capture_heads(
     fixed from the full attention output, which makes the norm linear, and ``result_h`` is taken
     after it: ``w * s_t * z_h W_O[h]`` (the frozen-norm linearisation used for direct logit
     attribution; Elhage et al. 2021, Nanda's TransformerLens ``apply_ln_to_stack``). Either way
-    ``sum_h result_h + b_O`` equals what the block adds to the residual stream. An encoder's
-    post-LN block (BERT: ``LayerNorm(resid_pre + attn_out)``) adds nothing as such: there it equals
-    the attention sublayer's output before that norm (Hugging Face's ``attention.output.dense``),
-    and ``hook_resid_mid`` is ``resid_pre + attn_out``, the norm's input.
+    ``sum_h result_h + b_O`` equals what the block adds to the residual stream (a post-LN encoder's,
+    BERT's: the sublayer's output before its norm; docs/self-check.md).
 
     Visualisers: CircuitsVis' ``attention_patterns(tokens, attention)`` takes one sequence,
     ``cap["pattern"][layer][b]`` ``[head, q_pos, k_pos]``; bertviz's ``head_view(attention,
@@ -372,8 +370,7 @@ def capture_heads(
         Hook point -> layer -> tensor: ``pattern`` ``[batch, head, q_pos, k_pos]``, ``z``
             ``[batch, pos, head, d_head]``, ``result`` ``[batch, pos, head, d_model]``, ``b_O``
             ``[d_model]`` or ``[batch, pos, d_model]`` and ``attn_out`` ``[batch, pos, d_model]``, what
-            the attention block adds to the residual stream (after the post-attention norm, where there is one;
-            a post-LN encoder's, before the norm that follows the residual add).
+            the attention block adds to the residual stream (after the post-attention norm, where there is one).
 
     Raises:
         TypeError: ``model`` not a loaded model, ``tokens`` not an integer tensor (:func:`check_capture_inputs`);
