@@ -40,7 +40,6 @@ it. Not a timed test: numbers depend on the machine and on what else runs on it.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -52,13 +51,6 @@ import torch
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose usage errors are one line, ``ablation_sweep.py: error: ...``, exit status 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def load_both(name: str, device: str):
@@ -86,10 +78,13 @@ def main(argv: list[str] | None = None) -> None:
     from headprobe.analyses.ablation import exact_sweep, head_importance, spearman, sweep_loop
     from headprobe.analyses.attribution import N_PROBES, atp_star, forward_equivalents, second_order
     from headprobe.analyses.data import natural_text_tokens
+    from headprobe.cli import OneLineErrorParser
     from headprobe.settings import positive_int
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    ap = OneLineParser(prog="ablation_sweep.py", allow_abbrev=False, description=__doc__.splitlines()[0])
+    ap = OneLineErrorParser(
+        prog="ablation_sweep.py", description=__doc__.splitlines()[0]
+    )  # one-line usage errors, exit 2
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--n-seqs", type=positive_int, default=8)
     ap.add_argument("--seq-len", type=positive_int, default=100)

@@ -75,13 +75,6 @@ def time_forwards(nets: list, tokens: torch.Tensor, repeats: int) -> list[float]
     return [statistics.median(t) for t in times]
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose usage errors are one line, ``pruned_speed.py: error: ...``, exit status 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
 def fractions_of(text: str) -> list[float]:
     """``--fractions``' shares, each in (0, 1) (argparse ``type``: else a one-line usage error)."""
     try:
@@ -97,12 +90,15 @@ def main(argv: list[str] | None = None) -> None:
     import headprobe
     from headprobe.analyses.ablation import head_importance
     from headprobe.analyses.data import natural_text_tokens
+    from headprobe.cli import OneLineErrorParser
     from headprobe.options import DTYPES, check_model, torch_dtype
     from headprobe.probe.model.pruned import remove_heads
     from headprobe.settings import positive_int
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    ap = OneLineParser(prog="pruned_speed.py", allow_abbrev=False, description=__doc__.splitlines()[0])
+    ap = OneLineErrorParser(
+        prog="pruned_speed.py", description=__doc__.splitlines()[0]
+    )  # one-line usage errors, exit 2
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument(
         "--fractions", type=fractions_of, default="0.25,0.5", help="shares of heads to remove, comma-separated"

@@ -36,7 +36,8 @@ class OneLineErrorParser(argparse.ArgumentParser):
     where argparse took it as ``--types``, and a flag added later cannot change what an
     abbreviation meant); subparsers inherit both (``add_parser`` makes this class). The parsed
     namespace lists the options given (``settings.GIVEN_KEY``: each option argparse took from the
-    words, in any spelling, at any value), for :func:`~headprobe.settings.refuse_inert`."""
+    words, in any spelling, at any value), for :func:`~headprobe.settings.refuse_inert`. The benchmark
+    scripts use it too (``prog="ablation_sweep.py"``: their errors begin with that name)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["allow_abbrev"] = False
@@ -85,7 +86,7 @@ class OneLineErrorParser(argparse.ArgumentParser):
             message += _did_you_mean(message.split(":", 1)[1].split(), self._known_options(), argv)
             command = next((c for c in self._known_options() if c and c in argv[:1]), None)
             prog = f"{self.prog} {command}" if command else prog
-        self.exit(2, f"headprobe: error: {message} (see {prog} --help)\n")
+        self.exit(2, f"{self.prog.split()[0]}: error: {message} (see {prog} --help)\n")  # headprobe, or a script's name
 
     def _choices_named(self, message: str) -> str:
         """argparse's ``message`` that required arguments are missing, each positional argument
