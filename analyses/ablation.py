@@ -57,7 +57,6 @@ from headprobe.probe.hooks.ablation import (
     head_set_masks,
 )
 from headprobe.probe.hooks.names import attn_hook, block_hook
-from headprobe.probe.layout.cost import backward_sequence_bytes, forward_sequence_bytes
 from headprobe.probe.layout.spec import ModelSpec
 
 
@@ -223,15 +222,7 @@ def sweep_plan(
         HeadprobeError: one ablation of the batch does not fit (one line, before any allocation).
     """
     spec, e = model.spec, model.dtype.itemsize
-    per = forward_sequence_bytes(
-        spec.layout,
-        seq_len,
-        spec.d_vocab,
-        e,
-        logit_positions=max(1, seq_len - 1 - first),
-        d_mlp=spec.d_mlp,
-        streams=SWEEP_STREAMS,
-    )
+    per = spec.forward_sequence_bytes(seq_len, e, logit_positions=max(1, seq_len - 1 - first), streams=SWEEP_STREAMS)
     kept = min(
         STORED_ACTIVATION_BYTES, batch * seq_len * n_layers * (2 * spec.d_model + spec.n_heads * spec.d_head) * e
     )
@@ -249,8 +240,7 @@ def set_plan(model: LoadedModel, batch: int, seq_len: int, max_batch: int | None
     Raises:
         HeadprobeError: one set's ablation of the batch does not fit (one line, before any allocation).
     """
-    spec = model.spec
-    per = forward_sequence_bytes(spec.layout, seq_len, spec.d_vocab, model.dtype.itemsize, d_mlp=spec.d_mlp, streams=1)
+    per = model.spec.forward_sequence_bytes(seq_len, model.dtype.itemsize, streams=1)
     what = f"control-set ablations ({batch} sequences x {seq_len} tokens per set)"
     return memory.plan(per, model.device, batch, what, 0, max_batch)
 
@@ -618,7 +608,7 @@ def capture_z_plan(model: LoadedModel, batch: int, seq_len: int, what: str) -> m
     """
     spec, e = model.spec, model.dtype.itemsize
     z = len(spec.attention_layers) * seq_len * spec.n_heads * spec.d_head * e
-    per = forward_sequence_bytes(spec.layout, seq_len, spec.d_vocab, e, d_mlp=spec.d_mlp) + z
+    per = spec.forward_sequence_bytes(seq_len, e) + z
     return memory.plan(per, model.device, batch, f"{what} ({batch} x {seq_len} tokens, one forward)", 0, cap=batch)
 
 
@@ -984,7 +974,7 @@ def importance_sequence_bytes(model: LoadedModel, seq_len: int, kind: str = "zer
     (:func:`~headprobe.analyses.attribution.estimate_plan`)."""
     spec, e = model.spec, model.dtype.itemsize
     z = spec.n_layers * seq_len * spec.n_heads * spec.d_head
-    per = backward_sequence_bytes(spec.layout, seq_len, spec.d_vocab, e, spec.d_mlp) + z * (4 + e)
+    per = spec.backward_sequence_bytes(seq_len, e) + z * (4 + e)
     return per + (z * e if ablation_kinds.KINDS.get(kind).needs == "source" else 0)
 
 

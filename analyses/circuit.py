@@ -60,6 +60,7 @@ from headprobe.probe.core.sizes import format_bytes
 from headprobe.probe.hooks.ablation import HookFn
 from headprobe.probe.hooks.capture import capture_internal
 from headprobe.probe.hooks.names import EMBED, attn_hook, block_hook
+from headprobe.probe.layout.cost import mlp_width
 
 INPUTS = ("q", "k", "v")
 """A receiver head's inputs; the logits receiver is ``"logits"``."""
@@ -267,7 +268,7 @@ def row_bytes(model: LoadedModel, pos: int) -> tuple[int, int]:
     float32 throughout (the engines keep float32 copies whatever the weights' dtype)."""
     sp = model.spec
     L, H, D, V, dh = sp.n_layers, sp.n_heads, sp.d_model, sp.d_vocab, sp.d_head
-    mlp = 4 * D if sp.d_mlp is None else sp.d_mlp
+    mlp = mlp_width(D, sp.d_mlp)
     scoring = 2 * L * H * D + 2 * L * D + L * (8 * D + mlp + 2 * H * pos + 6 * H * dh) + 3 * V + 12 * H * D
     patching = 3 * V + 16 * D + 2 * H * pos + 2 * D
     return 4 * pos * scoring, 4 * pos * patching

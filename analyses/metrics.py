@@ -735,16 +735,13 @@ def metric_plans(
     """
     from headprobe.analyses.scoring import use_online_stats
     from headprobe.probe.hooks.online_stats import DEFAULT_BLOCK
-    from headprobe.probe.layout.cost import forward_sequence_bytes
 
     spec, e, T = model.spec, model.dtype.itemsize, seq_len
-    H, D, dh, V = spec.n_heads, spec.d_model, spec.d_head, spec.d_vocab
+    H, D, dh = spec.n_heads, spec.d_model, spec.d_head
     resid_logits = T if model.residual_with_logits else 0  # final_residual's unembedding, where it runs one
 
     def forward(logit_positions: int) -> int:
-        return forward_sequence_bytes(
-            spec.layout, T, V, e, logit_positions=logit_positions, d_mlp=spec.d_mlp, logit_bytes=model.logit_entry_bytes
-        )
+        return spec.forward_sequence_bytes(T, e, logit_positions=logit_positions, logit_bytes=model.logit_entry_bytes)
 
     steps: list[tuple[str, int, str]] = []
     pattern_temps = 2 * 4 * H * T * T

@@ -43,7 +43,6 @@ from headprobe.probe.core.heads import all_heads, given_heads
 from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.hooks.ablation import Head, HookFn
 from headprobe.probe.hooks.names import attn_hook, block_hook
-from headprobe.probe.layout.cost import forward_sequence_bytes
 
 
 @dataclass(frozen=True)
@@ -672,7 +671,7 @@ def pass_plans(
     held = w + (spec.n_heads * spec.d_head if site in ("k", "v") else 0)
     kept = 2 * batch * T * n_layers * held * e
     positions = T if model.residual_with_logits else 1
-    fwd = forward_sequence_bytes(spec.layout, T, spec.d_vocab, e, logit_positions=positions, d_mlp=spec.d_mlp)
+    fwd = spec.forward_sequence_bytes(T, e, logit_positions=positions)
     units = max(1, max_batch // batch)
     per = fwd + T * e * held
     shape = f"{batch} x {T} tokens"

@@ -46,7 +46,6 @@ from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.hooks.ablation import Head, format_head
 from headprobe.probe.hooks.names import attn_hook
-from headprobe.probe.layout.cost import backward_sequence_bytes, forward_sequence_bytes
 
 
 @dataclass(frozen=True)
@@ -136,20 +135,20 @@ def memory_plan(
     spec, e = model.spec, model.dtype.itemsize
 
     def fwd(t: int) -> int:
-        return forward_sequence_bytes(spec.layout, t, spec.d_vocab, e, d_mlp=spec.d_mlp)
+        return spec.forward_sequence_bytes(t, e)
 
     plans = [importance_plan(model, *score, work=IMPORTANCE_WORK)] if "michel" in methods else []
     steps = []  # (what, bytes a sequence, sequences, bytes kept)
     b, t = score
     if "l0" in methods:
         n = min(b, L0_BATCH)
-        backward = backward_sequence_bytes(spec.layout, t, spec.d_vocab, e, spec.d_mlp)
+        backward = spec.backward_sequence_bytes(t, e)
         steps.append((f"prune's L0 gates ({n} x {t} tokens, forward and backward)", backward, n, 0))
     for name, (b, t) in evals.items():
         steps.append((f"prune's held-out {name} loss ({b} x {t} tokens)", fwd(t), b, 0))
     if per_layer:
         b, t = evals["natural"]
-        per = forward_sequence_bytes(spec.layout, t, spec.d_vocab, e, d_mlp=spec.d_mlp, streams=1)
+        per = spec.forward_sequence_bytes(t, e, streams=1)
         steps.append((f"prune's per-layer table ({b} x {t} tokens a set)", per, b, 0))
     if save_pruned:
         b, t = evals["natural"]

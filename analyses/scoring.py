@@ -24,7 +24,6 @@ from headprobe.probe.core.registry import did_you_mean
 from headprobe.probe.hooks.ablation import Head, HookCounter
 from headprobe.probe.hooks.capture import patterns_by_layer
 from headprobe.probe.hooks.names import attn_hook, block_hook
-from headprobe.probe.layout.cost import forward_sequence_bytes
 from headprobe.probe.layout.spec import ModelSpec
 
 
@@ -237,9 +236,7 @@ def score_plan(model: LoadedModel, batch: int, seq_len: int, first: int, what: s
     """
     spec = model.spec
     positions = max(1, min(seq_len - 1 - first, LOSS_ROWS // batch))
-    per = forward_sequence_bytes(
-        spec.layout, seq_len, spec.d_vocab, model.dtype.itemsize, logit_positions=positions, d_mlp=spec.d_mlp
-    )
+    per = spec.forward_sequence_bytes(seq_len, model.dtype.itemsize, logit_positions=positions)
     return memory.plan(per, model.device, batch, f"{what} ({batch} x {seq_len} tokens, one forward)", 0, cap=batch)
 
 

@@ -673,14 +673,11 @@ def forward_plan(model: LoadedModel, config: KVConfig) -> BatchPlan:
     """
     from headprobe.analyses.kvpolicy import LOGIT_CHUNK
     from headprobe.probe.core import memory
-    from headprobe.probe.layout.cost import forward_sequence_bytes
 
     spec, T = model.spec, config.seq_len
     batch = max(config.n_natural, len(config.distances or (0,) * 4) * config.n_per_distance)
     per = (
-        forward_sequence_bytes(
-            spec.layout, T, spec.d_vocab, model.dtype.itemsize, logit_positions=min(T, LOGIT_CHUNK), d_mlp=spec.d_mlp
-        )
+        spec.forward_sequence_bytes(T, model.dtype.itemsize, logit_positions=min(T, LOGIT_CHUNK))
         + 4 * spec.n_heads * T * T
     )
     return memory.plan(per, model.device, 1, f"kv's forwards (batches of up to {batch} x {T} tokens)", cap=batch)

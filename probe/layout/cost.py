@@ -645,8 +645,13 @@ def _activation_widths(layout: AttentionLayout, seq_len: int, d_mlp: int | None)
     _check_workload(seq_len, 1)
     kv = layout.n_heads if layout.is_mla else layout.n_kv_heads
     assert kv is not None and layout.d_head is not None  # filled by AttentionLayout.__post_init__
-    mlp = MLP_WIDTH_RATIO * layout.d_model if d_mlp is None else d_mlp
-    return layout.d_model, layout.n_heads, kv, layout.d_head, mlp
+    return layout.d_model, layout.n_heads, kv, layout.d_head, mlp_width(layout.d_model, d_mlp)
+
+
+def mlp_width(d_model: int, d_mlp: int | None) -> int:
+    """The MLP width the per-sequence estimates take: ``d_mlp``, or where not known (None)
+    :data:`MLP_WIDTH_RATIO` ``* d_model``."""
+    return MLP_WIDTH_RATIO * d_model if d_mlp is None else d_mlp
 
 
 def backward_sequence_bytes(

@@ -8,6 +8,7 @@ from typing import Any
 
 from torch import Tensor
 
+from headprobe.probe.layout import cost
 from headprobe.probe.layout.attention import AttentionLayout
 
 #: Backend name (``ModelSpec.backend``, ``--backend``) -> how ``precision`` names it.
@@ -74,6 +75,25 @@ class ModelSpec:
     causal: bool = True
     removed_heads: tuple[tuple[int, int], ...] = ()
     d_mlp: int | None = None
+
+    def forward_sequence_bytes(
+        self,
+        seq_len: int,
+        element_bytes: int,
+        logit_positions: int | None = None,
+        streams: int = 0,
+        logit_bytes: int = 8,
+    ) -> int:
+        """:func:`~headprobe.probe.layout.cost.forward_sequence_bytes` of this model, its layout,
+        vocabulary and MLP width (:attr:`d_mlp`) filled in: what every memory plan calls."""
+        return cost.forward_sequence_bytes(
+            self.layout, seq_len, self.d_vocab, element_bytes, logit_positions, self.d_mlp, streams, logit_bytes
+        )
+
+    def backward_sequence_bytes(self, seq_len: int, element_bytes: int) -> int:
+        """:func:`~headprobe.probe.layout.cost.backward_sequence_bytes` of this model (its layout,
+        vocabulary and MLP width)."""
+        return cost.backward_sequence_bytes(self.layout, seq_len, self.d_vocab, element_bytes, self.d_mlp)
 
     @property
     def precision(self) -> str:
