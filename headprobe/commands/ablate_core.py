@@ -24,6 +24,7 @@ from headprobe.analyses.ablation import (
     exact_sweep,
     first_scored,
     head_importance,
+    importance_plan,
     mean_z_from,
     spearman,
     sweep_plan,
@@ -674,12 +675,13 @@ def _estimate(
 def gradient_chunk(model: LoadedModel, method: str, tokens: torch.Tensor, kind: str, work: str | None = None) -> int:
     """How many of ``tokens``' sequences (``[batch, pos]``) one forward and backward of a gradient method
     (``gradient``, ``attribution``: :func:`~headprobe.analyses.ablation.head_importance`) takes at once
-    under the memory budget (:func:`~headprobe.analyses.attribution.estimate_plan` with ``split``).
+    under the memory budget (:func:`~headprobe.analyses.ablation.importance_plan`, prune's too; ``work``
+    names it, default ``ablate's <method> estimate``).
 
     Raises:
         HeadprobeError: not even one sequence fits (refused before the run by :func:`memory_plan`)."""
     batch, seq_len = tokens.shape
-    return estimate_plan(model, method, batch, seq_len, kind=kind, work=work, split=True).items
+    return importance_plan(model, batch, seq_len, kind, work or f"ablate's {method} estimate").items
 
 
 def _task_sets(model: LoadedModel, cfg: AblateConfig) -> tuple[TokenSet, TokenSet, dict, torch.Tensor | None]:
@@ -731,7 +733,7 @@ def memory_plan(model: LoadedModel, config: AblateConfig) -> BatchPlan:
         plans = [estimate_plan(model, method, b, t, n_probes, config.kind, split=split) for b, t in shapes]
         return max([*plans, *_forward_plans(model, config)], key=lambda p: p.total)
     for b, t in shapes:  # the sweep's gradient scores: forwards and backwards of as many sequences as fit
-        estimate_plan(model, "gradient", b, t, kind=config.kind, work=GRADIENT_WORK, split=True)
+        importance_plan(model, b, t, config.kind, GRADIENT_WORK)
     _forward_plans(model, config)  # refused where they do not fit, as the gradient scores
     plans = [sweep_plan(model, b, t, model.spec.n_layers, config.max_batch) for b, t in shapes]
     return max(plans, key=lambda p: p.per_item)

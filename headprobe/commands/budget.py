@@ -298,6 +298,9 @@ class BudgetPrint:
     """Print :meth:`BudgetResult.latex` (``--compare`` only) instead of the table."""
 
 
+LATEX_NEEDS_COMPARE = "--latex prints the --compare table: add --compare"
+"""The refusal of ``--latex`` in another mode (the command line's, before the run, and :meth:`BudgetResult.latex`'s)."""
+
 WINDOW_FLAGS = ("sliding_window", "global_every")
 """The layout flags that make a layout's per-layer ``windows`` (:func:`~headprobe.probe.layout.cost.sliding_windows`)."""
 
@@ -1585,7 +1588,7 @@ class BudgetResult(CompactRepr):
         from headprobe.analyses.latex_tables import table_tex
 
         if self.mode != "compare":
-            raise HeadprobeError("--latex prints the --compare table: add --compare")
+            raise HeadprobeError(LATEX_NEEDS_COMPARE)
         c = self.config
         header, cells = compare_cells(self.data["compare"], self.layout, c.workload_seq_len, c.batch)
         caption = (
@@ -1969,8 +1972,8 @@ def budget(**fields_: Any) -> BudgetResult:
 def main(args: argparse.Namespace, config: BudgetConfig) -> int:
     """The CLI's run target: :class:`BudgetConfig` -> :func:`run` -> printed text, JSON (``args.json``)
     or the ``--compare`` table in LaTeX (``args.latex``); returns the exit status (:attr:`BudgetResult.exit_code`)."""
-    if getattr(args, "latex", False) and not config.compare:
-        raise HeadprobeError("--latex prints the --compare table: add --compare")
+    if getattr(args, "latex", False) and not config.compare:  # before run: --model loads a model
+        raise HeadprobeError(LATEX_NEEDS_COMPARE)
     result = run(config)
     if getattr(args, "latex", False):
         print(result.latex())

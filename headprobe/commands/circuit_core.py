@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from headprobe import options
@@ -298,7 +297,7 @@ def model_title(name: str, weights: str, n_layers: int, n_heads: int) -> str:
     from headprobe.analyses.figures import title_name
 
     if TRAINED_WEIGHTS in weights:
-        return f"{n_layers}-layer, {n_heads}-head model trained with headprobe ({Path(name).expanduser().name or name})"
+        return f"{n_layers}-layer, {n_heads}-head model trained with headprobe ({title_name(name, weights)})"
     return title_name(name, weights)
 
 
