@@ -1673,61 +1673,68 @@ def quality_vs_kv(
     formed: np.ndarray | None = None,
     n_seeds: int | None = None,
     formed_by: str = "induction score",
+    in_context: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> Figure:
     """Held-out loss (nats, mean with the seed range as bars where ``n_seeds`` >= 2) against KV cache
     per token (bytes, log x). With ``formed`` (one bool per variant: ``formed_by`` above 0.5 in every
     seed, the top head's induction score or its 95% lower bound), the other variants are drawn as open
     circles and the legend names both kinds by that rule; it says "bars: seed range" only over 2+
-    seeds (``n_seeds``; None: where some ``hi`` exceeds its ``lo``)."""
-    fig = _figure(COLUMN_WIDTH, 2.6)
-    ax = fig.add_subplot()
-    kv, loss = np.asarray(kv_bytes, dtype=float), np.asarray(loss, dtype=float)
-    lo, hi = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
+    seeds (``n_seeds``; None: where some ``hi`` exceeds its ``lo``). With ``in_context`` (``(mean, min,
+    max)`` per variant, nats: late minus early loss on copy sequences) a second panel below shows it
+    the same way: the held-out loss alone ranked MQA, which copied without an induction head, best."""
+    kv = np.asarray(kv_bytes, dtype=float)
     formed = np.ones(len(kv), dtype=bool) if formed is None else np.asarray(formed, dtype=bool)
-    seeds = (2 if bool(np.any(hi > lo)) else 1) if n_seeds is None else n_seeds
+    seeds = (2 if bool(np.any(np.asarray(hi) > np.asarray(lo))) else 1) if n_seeds is None else n_seeds
     every, some = (" in every seed", " in some seed") if seeds > 1 else ("", "")
     keys = (
         (formed, "#0072B2", f"top head's {formed_by} > 0.5{every}"),
         (~formed, "white", f"top head's {formed_by} ≤ 0.5{some}"),
     )
-    for mask, face, text in keys:
-        if mask.any():
-            ax.errorbar(
-                kv[mask],
-                loss[mask],
-                yerr=[loss[mask] - lo[mask], hi[mask] - loss[mask]] if seeds > 1 else None,
-                fmt="o",
-                ms=3.5,
-                color="#0072B2",
-                mfc=face,
-                ecolor="#E69F00",
-                capsize=2,
-                lw=0.8,
-                label=text,
-            )
-    notes = [
-        ax.annotate(t, (x, y), xytext=(3, 3), textcoords="offset points", fontsize=5.5, ha="left", va="bottom")
-        for x, y, t in zip(kv, loss, labels)
-    ]
-    ax.set_xscale("log", base=2)
-    ax.margins(x=0.1, y=0.12)  # room for the labels of the outermost points
-    ax.xaxis.set_major_formatter(lambda x, _: f"{x:g}")  # 32, 64, ... rather than 2^5, 2^6
-    ax.set_xlabel("KV cache per token, all layers (bytes, bf16)")
-    ax.set_ylabel(loss_label)
-    ax.set_title(title)
+    panels = [(loss, lo, hi, loss_label)] + ([] if in_context is None else [(*in_context, IN_CONTEXT_LOSS_LABEL)])
+    fig = _figure(COLUMN_WIDTH, 2.6 if len(panels) == 1 else 3.9)
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    notes, left = [], []
+    for ax, (y, y_lo, y_hi, ylabel) in zip(axes, panels):
+        y, y_lo, y_hi = (np.asarray(v, dtype=float) for v in (y, y_lo, y_hi))
+        for mask, face, text in keys:
+            if mask.any():
+                ax.errorbar(
+                    kv[mask],
+                    y[mask],
+                    yerr=[y[mask] - y_lo[mask], y_hi[mask] - y[mask]] if seeds > 1 else None,
+                    fmt="o",
+                    ms=3.5,
+                    color="#0072B2",
+                    mfc=face,
+                    ecolor="#E69F00",
+                    capsize=2,
+                    lw=0.8,
+                    label=text,
+                )
+        notes += [
+            ax.annotate(t, (x, v), xytext=(3, 3), textcoords="offset points", fontsize=5.5, ha="left", va="bottom")
+            for x, v, t in zip(kv, y, labels)
+        ]
+        span = max(float(np.ptp(y)), 1e-9)
+        # a label whose right-hand neighbour sits at about the same height tries the left first
+        left += [bool(np.any((kv > x) & (kv < 1.45 * x) & (np.abs(y - v) < 0.1 * span))) for x, v in zip(kv, y)]
+        ax.set_xscale("log", base=2)
+        ax.margins(x=0.1, y=0.12)  # room for the labels of the outermost points
+        ax.xaxis.set_major_formatter(lambda x, _: f"{x:g}")  # 32, 64, ... rather than 2^5, 2^6
+        ax.set_ylabel(ylabel)
+    axes[-1].set_xlabel("KV cache per token, all layers (bytes, bf16)")
+    axes[0].set_title(title)
     if not formed.all():
-        ax.legend(  # below the axes: inside, its two lines hid points' bars (2026-12-06 layouts study)
-            loc="upper center",
-            bbox_to_anchor=(0.5, -0.2),
+        fig.legend(  # below the axes: inside, its two lines hid points' bars (2026-12-06 layouts study)
+            *axes[0].get_legend_handles_labels(),
+            loc="outside lower center",
             frameon=False,
             fontsize=5.5,
             title=f"bars: range over {seeds} seeds" if seeds > 1 else None,
             title_fontsize=5.5,
         )
+    _fit_ylabels(fig, axes)  # each label no taller than its panel
     _wrap_titles(fig)  # the final layout, before the labels are measured
-    span = max(float(np.ptp(loss)), 1e-9)
-    # a label whose right-hand neighbour sits at about the same height tries the left first
-    left = [bool(np.any((kv > x) & (kv < 1.45 * x) & (np.abs(loss - y) < 0.1 * span))) for x, y in zip(kv, loss)]
     _place_point_labels(fig, notes, left)
     return fig
 
@@ -1770,7 +1777,9 @@ def _place_point_labels(fig: Figure, notes, left: Sequence[bool], gap_px: float 
         markers = sum(box.overlaps(p) for p in others)
         # nearer another point than its own: it reads as that point's label
         nearer = any(_box_distance(box, p) < _box_distance(box, points[notes.index(note)]) for p in others)
-        return sum(box.overlaps(b) for b in placed) + markers + nearer + 0.5 * (box.x0 < room.x0 or box.x1 > room.x1)
+        # past the frame's side: 0.5; past its top or bottom, over the ticks and the next panel: 2
+        outside = 0.5 * (box.x0 < room.x0 or box.x1 > room.x1) + 2 * (box.y0 < room.y0 or box.y1 > room.y1)
+        return sum(box.overlaps(b) for b in placed) + markers + nearer + outside
 
     mirrored = [(-dx, dy, "right" if ha == "left" else "left", va) for dx, dy, ha, va in _LABEL_SPOTS]
     for note, to_left in zip(notes, left):

@@ -387,7 +387,7 @@ def test_the_layouts_legend_names_induction_and_speaks_of_bars_only_over_seeds(s
     ]
     table = pd.DataFrame(rows).assign(corpus="text+copy")
     _, fig = study_figure("layouts", table, "8 heads")
-    legend = fig.axes[0].get_legend()
+    (legend,) = fig.legends  # below both panels
     texts = [t.get_text() for t in legend.get_texts()]
     assert len(texts) == 2 and all("induction" in t for t in texts), texts
     title = legend.get_title().get_text()
@@ -469,3 +469,39 @@ def test_a_study_where_no_variant_formed_induction_says_so():
     assert "in 200 steps" in note[0] and "train longer" in note[0], note
     table.loc[1, "max_induction"] = 0.8
     assert "NOTE" not in StudyResult(StudyConfig("layouts", steps=200), table).report()
+
+
+@pytest.mark.figures
+def test_the_layouts_figure_shows_in_context_loss_beside_text_loss():
+    """quality_vs_kv.png plotted held-out text loss only: MQA, which formed no induction head (in-context loss
+    -0.79 where the others read -4.4), was its lowest point, "best at 1/8 of the cache". A second panel
+    shows each variant's mean in-context loss (results.csv's, by a groupby here) at the same KV cache, its
+    seed range as bars, and every point's label lies inside its own panel."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from headprobe.commands.study_core import study_figure
+
+    rows = [
+        {"variant": v, "kv_bytes_per_token": kv, "eval_loss": loss + 0.01 * s, "max_induction": ind,
+         "in_context_loss": icl - 0.1 * s, "seconds": 1.0, "seed": s}
+        for v, kv, loss, ind, icl in [
+            ("MHA", 512, 2.52, 0.9, -4.5), ("GQA 2 groups", 128, 2.70, 0.9, -4.35),
+            ("MQA", 64, 2.52, 0.2, -0.79), ("MLA r=16", 96, 2.60, 0.9, -4.37),
+        ]
+        for s in (0, 1)
+    ]  # fmt: skip
+    table = pd.DataFrame(rows).assign(corpus="text+copy")
+    _, fig = study_figure("layouts", table, "8 heads")
+    assert len(fig.axes) == 2 and "in-context" in fig.axes[1].get_ylabel()
+    means = table.groupby("variant", sort=False)[["kv_bytes_per_token", "in_context_loss"]].mean()
+    drawn = np.concatenate([c.get_xydata() for c in fig.axes[1].lines if len(c.get_xydata()) and c.get_marker() == "o"])
+    assert sorted(map(tuple, drawn.round(6))) == sorted(map(tuple, means.to_numpy().round(6)))
+    bars = [c for c in fig.axes[1].collections if len(c.get_segments())]
+    assert bars and max(abs(seg[1][1] - seg[0][1]) for c in bars for seg in c.get_segments()) == pytest.approx(0.1)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    for ax in fig.axes:
+        frame = ax.get_window_extent(canvas.get_renderer())
+        for t in ax.texts:
+            box = t.get_window_extent(canvas.get_renderer())
+            assert frame.y0 <= box.y0 and box.y1 <= frame.y1, t.get_text()

@@ -169,7 +169,7 @@ def _paired_gaps(table: pd.DataFrame, variant: str, reference: str) -> dict:
 def study_figure(which: str, table: pd.DataFrame, title: str):
     """The study's figure from its ``results.csv`` table, as ``(name, Figure)``: ``loss_vs_heads``
     (held-out loss and in-context loss against heads, every seed shown) or ``quality_vs_kv`` (mean
-    held-out loss with the seed range against KV cache per token; a filled marker: some head's
+    held-out loss and in-context loss, each with the seed range, against KV cache per token; a filled marker: some head's
     induction head formed in every seed, :func:`formed_in_every_seed`, the rule of study.json's ``induction_formed``)."""
     label = "held-out text loss (nats/char)" if (table["corpus"] == "text+copy").all() else "held-out loss (nats/token)"
     if which == "heads":
@@ -193,6 +193,11 @@ def study_figure(which: str, table: pd.DataFrame, title: str):
         formed=formed_in_every_seed(table)[stats.index].to_numpy(),
         n_seeds=int(stats["n_seeds"].min()),
         formed_by=FORMED_BY[formed_column(table)],
+        in_context=(
+            stats["in_context_loss"].to_numpy(),
+            stats["in_context_loss_min"].to_numpy(),
+            stats["in_context_loss_max"].to_numpy(),
+        ),
     )
     return "quality_vs_kv", fig
 
