@@ -269,6 +269,28 @@ def test_commands_do_not_import_each_other():
     assert out.stdout.strip() == "False"
 
 
+def test_layouts_without_mla_and_a_plan_before_the_first_run(tmp_path, capsys):
+    """A class comparing MHA, GQA and MQA trained an MLA variant per seed too (``--ranks ""`` was refused), and
+    ``study`` printed nothing until its first run ended (up to 1.5 min on a laptop): ``--ranks none`` leaves MLA
+    out, and the run count and names come first, then each run's line with how many are done and left."""
+    assert _tiny("layouts", tmp_path, ["--n-heads", "4", "--ranks", "none"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    t = pd.read_csv(tmp_path / "results.csv")
+    assert t["variant"].tolist() == ["MHA", "GQA 2 groups", "MQA"] and t["kv_lora_rank"].isna().all()
+    assert (
+        out[0]
+        == "training 3 runs (3 variants x 1 seed: MHA, GQA 2 groups, MQA), 2 steps each; one line as each run ends"
+    )
+    ends = [line.rsplit("(", 1)[1] for line in out[1:4]]
+    assert [e.split("; ")[1].split(",")[0].rstrip(")") for e in ends] == ["1/3", "2/3", "3/3"]
+    assert "left" in ends[0] and "left" not in ends[2]
+    s = json.loads((tmp_path / "study.json").read_text())
+    assert (
+        s["mla_below_one_eighth"] is None and s["mla_below_one_eighth_null_reason"] == "no MLA variant (--ranks none)"
+    )
+    assert s["config"]["ranks"] == []
+
+
 @pytest.mark.figures
 def test_layouts_figure_labels_do_not_overlap(tmp_path):
     """The default layouts study puts MQA and MLA r=8 at the same KV cache (64 B/token) with nearly

@@ -63,6 +63,8 @@ DEFAULTS = {"n_heads": 8, "rope": 8, "ranks": (4, 6, 8, 16), "n_heads_list": (1,
 def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
     if text is None:  # not given: the study's default (StudyConfig.__post_init__)
         return None
+    if name == "ranks" and text.strip().lower() == "none":  # layouts without an MLA variant
+        return ()
     try:
         return tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
@@ -70,7 +72,7 @@ def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
 
 
 def _comma(values: Sequence[int]) -> str:
-    return ",".join(map(str, values))
+    return ",".join(map(str, values)) or "none"  # only --ranks may be empty
 
 
 @dataclass(frozen=True)
@@ -127,11 +129,11 @@ class StudyConfig:
     """``"heads"``: the head counts (each must divide ``d_model``; None: 1, 2, 4, 8, 16); refused by ``"layouts"``."""
     ranks: Sequence[int] | None = setting(
         None,
-        "layouts only: MLA latent ranks (default 4,6,8,16)",
+        "layouts only: MLA latent ranks (default 4,6,8,16; none: no MLA variant)",
         text=_comma,
         parse=lambda text: _ints(text, "ranks"),
     )
-    """``"layouts"``: MLA latent ranks (``kv_lora_rank``; None: 4, 6, 8, 16); refused by ``"heads"``."""
+    """``"layouts"``: MLA latent ranks (``kv_lora_rank``; None: 4, 6, 8, 16; empty: no MLA); refused by ``"heads"``."""
     rope: int | None = setting(
         None,
         "layouts only: MLA decoupled rotary width, even and positive (default 8; 4 gives the shared rotary key only "
@@ -226,7 +228,9 @@ class StudyConfig:
             if values is None:  # not this study's setting (refused above where given)
                 continue
             flag = f"--{name.replace('_', '-')}"
-            if not values or any(not isinstance(v, int) or isinstance(v, bool) or v < least for v in values):
+            if (not values and name != "ranks") or any(
+                not isinstance(v, int) or isinstance(v, bool) or v < least for v in values
+            ):
                 raise HeadprobeError(
                     f"{flag} must list at least one {'non-negative' if least == 0 else 'positive'} integer, "
                     f"got {','.join(map(str, values))!r}"

@@ -40,7 +40,15 @@ def run_study(runs: list[tuple[str, TrainConfig]], seeds: list[int], progress: b
     from headprobe.analyses.train import induction_formed, training_tokenizer
     from headprobe.analyses.train import train as train_model  # torch: only when training
 
-    rows = []
+    rows: list[dict] = []
+    total, started = len(runs) * len(seeds), time.perf_counter()
+    if progress:
+        print(
+            f"training {total} runs ({len(runs)} variants x {len(seeds)} seed{'s' * (len(seeds) > 1)}: "
+            f"{', '.join(r[0] for r in runs)}), "
+            f"{runs[0][1].steps} steps each; one line as each run ends",
+            flush=True,
+        )
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = training_tokenizer(runs[0][1], tmp)  # every variant shares corpus and vocabulary
         for label, cfg in runs:
@@ -77,13 +85,21 @@ def run_study(runs: list[tuple[str, TrainConfig]], seeds: list[int], progress: b
                     }
                 )
                 if progress:
-                    x = rows[-1]
-                    print(
-                        f"{label:<16} seed {seed}: loss {x['eval_loss']:.3f}  in-context {x['in_context_loss']:+.3f}  "
-                        f"induction {x['max_induction']:.2f}  KV/token {x['kv_bytes_per_token']} B  ({x['seconds']:.0f} s)",
-                        flush=True,
-                    )
+                    _progress_line(rows[-1], len(rows), total, time.perf_counter() - started)
     return pd.DataFrame(rows).astype({"n_kv_heads": "Int64", "kv_lora_rank": "Int64"})  # integers, blank if none
+
+
+def _progress_line(x: dict, done: int, total: int, elapsed: float) -> None:
+    """One finished run of :func:`run_study`: its numbers, ``done`` of ``total``, and the time the rest
+    take at the mean pace so far (``elapsed`` seconds; runs differ in size, so a rough guide)."""
+    rest = elapsed / done * (total - done)
+    left = "" if done == total else f", about {rest / 60:.0f} min left" if rest >= 90 else f", about {rest:.0f} s left"
+    print(
+        f"{x['variant']:<16} seed {x['seed']}: loss {x['eval_loss']:.3f}  in-context {x['in_context_loss']:+.3f}  "
+        f"induction {x['max_induction']:.2f}  KV/token {x['kv_bytes_per_token']} B  ({x['seconds']:.0f} s; "
+        f"{done}/{total}{left})",
+        flush=True,
+    )
 
 
 def headline(which: str, table: pd.DataFrame) -> dict:
@@ -141,6 +157,8 @@ def headline(which: str, table: pd.DataFrame) -> dict:
             out["mla_below_one_eighth_null_reason"] = (
                 "no MLA rank of --ranks has a KV cache below 1/8 of MHA's "
                 f"({float(mha['kv_bytes_per_token']) / 8:g} bytes per token)"
+                if len(mla)
+                else "no MLA variant (--ranks none)"
             )
     return out
 
