@@ -634,6 +634,37 @@ def test_the_phase_change_is_named_by_the_evaluations_around_it():
     assert "steps 400–500" in " ".join(t.get_text() for t in fig.axes[0].texts)
 
 
+@pytest.mark.figures
+@pytest.mark.parametrize("n_kv_heads,named", [(None, "(4 heads, d_model 16)"), (2, "(4 heads on 2 KV heads, d_model 16)"),
+                                              (1, "(4 heads on 1 KV head, d_model 16)")])  # fmt: skip
+def test_the_training_figure_names_its_kv_heads_and_says_when_it_copies_without_the_stripe(n_kv_heads, named):
+    """Three training.png side by side on a slide (MHA, GQA, MQA) were all titled "(4 heads, d_model 64)", and a
+    GQA run that copied in context without an induction stripe said so only in the terminal's closing line.
+    The title names the KV heads of GQA and MQA, and a run that copies with no phase change says it (the
+    summary's own two flags decide, as the report's line)."""
+    import headprobe
+
+    result = headprobe.train(steps=2, eval_every=2, d_model=16, n_eval=4, n_kv_heads=n_kv_heads, device="cpu")
+    steps = np.arange(0, 501, 100)
+    result.log = pd.DataFrame(
+        {
+            "step": steps,
+            "train_loss": np.r_[np.nan, np.linspace(4.1, 2.2, 5)],
+            "eval_loss": np.linspace(4.1, 2.2, 6),
+            "in_context_loss": [-0.01, -0.2, -1.0, -3.5, -3.6, -3.62],  # copies: at or below -ln(64)/2 = -2.08
+            "repeated_loss": np.linspace(4.0, 2.1, 6),
+            "max_induction": np.full(6, 0.04),  # no induction stripe
+            "max_previous_token": np.full(6, 0.1),
+        }
+    )
+    s = result.summary()
+    assert s["copies_in_context"] and s["phase_change_step"] is None
+    title = result.figures()["training"].axes[0].get_title()
+    assert named in title and "copies in context without an induction stripe" in title, title
+    result.log["in_context_loss"] = np.linspace(0, -0.5, 6)  # neither copies nor forms: no such line
+    assert "without an induction stripe" not in result.figures()["training"].axes[0].get_title()
+
+
 def test_atlas_docs_train_command_is_the_toy_models_settings():
     """docs/atlas.md's ``headprobe train ... --save-every 100`` line trains the atlas's toy model
     (TOY_TRAIN, 1200 steps: the run its over-training figure shows); the flags once left the default

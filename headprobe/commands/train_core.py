@@ -132,11 +132,17 @@ class TrainResult(CompactRepr, TrainRun, WritesOutputs):
         """``{"training": Figure}``: max induction and previous-token score, in-context and
         training loss against step, the phase change marked (:func:`headprobe.analyses.figures.training_curves`)."""
         log, spec = self.log, self.loaded.spec
+        kv = spec.n_kv_heads
+        shared = not spec.layout.is_mla and kv != spec.n_heads  # GQA, MQA: say how many KV heads
+        heads = f"{spec.n_heads} heads" + (f" on {kv} KV head{'s' * (kv > 1)}" if shared else "")
         title = (
-            f"{spec.n_layers}-layer attention-only {spec.kind} ({spec.n_heads} heads, d_model {spec.d_model})"
+            f"{spec.n_layers}-layer attention-only {spec.kind} ({heads}, d_model {spec.d_model})"
             if self.config.mlp is None
-            else f"{spec.n_layers}-layer {spec.kind} ({spec.n_heads} heads)"
+            else f"{spec.n_layers}-layer {spec.kind} ({heads})"
         )
+        s = self.summary()
+        if s["phase_change_step"] is None and s["copies_in_context"]:  # the closing line's case, on the figure too
+            title += "\ncopies in context without an induction stripe"
         steps, icl = log["step"].to_numpy(), log["in_context_loss"].to_numpy()
         fig = figures.training_curves(
             steps,
