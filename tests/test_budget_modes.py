@@ -112,12 +112,27 @@ def test_compare_rows_are_the_reports_windowed_flops(capsys, name):
         assert [k["window"] for k in kinds] == WINDOWS[name]
         assert r["flops_per_layer"] == (kinds[0]["flops_per_layer"] if len(kinds) == 1 else None)
         assert r["kv_bytes_per_request"] == report["kv_bytes_per_request"]
+        # the attention matrix and the fused kernel's memory of one layer, as the report gives them and by hand
+        # (bf16; batch 1): [head, q, k] weights of a global layer (else the window's band); Q, K, V, out, LSE
+        matrix = report["attention_matrix_bytes_per_layer"] if None in WINDOWS[name] else None
+        if matrix is None:
+            (banded,) = report["windowed_layers"]
+            matrix = banded["attention_matrix_bytes_per_layer"]
+        assert r["attention_matrix_bytes_per_layer"] == matrix == H * keys_per_head(T, WINDOWS[name][0]) * 2
+        assert r["fused_attention_bytes_per_layer"] == report["fused_attention_bytes_per_layer"]
+        assert r["fused_attention_bytes_per_layer"] == T * (2 * H * DH + 2 * r["n_kv_heads"] * DH) * 2 + T * H * 4
     if name == "mistral-7b":
         gqa8 = next(r for r in rows if r["n_kv_heads"] == 8)
         assert gqa8["flops_per_layer"] == 2_748_779_069_440 + 2_061_617_856_512  # 4.81 TFLOP, not 20.3
         _, text, _ = run_cli(capsys, *argv, "--compare", "--seq-len", str(T))
         assert "FLOPs/layer, window 4,096" in text
-        assert next(x for x in text.splitlines() if x.split()[:2] == ["GQA", "8"]).endswith("4.81 TFLOP")
+        line = next(x for x in text.splitlines() if x.split()[:2] == ["GQA", "8"])
+        assert "4.81 TFLOP" in line, line
+        assert "attn matrix/layer, window 4,096" in text
+        assert line.split()[-4:] == [
+            *cost.format_bytes(matrix).split(),
+            *cost.format_bytes(gqa8["fused_attention_bytes_per_layer"]).split(),
+        ], line
 
 
 @pytest.mark.parametrize(
@@ -340,8 +355,8 @@ def test_compare_prints_each_layouts_flops_apart(capsys):
     code, out, err = run_cli(capsys, "--preset", "smollm2-135m", "--compare", "--seq-len", str(T))
     assert code == 0, err
     rows = [x.split() for x in out.splitlines() if x.split()[:1] in (["MHA"], ["GQA"], ["MQA"])]
-    printed = {int(r[1]): r[-2] for r in rows}
-    assert [r[-1] for r in rows] == ["TFLOP"] * 3 and len(set(printed.values())) == 3, printed
+    printed = {int(r[1]): r[-6] for r in rows}  # the FLOPs column, before the two memory columns
+    assert [r[-5] for r in rows] == ["TFLOP"] * 3 and len(set(printed.values())) == 3, printed
     for n, text in printed.items():
         step = 10.0 ** -len(text.partition(".")[2])
         assert abs(float(text) * 1e12 - want[n]) <= step / 2 * 1e12, (n, text, want[n])

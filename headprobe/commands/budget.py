@@ -937,7 +937,14 @@ def compare_cells(
             table, distinct_flops([r["flops_per_layer_by_window"][i]["flops_per_layer"] for r in rows])
         ):
             line.append(text)
+    for line, r in zip(table, rows):
+        line += [
+            format_bytes(r["attention_matrix_bytes_per_layer"]),
+            format_bytes(r["fused_attention_bytes_per_layer"]),
+        ]
     kinds = [_kind_txt(k["window"], lay.windows is not None) for k in rows[0]["flops_per_layer_by_window"]]
+    windows = [k["window"] for k in rows[0]["flops_per_layer_by_window"]]
+    matrix = "" if lay.windows is None else ", global" if None in windows else f", window {min(windows):,}"
     header = [
         "layout",
         "n_kv_heads",
@@ -949,6 +956,8 @@ def compare_cells(
         f"KV/batch ({batch} x {seq_len})",
         "KV vs MHA",
         *(f"FLOPs/layer, {k}" if k else "FLOPs/layer" for k in kinds),
+        f"attn matrix/layer{matrix}",
+        "fused kernel/layer",
     ]
     return header, table
 

@@ -1148,7 +1148,10 @@ def compare_kv_heads(
     of layer, :func:`attention_flops_by_window`: ``window``, positions or None for a global layer,
     ``n_layers`` and ``flops_per_layer``, projections plus scores+AV at ``seq_len``) and
     ``flops_per_layer`` (FLOPs, when every layer is of one kind; None when global and windowed
-    layers differ).
+    layers differ), ``attention_matrix_bytes_per_layer`` (bytes of a global layer's materialised
+    weights, :func:`attention_matrix_bytes`; of the smallest window's where no layer is global: the
+    same for every row, since it counts query heads) and ``fused_attention_bytes_per_layer``
+    (:func:`fused_attention_bytes`, which counts the key/value heads).
 
     Raises:
         HeadprobeError: a requested ``n_kv_heads`` does not divide ``n_heads``.
@@ -1177,6 +1180,10 @@ def compare_kv_heads(
                 "kv_vs_mha": kv_bytes_per_token(lay) / mha_bytes,
                 "flops_per_layer": kinds[0]["flops_per_layer"] if len(kinds) == 1 else None,
                 "flops_per_layer_by_window": kinds,
+                "attention_matrix_bytes_per_layer": attention_matrix_bytes(
+                    lay, seq_len, batch, window=None if any(k["window"] is None for k in kinds) else kinds[0]["window"]
+                ),
+                "fused_attention_bytes_per_layer": fused_attention_bytes(lay, seq_len, batch),
             }
         )
     return rows
