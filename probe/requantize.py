@@ -70,19 +70,21 @@ def requantize(model: LoadedModel, scheme: str, group: int = GROUP) -> int:
     :func:`fake_quantize`: the attention and MLP projections ``[out, in]``, the router, and a
     mixture of experts' stacked expert weights ``[expert, out, in]`` (each expert's rows grouped
     along its inputs, as GGUF quantizes each expert's matrix); not embeddings, norms, biases or
-    sinks. Returns the number of tensors changed. A model the caller keeps should be given as
+    sinks. Returns the number of tensors whose values changed (0 where the weights already lie on
+    the scheme's grid: int4 on a Q4_1 GGUF model). A model the caller keeps should be given as
     :func:`requantized`'s copy.
 
     Raises:
         HeadprobeError: an unknown scheme, or no block weight found.
     """
     prefixes = tuple(block_path(layer) + "." for layer in range(model.spec.n_layers))
-    n = 0
+    n = found = 0
     for name, p in model.model.named_parameters():
         if name.startswith(prefixes) and _is_weight_matrix(name, p):
-            p.data = fake_quantize(p.data, scheme, group)
-            n += 1
-    if n == 0:
+            rounded = fake_quantize(p.data, scheme, group)
+            n += not torch.equal(rounded, p.data)
+            p.data, found = rounded, found + 1
+    if found == 0:
         raise HeadprobeError(
             f"re-quantization found no 2-D block weight in {model.spec.name} ({model.backend} backend)"
         )

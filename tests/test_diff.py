@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from headprobe.probe.core.errors import HeadprobeError
 from headprobe.probe.hooks.ablation import format_head
 
 SMALL = {"seq_len": 32, "period": 10, "n_natural": 16, "n_repeated": 16, "k": 2}
@@ -56,14 +57,24 @@ def test_diff_finds_the_planted_head_and_no_other(tiny_tokenizer, text_file):
     assert row["induction_change"] == 0 and row["induction_p"] == 1  # layer 0 is untouched: identical patterns
 
 
-def test_identical_models_differ_nowhere(tiny_tokenizer, text_file):
-    from headprobe.commands.diff_core import diff
+def test_identical_models_are_refused_before_any_measurement(tiny_tokenizer, text_file, monkeypatch):
+    """``diff smollm2-135m smollm2-135m --requantize-b int4`` ran 11 minutes of sweeps and then said every head's
+    weights were identical (int4 rounding leaves a Q4_1 GGUF's weights as they are) while summary.json counted 210
+    re-quantized matrices. Two models with equal weights are one line before anything is measured; rounding
+    weights already on the scheme's grid counts 0 matrices changed and says so."""
+    import headprobe.commands.diff_core as diff_core
+    from headprobe.probe.requantize import requantize, requantized
 
+    monkeypatch.setattr(diff_core, "memory_plan", lambda *a, **k: pytest.fail("went on to plan a measurement"))
     a, b = _pair(tiny_tokenizer, 1.0)
-    r = diff(a, b, text=str(text_file), **SMALL)
-    assert _significant(r) == set() and r.flipped == []
-    assert not any(r.changed(q).any() for q in r.tests)
-    assert all(np.all(t["change"] == 0) for t in r.tests.values())
+    with pytest.raises(HeadprobeError, match=r"^B's weights equal A's in every tensor: A and B are the same weights"):
+        diff_core.diff(a, b, text=str(text_file), **SMALL)
+    on_grid, n = requantized(a, "int4")
+    assert n == 14  # every block matrix moved; rounded again (float32 scales) until none does: on int4's grid
+    assert [requantize(on_grid, "int4") for _ in range(4)][-1] == 0
+    with pytest.raises(HeadprobeError, match=r"re-quantizing B to int4 changed no weight") as e:
+        diff_core.diff(on_grid, on_grid, text=str(text_file), requantize_b="int4", **SMALL)
+    assert "\n" not in str(e.value)
 
 
 def test_requantized_b_is_int3(tiny_tokenizer, text_file):
@@ -313,7 +324,7 @@ def test_resample_refused_when_the_text_gives_one_sequence(tiny_tokenizer, tmp_p
 
     short = tmp_path / "short.txt"
     short.write_text(" ".join(f"t{i % 100}" for i in range(40)))
-    a, b = _pair(tiny_tokenizer, 1.0)
+    a, b = _pair(tiny_tokenizer, 2.0)  # B differs: identical weights are refused first
     with pytest.raises(HeadprobeError, match="--kind resample needs at least 2 sequences.*natural.* 1"):
         diff(a, b, text=str(short), kind="resample", **SMALL)
 
@@ -492,7 +503,7 @@ def test_a_text_the_tokenizer_does_not_know_is_said(tiny_tokenizer, tmp_path, ca
 
     unknown = tmp_path / "unknown.txt"
     unknown.write_text(" ".join(f"w{i % 7}" for i in range(3000)), encoding="utf-8")
-    a, b = _pair(tiny_tokenizer, 1.0)
+    a, b = _pair(tiny_tokenizer, 2.0)  # B differs: identical weights are refused first
     capsys.readouterr()
     r = diff(a, b, text=str(unknown), **SMALL, progress=True)
     err = capsys.readouterr().err
@@ -548,6 +559,8 @@ def test_the_batch_is_planned_in_the_header_and_what_cannot_fit_is_refused_befor
         "diff",
         a,
         a,
+        "--requantize-b",  # B differs: identical weights are refused first
+        "int8",
         "--device",
         "cpu",
         "--seq-len",
@@ -577,7 +590,7 @@ def test_the_batch_is_planned_in_the_header_and_what_cannot_fit_is_refused_befor
     assert code == 2 and len(errors) == 1 and "Traceback" not in err and not (tmp_path / "p").exists()
     assert "working memory" in errors[0] and "--memory-budget" in errors[0], errors[0]
     with pytest.raises(HeadprobeError, match="working memory"):
-        diff(model, model, seq_len=16, period=6, n_natural=4, n_repeated=4, memory_budget="1KiB")
+        diff(model, model, requantize_b="int8", seq_len=16, period=6, n_natural=4, n_repeated=4, memory_budget="1KiB")
 
 
 def _limit(n: int, detectable: bool) -> dict:

@@ -42,7 +42,7 @@ def results(tiny_dir, text_file, tmp_path_factory):
     r["export"].save(out / "export")
     r["import"] = getattr(headprobe, "import")(model, text=text, heads_file=str(out / "export"), seq_len=64, n_random=2)
     r["robustness"] = headprobe.robustness(model, text=text, kinds=("zero",), control_seeds=1, n_boot=10, **SCAN)
-    r["diff"] = headprobe.diff(model, str(tiny_dir), text=text, k=2, **DATA)
+    r["diff"] = headprobe.diff(model, str(tiny_dir), text=text, k=2, requantize_b="int8", **DATA)  # B must differ
     r["show"] = headprobe.show(model, head="1.2", prompt="t1 t2 t3 t4 t1 t2 t3", out=str(out / "show"))
     r["atlas"] = headprobe.atlas(
         out=str(out / "atlas"), models=str(tiny_dir), text=text, types=("induction",), pattern_len=0, **SCAN

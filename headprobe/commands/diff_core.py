@@ -321,13 +321,16 @@ def _say(line: str) -> None:
     tqdm.write(line, file=sys.stderr)
 
 
-def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bool = False) -> DiffResult:
+def compare_models(
+    a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bool = False, requantized: int | None = None
+) -> DiffResult:
     """Both models measured on the same tokens (A's tokenizer) and compared head by head.
+    ``requantized``: how many of B's matrices its re-quantization changed (None: none asked for).
 
     Raises:
-        HeadprobeError: layouts or vocabularies that differ, an encoder, a model whose self-check
-            forbids head ablation, or a given --seq-len/--period longer than the shorter context
-            (:func:`fit_lengths`).
+        HeadprobeError: layouts or vocabularies that differ, B's weights all equal to A's
+            (:func:`_refuse_identical`), an encoder, a model whose self-check forbids head ablation, or a
+            given --seq-len/--period longer than the shorter context (:func:`fit_lengths`).
     """
     if why := layout_refusal(_layout(a), _layout(b), a.spec.name, b.spec.name):
         raise HeadprobeError(why)
@@ -338,6 +341,7 @@ def compare_models(a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bo
         )
     if why := tokenizer_refusal(a.tokenizer, b.tokenizer, a.spec.name, b.spec.name):
         raise HeadprobeError(why)
+    _refuse_identical(a, b, cfg, requantized)
     if not (a.spec.causal and b.spec.causal):
         raise HeadprobeError(NEEDS_CAUSAL)
     for m in (a, b):
@@ -462,11 +466,28 @@ def _diff(
         n = requantize(mb, cfg.requantize_b)
     elif cfg.requantize_b:  # the caller's model (maybe A itself): a rounded copy, the caller's left as it was
         mb, n = requantized(mb, cfg.requantize_b)
-    result = compare_models(ma, mb, cfg, progress)
+    result = compare_models(ma, mb, cfg, progress, requantized=n)
     result.requantized = n
     result.load_s = t1 - t0 if isinstance(a, str) else None  # the runner sets A's where it loaded A
     result.timings = {**({} if load_b is None else {"load_b_s": load_b}), **result.timings}
     return result
+
+
+def _refuse_identical(ma: LoadedModel, mb: LoadedModel, cfg: DiffConfig, n_requantized: int | None) -> None:
+    """Refuse, before any measurement, a B whose every weight equals A's (names, shapes and values of
+    the two modules' state): each paired test would read 0 and every head "unchanged" after the
+    whole run (11 minutes for ``smollm2-135m`` against itself re-quantized to int4, which changes no
+    weight of its Q4_1 GGUF: its 16 levels a block already are int4's)."""
+    sa, sb = ma.model.state_dict(), mb.model.state_dict()
+    if sa.keys() != sb.keys() or any(sa[k].shape != sb[k].shape or not torch.equal(sa[k], sb[k]) for k in sa):
+        return
+    why = (
+        f"re-quantizing B to {cfg.requantize_b} changed no weight (they already lie on its grid: "
+        f"a Q4_1 GGUF's are int4's; int3 or int8 change them)"
+        if cfg.requantize_b and not n_requantized
+        else "A and B are the same weights"
+    )
+    raise HeadprobeError(f"B's weights equal A's in every tensor: {why}; a diff would find no change")
 
 
 def diff_figure(result: DiffResult):
