@@ -55,6 +55,11 @@ def test_diff_finds_the_planted_head_and_no_other(tiny_tokenizer, text_file):
     assert set(flipped) <= {"1.2"} and all("changed by" in w for w in flipped.get("1.2", []))
     row = r.table[(r.table["layer"] == 0) & (r.table["head"] == 1)].iloc[0]
     assert row["induction_change"] == 0 and row["induction_p"] == 1  # layer 0 is untouched: identical patterns
+    # change is the mean of the per-sequence differences: b - a of the pooled columns for every quantity that is a
+    # mean over queries or tokens; positional_fraction (a share of queries at a modal offset) is the one that is not
+    for q in set(r.tests) - {"positional_fraction"}:
+        gap = (r.table[f"{q}_change"] - (r.table[f"{q}_b"] - r.table[f"{q}_a"])).abs().max()
+        assert gap < 1e-5, (q, gap)
 
 
 def test_identical_models_are_refused_before_any_measurement(tiny_tokenizer, text_file, monkeypatch):

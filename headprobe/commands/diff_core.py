@@ -140,7 +140,9 @@ class DiffResult(CompactRepr, WritesOutputs):
                 "natural_text": {**self.natural_windows, "untrusted": self.natural_untrusted},
                 "test": "paired: d_s = x_B(s) - x_A(s) per sequence; two-sided sign-flip permutation test of mean(d) "
                 "(Fisher 1935; exact over all 2^n flips below 13 sequences, else n_perm random flips, p = (1+#)/(1+n_perm)); "
-                f"{c.correction} over the heads per quantity; significant: p_adjusted <= {c.alpha}",
+                f"{c.correction} over the heads per quantity; significant: p_adjusted <= {c.alpha}; change: mean(d), "
+                "b - a of diff.csv's pooled scores but for positional_fraction (a share of queries at a modal offset, "
+                "per sequence in d)",
                 "detection": self.detection,
                 "quantities": {
                     q: {
