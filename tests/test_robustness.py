@@ -97,6 +97,41 @@ def test_conditions_that_cannot_move_the_top_k_give_stability_one(tiny, text_fil
         assert len(rows) == 2 and (rows["stability"] == 1.0).all() and (rows["ci95_low"] == 1.0).all()
 
 
+def test_each_verdict_keeps_the_counts_its_p_is_made_of(tiny, text_file, monkeypatch):
+    """robustness stored each condition's adjusted p alone: induction's 0.05 in 7 of 8 conditions, exactly alpha,
+    read as borderline though it is the smallest p 19 draws allow. summary.json keeps scan's raw p, draws,
+    exceedances, largest control effect and stop reason for each verdict, and the terminal's verdict line gives
+    the adjusted p and the counts. (scan's verification, faked here with known counts, is tested in test_scan;
+    a tiny random model's tasks are untrusted, so its own verdicts carry no p.)"""
+    import dataclasses
+
+    import headprobe.commands.robustness_core as rc
+
+    real = rc.verif.verify_heads
+
+    def counted(*args, **kwargs):
+        rows, notes = real(*args, **kwargs)
+        draws = {"base": 19, "controls seed 1": 39, "controls seed 2": 99}
+        out = []
+        for i, v in enumerate(rows):
+            n = draws[counted.names.pop(0)] if counted.names and i == 0 else 19
+            out.append(dataclasses.replace(v, draws=n, exceedances=i, p_value=(1 + i) / (1 + n), p_adjusted=0.05 + i))
+        return out, notes
+
+    counted.names = ["base", "controls seed 1", "controls seed 2"]
+    monkeypatch.setattr(rc.verif, "verify_heads", counted)
+    r = rc.robustness(tiny, types="induction", vary="seed", text=str(text_file), **SMALL)
+    rec = r.summary()["types"]["induction"]
+    said = next(x for x in r.report().splitlines() if x.startswith("  verdicts:"))
+    for cond, n in (("base", 19), ("controls seed 1", 39), ("controls seed 2", 99)):
+        v = rec["verdicts"][cond]
+        assert v["draws"] == n and v["p_value"] == pytest.approx((1 + v["exceedances"]) / (1 + n))
+        assert {"random_max", "stop_reason", "p_value_is_bound"} <= set(v)
+        assert (
+            f"{cond}: " in said and f"(p_adj {v['p_adjusted']:.3g}; {v['exceedances']} of {n} draws reached it)" in said
+        )
+
+
 def test_report_counts_only_conditions_that_apply_and_gives_the_least_top_k_overlap(tiny, text_file):
     """With ``--types induction`` the text's second half changes no type: it is left out (a note),
     not counted among the run's conditions; the type's line says how many conditions CONFIRM it and

@@ -152,6 +152,14 @@ class Outcome:
     p_adjusted: dict[str, float | None]
     top_effect: dict[str, float]
     no_verdict: dict[str, str | None]
+    evidence: dict[str, dict] = field(default_factory=dict)
+    """type -> the counts behind its p (:data:`EVIDENCE`): raw p, control sets drawn, how many
+    reached the top-k effect, the largest control effect, why the sequential test stopped."""
+
+
+EVIDENCE = ("p_value", "p_value_is_bound", "draws", "exceedances", "random_max", "stop_reason")
+"""The fields of scan's :class:`~headprobe.analyses.ablation.Verification` each condition's verdict
+keeps in summary.json: ``p = (1 + exceedances) / (1 + draws)`` checks against them."""
 
 
 @dataclass(repr=False)
@@ -292,6 +300,7 @@ def evaluate(
         {t: v.p_adjusted for t, v in tested.items()},
         {t: v.top_effect for t, v in tested.items()},
         {t: v.no_verdict for t, v in tested.items()},
+        {t: {f: getattr(v, f) for f in EVIDENCE} for t, v in tested.items()},
     )
 
 
@@ -327,6 +336,7 @@ def _type_record(
                 "p_adjusted": o.p_adjusted.get(name),
                 "top_effect": o.top_effect.get(name),
                 "no_verdict": o.no_verdict.get(name),
+                **o.evidence.get(name, {}),
             }
             for o in mine
         },
@@ -587,13 +597,21 @@ def _stability_keys() -> list:
     ]
 
 
+def _counts(v: dict) -> str:
+    """`` (p_adj 0.05; 0 of 19 draws reached it)``: a verdict's adjusted p and the control sets behind
+    its raw p, ``(1 + exceedances) / (1 + draws)``; nothing where no control set was drawn."""
+    if not v.get("draws") or v.get("p_adjusted") is None or v.get("exceedances") is None:
+        return ""
+    return f" (p_adj {v['p_adjusted']:.3g}; {v['exceedances']} of {v['draws']} draws reached it)"
+
+
 def format_report(result: RobustnessResult) -> str:
     """The terminal table: per type the Jaccard, the verdicts and the least stable top heads."""
     lines = [f"{result.spec.name}: {len(result.outcomes)} conditions, k = {result.config.k}", ""]
     for name, rec in result.types.items():
         words = {VERDICT_MARKS[True]: "CONFIRMED", VERDICT_MARKS[False]: "not confirmed"}
         verdicts = ", ".join(
-            f"{c}: {words.get(verdict_mark(v), verdict_mark(v) + ' (no verdict: NOTE below)')}"
+            f"{c}: {words.get(verdict_mark(v), verdict_mark(v) + ' (no verdict: NOTE below)')}{_counts(v)}"
             for c, v in rec["verdicts"].items()
         )
         left = [o.condition.name for o in result.outcomes if o.condition.name not in rec["conditions"]]
