@@ -847,3 +847,27 @@ def test_the_top_heads_table_shows_only_ablated_heads_when_k_is_small(tiny_llama
     report = run(tiny_llama_gqa_native, cfg, progress=False).report()
     (row,) = [ln for ln in report.splitlines() if ln.startswith("induction  ")]
     assert row.count("(") == 3 and "the top 3 of each type were ablated;" in report, report
+
+
+def test_one_sequence_and_one_block_are_singular_in_the_title_and_the_header():
+    """A 1,024-token scan with --n-natural 1 --n-repeated 1 titled its overview "on 1 sequences ...; 1 random
+    blocks", and its header read "1 windows"; one is singular, two plural."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from headprobe.commands.scan_core import ScanConfig, ScanResult, data_label, data_line
+
+    for n, noun, block in ((1, "sequence", "block"), (2, "sequences", "blocks")):
+        result = object.__new__(ScanResult)  # only what the title reads
+        result.natural = SimpleNamespace(tokens=torch.zeros(n, 8), source="pydoc_data.topics")
+        result.repeated = SimpleNamespace(tokens=torch.zeros(n, 9), period=4)
+        result.config = SimpleNamespace(seq_len=8)
+        assert (
+            data_label(result)
+            == f"on {n} {noun} of 8 tokens of pydoc_data.topics; {n} random {block} of 4 tokens, repeated once"
+        )
+        line = data_line(ScanConfig(seq_len=8, period=4, n_natural=n, n_repeated=n), "BOS")
+        assert line.startswith(
+            f"data: natural text: {n} window{'s' * (n > 1)} of 8 tokens (--seq-len); repeated: {n} random {block} of 4"
+        )

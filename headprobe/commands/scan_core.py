@@ -366,8 +366,8 @@ def data_line(cfg: ScanConfig, bos: str | None) -> str:
     (``LoadedModel.bos_name``); None where it prepends none), whatever ``--seq-len`` is."""
     assert cfg.period is not None  # set by ScanConfig.resolved
     return (
-        f"data: natural text: {cfg.n_natural} windows of {cfg.seq_len} tokens (--seq-len); repeated: "
-        f"{cfg.n_repeated} random blocks of {cfg.period} tokens, each twice = {int(bos is not None) + 2 * cfg.period} "
+        f"data: natural text: {cfg.n_natural} window{'s' * (cfg.n_natural != 1)} of {cfg.seq_len} tokens (--seq-len); "
+        f"repeated: {cfg.n_repeated} random block{'s' * (cfg.n_repeated != 1)} of {cfg.period} tokens, each twice = {int(bos is not None) + 2 * cfg.period} "
         f"tokens{f' with {bos}' if bos else ''} (--period; --seq-len sets natural text only)"
     )
 
@@ -829,9 +829,10 @@ def data_label(result: ScanResult) -> str:
     sequence length and the text (SmolLM2's 18.6 scores induction tenfold apart at 64 and 4,096 tokens)."""
     nat, rep = result.natural, result.repeated
     source = Path(nat.source).name if nat.source and ("/" in nat.source or "\\" in nat.source) else nat.source
+    n, m = nat.tokens.shape[0], rep.tokens.shape[0]
     return (
-        f"on {nat.tokens.shape[0]} sequences of {result.config.seq_len} tokens of {source}; "
-        f"{rep.tokens.shape[0]} random blocks of {rep.period} tokens, repeated once"
+        f"on {n} sequence{'s' * (n != 1)} of {result.config.seq_len} tokens of {source}; "
+        f"{m} random block{'s' * (m != 1)} of {rep.period} tokens, repeated once"
     )
 
 
