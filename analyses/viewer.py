@@ -467,6 +467,8 @@ def viewer_data(
         "colormaps": {name: _colormap(name) for name in sorted({m["cmap"] for m in maps} | {PATTERN_CMAP})},
         "pattern_cmap": PATTERN_CMAP,
         "masked_color": NOT_MEASURED_COLOR,  # the pattern as pattern_plot draws it
+        # an encoder's queries read later keys too: its whole pattern is drawn (a run before the field: causal)
+        "causal": bool(layout.get("causal", "next_token" not in table.columns)),  # next_token: an encoder's score
         "patterns": {},
         "circuit": _checked_circuit(circuit, n_layers, n_heads),
     }

@@ -341,7 +341,9 @@ def test_api_functions_record_the_load_time(tiny_dir, text_file, monkeypatch):
     s = headprobe.scan(str(tiny_dir), types="induction", verify=False, metrics=False, **small)
     assert a.load_s >= 0.2 and a.summary()["timings_s"]["total"] >= 0.2
     assert s.load_s >= 0.2 and s.summary()["timings_s"]["load_s"] == round(s.load_s, 2)
-    d = headprobe.diff(str(tiny_dir), str(tiny_dir), types="induction", n_perm=99, **small)  # two loads: A's and B's
+    d = headprobe.diff(  # two loads: A's and B's (B rounded: equal weights are refused)
+        str(tiny_dir), str(tiny_dir), types="induction", n_perm=99, requantize_b="int8", **small
+    )
     timings = d.summary()["timings_s"]
     assert d.load_s >= 0.2 and timings["load_s"] == round(d.load_s, 2) and timings["load_b_s"] >= 0.2
     model = load_for(a.config)
@@ -359,7 +361,7 @@ def test_a_model_the_caller_loaded_claims_no_load_time(tiny_dir, text_file, tmp_
     assert "load_s" not in s.summary()["timings_s"]
     s.save(tmp_path / "scan")
     assert "load_s" not in json.loads((tmp_path / "scan" / "summary.json").read_text())["timings_s"]
-    d = headprobe.diff(model, model, types="induction", n_perm=99, **small)
+    d = headprobe.diff(model, model, types="induction", n_perm=99, requantize_b="int8", **small)  # B must differ
     assert d.load_s is None and not {"load_s", "load_b_s"} & set(d.summary()["timings_s"])
     named = headprobe.scan(str(tiny_dir), types="induction", verify=False, metrics=False, **small)
     assert named.load_s > 0 and named.summary()["timings_s"]["load_s"] == round(named.load_s, 2)

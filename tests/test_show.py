@@ -254,7 +254,7 @@ def test_show_summary_is_what_the_cli_builds_its_page_from(tiny_dir, tmp_path):
         data["selected"],
         data["notes"],
     )
-    assert got["layout"] == {k: data[k] for k in ("n_layers", "n_heads", "n_kv_heads")}
+    assert got["layout"] == {k: data[k] for k in ("n_layers", "n_heads", "n_kv_heads", "causal")}
     assert data["notes"] and data["selected"] == "1.5"  # not two empty pages agreeing
     got["notes"].append("changed")
     assert result.summary()["notes"] == data["notes"]  # a copy each time

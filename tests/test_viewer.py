@@ -682,3 +682,30 @@ def test_view_reads_a_circuit_runs_path_patching_figure():
         mime, b64 = data[key].split(",", 1)
         ext = "svg" if "svg" in mime else "png"
         assert base64.b64decode(b64) == (d / f"{name}.{ext}").read_bytes(), key
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_an_encoders_pattern_is_drawn_whole_and_a_decoders_future_is_masked(browser, tmp_path, causal):
+    """show's page of all-minilm-l6-v2 head 1.8, a next-token head (its PNG: 0.97 from "to" to the [SEP] after it),
+    greyed the whole upper triangle as "future positions, masked": an encoder's queries read later keys, and that
+    head's weight lies there. With summary.json's ``layout.causal`` false the page draws every cell and the
+    tooltip gives the weight above the diagonal; a decoder's page masks it as before."""
+    n = 6
+    q, k = np.arange(n)[:, None], np.arange(n)[None, :]
+    nxt = np.where(k == np.minimum(q + 1, n - 1), 1.0, 0.0)  # each query on the next token: all above the diagonal
+    p = np.stack([nxt, nxt])[None]
+    summary = {"model": "enc", "layout": {"n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "causal": causal}}
+    page_path = tmp_path / "index.html"
+    page_path.write_text(
+        viewer.build_page(_table(1, 2, 1), summary, {"natural": {"labels": [f"w{i}" for i in range(n)], "pattern": p}})
+    )
+    page = _open(browser, page_path)
+    _click_head(page, "0.0")
+    note = page.inner_text("#pattern-note")
+    assert ("masked" in note) == causal and ("both ways" in note) != causal, note
+    box = page.eval_on_selector("#pattern", "c => { const r = c.getBoundingClientRect(); return [r.x, r.y, r.width]; }")
+    cell = (box[2] - 96 - 8) / n
+    page.mouse.move(box[0] + 96 + (2 + 0.5) * cell, box[1] + 8 + (1 + 0.5) * cell)  # query 1 -> key 2: weight 1
+    tip = page.inner_text("#tooltip")
+    assert ("masked (future)" in tip) == causal and ("weight 1.000" in tip) != causal, tip
+    _assert_offline(page)

@@ -480,13 +480,7 @@ def _refuse_identical(ma: LoadedModel, mb: LoadedModel, cfg: DiffConfig, n_requa
     the two modules' state): each paired test would read 0 and every head "unchanged" after the
     whole run (11 minutes for ``smollm2-135m`` against itself re-quantized to int4, which changes no
     weight of its Q4_1 GGUF: its 16 levels a block already are int4's)."""
-    sa, sb = ma.model.state_dict(), mb.model.state_dict()
-    if sa.keys() != sb.keys() or any(sa[k].shape != sb[k].shape for k in sa):
-        return
-    try:  # tensor by tensor, each moved to A's tensor's device (a split model); the first that differs ends it
-        if not all(torch.equal(sa[k], sb[k].to(sa[k].device)) for k in sa):
-            return
-    except (RuntimeError, NotImplementedError):  # weights not in memory (offloaded to meta): measured as usual
+    if not ma.same_weights(mb):  # None: weights not in memory to compare (offloaded): measured as usual
         return
     why = (
         f"re-quantizing B to {cfg.requantize_b} changed no weight (they already lie on its grid: "

@@ -872,6 +872,18 @@ class LoadedModel(Tokenizing, WrappedModule):
         self.check_prunable()
         raise NotImplementedError
 
+    def same_weights(self, other: LoadedModel) -> bool | None:
+        """Whether ``other``'s module holds the same tensors as this one's: the same names and shapes
+        and equal values (each of ``other``'s moved to this one's tensor's device: a split model);
+        None where some weight is not in memory (offloaded to the meta device) to compare."""
+        mine, theirs = self.model.state_dict(), other.model.state_dict()
+        if mine.keys() != theirs.keys() or any(mine[k].shape != theirs[k].shape for k in mine):
+            return False
+        try:  # tensor by tensor: the first that differs ends it
+            return all(torch.equal(mine[k], theirs[k].to(mine[k].device)) for k in mine)
+        except (RuntimeError, NotImplementedError):
+            return None
+
 
 def _module_type(module: Any, module_name: str, class_name: str) -> bool:
     """Whether ``module`` is an instance of ``module_name.class_name``, without importing it."""

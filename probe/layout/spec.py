@@ -148,9 +148,10 @@ class ModelSpec:
         """The key/value head that query head ``head`` reads: ``head // group_size`` (GQA)."""
         return head // self.group_size
 
-    def layout_summary(self) -> dict[str, int | str]:
+    def layout_summary(self) -> dict[str, int | str | bool]:
         """summary.json's ``layout``: ``attention`` (:attr:`kind`), ``n_layers``, ``n_heads``,
-        ``n_kv_heads``, ``d_head`` and ``d_model`` (scan's and circuit's)."""
+        ``n_kv_heads``, ``d_head``, ``d_model`` and ``causal`` (False: an encoder, whose queries
+        read later keys too; the viewer draws its whole pattern) (scan's and circuit's)."""
         return {
             "attention": self.kind,
             "n_layers": self.n_layers,
@@ -158,6 +159,7 @@ class ModelSpec:
             "n_kv_heads": self.n_kv_heads,
             "d_head": self.d_head,
             "d_model": self.d_model,
+            "causal": self.causal,
         }
 
 
