@@ -920,3 +920,16 @@ def test_an_atlas_says_a_plan_note_every_checkpoint_shares_once_with_its_count(t
     for note in alone:
         assert lines.count(note) == 1, (note, err[-3000:])
         assert lines.count(f"{note} (for 3 checkpoints; shown once above)") == 1, err[-3000:]
+
+
+def test_keep_n_random_reaches_every_models_scan():
+    """``atlas --n-random 19`` printed "raised to 99 (--keep-n-random keeps it)", and ``atlas --keep-n-random`` was
+    an unrecognized argument: an atlas could not be kept small. The flag is atlas's and every model's scan takes it."""
+    from headprobe.cli import build_parser
+    from headprobe.commands.atlas import AtlasConfig
+    from headprobe.settings import from_args
+
+    parse = lambda *argv: from_args(AtlasConfig, build_parser().parse_args(["atlas", "--out", "o", *argv]))
+    scan = parse("--n-random", "19", "--keep-n-random").scan_config("smollm2-135m")
+    assert (scan.n_random, scan.keep_n_random) == (19, True)
+    assert parse().scan_config("smollm2-135m").keep_n_random is False

@@ -147,8 +147,9 @@ class AtlasConfig(ModelSettings, DataSettings):
         models: model names or paths (``toy``: train one first); None: :data:`DEFAULT_MODELS` plus
             the cached :data:`CACHED_CANDIDATES` (or none with ``checkpoints``).
         checkpoints: a ``headprobe train --save-every`` output directory: scan its snapshots in step order.
-        n_random: the scan's (:class:`headprobe.commands.scan.ScanConfig`), as the six below, the same for every
+        n_random: the scan's (:class:`headprobe.commands.scan.ScanConfig`), as the seven below, the same for every
             model; each model's verdicts are corrected over that model's scan (its own family).
+        keep_n_random: the scan's.
         alpha: the scan's.
         control: the scan's.
         correction: the scan's.
@@ -191,8 +192,14 @@ class AtlasConfig(ModelSettings, DataSettings):
     )
     n_random: int = setting(
         50,
-        "the most control sets of k heads a verdict's test ablates (default %(default)s; see scan)",
+        "the most control sets of k heads a verdict's test ablates (default %(default)s, raised to what a verdict "
+        "needs unless --keep-n-random; see scan)",
         type=positive_int,
+    )
+    keep_n_random: bool = setting(
+        False,
+        "keep --n-random where it is below the draws one verdict needs (a smaller, quicker atlas; see scan)",
+        action="store_true",
     )
     alpha: float = setting(0.05, "significance level of the verdicts (default %(default)s)", type=settings.probability)
     control: str = setting(
@@ -291,6 +298,7 @@ class AtlasConfig(ModelSettings, DataSettings):
             model=model,
             **shared,
             n_random=self.n_random,
+            keep_n_random=self.keep_n_random,
             alpha=self.alpha,
             control=self.control,
             correction=self.correction,
@@ -440,6 +448,7 @@ FLAGS = (
         only=(
             "k",
             "n_random",
+            "keep_n_random",
             "alpha",
             "control",
             "correction",
