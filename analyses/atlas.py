@@ -163,7 +163,7 @@ def _rank_column(head_type: str) -> str:
     return DETECTORS[head_type].rank_by if head_type in DETECTORS else head_type
 
 
-DEPTH_LABEL = "depth: first layer (0) to last (1)"
+DEPTH_LABEL = "depth: layer l of L drawn from l/L to (l+1)/L"
 DEPTH_TICKS = (0.0, 0.5, 1.0)
 """The depth axis' ticks, each labelled (``0``, ``0.5``, ``1``): the middle one was drawn bare."""
 
@@ -300,8 +300,8 @@ def _legend_handles() -> list:
         Line2D([], [], marker="o", ls="", color=_GREY, markersize=2, label="other heads"),
         Patch(
             color="none",
-            label="x: depth, first layer (0) to last (1), each layer's heads side by side between grey "
-            "dividers; marker area: score",
+            label="x: depth, layer l of L spanning l/L to (l+1)/L, its heads side by side between grey "
+            "dividers (atlas.csv's relative_depth is l/(L-1)); marker area: score",
         ),
     ]
 

@@ -773,6 +773,27 @@ def test_every_depth_tick_of_an_atlas_is_labelled():
             assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "0.5", "1"]
 
 
+@pytest.mark.figures
+def test_the_depth_axis_says_how_a_layer_is_drawn_and_how_the_csv_differs():
+    """The atlas figure's axis read "first layer (0) to last (1)" while each layer l of L is drawn across
+    l/L to (l+1)/L, and atlas.csv's relative_depth is l/(L-1): the toy's last-layer induction heads (1.00 in the
+    CSV) sat at 0.6-0.97. Each top head's dot lies inside its layer's band, and the axis and the legend say both."""
+    from headprobe.analyses import atlas
+
+    table = pd.read_csv(Path(__file__).resolve().parents[1] / "figures" / "atlas" / "atlas.csv")
+    fig = atlas.depth_plot(table, "induction")
+    (ax,) = [a for a in fig.axes if a.get_xlabel() == atlas.DEPTH_LABEL]
+    assert "l/L to (l+1)/L" in atlas.DEPTH_LABEL
+    assert any("relative_depth is l/(L-1)" in h.get_label() for h in atlas._legend_handles())
+    toy = table[(table["model"] == "toy") & table["induction_top"].fillna(False).astype(bool)]
+    y = atlas.model_labels(table).index("toy")
+    drawn = np.concatenate([c.get_offsets() for c in ax.collections if len(c.get_offsets())])
+    dots = drawn[np.isclose(drawn[:, 1], y)]
+    for layer in toy["layer"]:
+        n = int(toy["n_layers"].iloc[0])
+        assert ((dots[:, 0] >= layer / n) & (dots[:, 0] <= (layer + 1) / n)).any(), (layer, dots)
+
+
 # ---------------------------------------------------------------------------------------------
 # Remarks on what a verdict tests: shared top-k sets, scores no higher than uniform attention
 # ---------------------------------------------------------------------------------------------
