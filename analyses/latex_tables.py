@@ -66,10 +66,13 @@ def latex_text(text: object) -> str:
     return _MINUS_RE.sub("$-$", _SPECIAL_RE.sub(lambda m: _SPECIAL[m.group(0)], str(text)))
 
 
-def table_tex(table: pd.DataFrame, caption: str, label: str, align: str | None = None, small: bool = False) -> str:
+def table_tex(
+    table: pd.DataFrame, caption: str, label: str, align: str | None = None, small: bool = False, after: str = ""
+) -> str:
     """A booktabs ``table`` float of ``table`` (its cells text already, index hidden) with ``caption``
-    and ``label``: every cell, header and the caption escaped (:func:`latex_text`); ``small``: set in
-    ``\\small`` (a wide table: scan's ablations fits a 16 cm text width so)."""
+    and ``label``: every cell, header and the caption escaped (:func:`latex_text`), then ``after``, LaTeX
+    as given (a ``\\ref``); ``small``: set in ``\\small`` (a wide table: scan's ablations fits a 16 cm
+    text width so)."""
     styler = table.style.hide(axis="index")
     styler = styler.format(latex_text).format_index(latex_text, axis=1)
     align = align or "l" * len(table.columns)
@@ -79,7 +82,7 @@ def table_tex(table: pd.DataFrame, caption: str, label: str, align: str | None =
         position_float="centering",
         hrules=True,
         label=label,
-        caption=latex_text(caption),
+        caption=latex_text(caption) + after,
         multicol_align="c",
         environment="table",
     )
@@ -143,12 +146,12 @@ def scan_tables(path: Path, summary: dict) -> dict[str, str]:
         f"Tokens: {tokens_text(summary.get('tokens') or {})}."
     )
     raw_p = "p: sequential Monte Carlo (≤: a curtailed test's bound); sets: control sets ablated. "
-    tasks = _tasks_text(rows, primary)
+    tasks = _tasks_text(rows, primary) + _no_verdict_text(rows, primary)
     return {
         "verdicts": table_tex(
             tested.drop(columns=["ablation", "task", "sets", "p"]),
-            f"{caption} {tasks}; {primary} ablation. Every kind's row: the ablations table.",
-            tex_label(path, "verdicts"), "lllll",
+            f"{caption} {tasks}; {primary} ablation. Every ablation kind's row:",
+            tex_label(path, "verdicts"), "lllll", after=f" Table \\ref{{{tex_label(path, 'ablations')}}}.",
         ),
         "ablations": table_tex(
             full.drop(columns=["task"]), f"{caption} {tasks}. {raw_p}",
@@ -158,12 +161,28 @@ def scan_tables(path: Path, summary: dict) -> dict[str, str]:
     }  # fmt: skip
 
 
+def type_name(head_type: object) -> str:
+    """A head type as the figures and the viewer name it: ``previous-token`` for ``previous_token``."""
+    return str(head_type).replace("_", "-")
+
+
+def _no_verdict_text(rows: list, primary: str) -> str:
+    """``. No verdict for induction: only 1 distinct control set exists``: each tested type without a
+    verdict and the first clause of its reason (summary.json's ``no_verdict``), where the figure's title
+    and the terminal say so and the table otherwise would not."""
+    why: dict[str, list[str]] = {}
+    for r in rows:
+        if r["kind"] == primary and r.get("confirmed") is None and r.get("no_verdict"):
+            why.setdefault(str(r["no_verdict"]).split(";")[0].split(": ")[0], []).append(type_name(r["head_type"]))
+    return "".join(f". No verdict for {', '.join(ts)}: {reason}" for reason, ts in why.items())
+
+
 def _tasks_text(rows: list, primary: str) -> str:
-    """``Tasks: natural text for previous_token, ...; repeated random tokens for induction``."""
+    """``Tasks: natural text for previous-token, ...; repeated random tokens for induction``."""
     by_task: dict[str, list[str]] = {}
     for r in rows:
         if r["kind"] == primary:
-            by_task.setdefault(str(r["task"]), []).append(str(r["head_type"]))
+            by_task.setdefault(str(r["task"]), []).append(type_name(r["head_type"]))
     names = {"natural": "natural text", "repeated": "repeated random tokens"}
     return "Tasks: " + "; ".join(f"{names.get(t, t)} for {', '.join(ts)}" for t, ts in by_task.items())
 
@@ -183,7 +202,7 @@ def _scan_top_heads_table(path: Path, summary: dict, rows: list, primary: str, k
                 known.update({h: v for h, v in zip(names, table[column].astype(float)) if h not in known})
     table = pd.DataFrame(
         [
-            [str(r["head_type"]), _heads_cell(r.get("top_heads") or [], scores.get(r["head_type"], {}))]
+            [type_name(r["head_type"]), _heads_cell(r.get("top_heads") or [], scores.get(r["head_type"], {}))]
             for r in rows
             if r["kind"] == primary
         ],
@@ -191,7 +210,7 @@ def _scan_top_heads_table(path: Path, summary: dict, rows: list, primary: str, k
     )
     caption = (
         f"{_run_text(summary)}: the {k} heads of each head type that the ablation check removes together, "
-        "by their score on the type's detector (docs/scan.md)."
+        "by their score on the type's detector."
     )
     return table_tex(table, caption, tex_label(path, "top_heads"), "lp{0.7\\linewidth}")
 
@@ -221,7 +240,7 @@ def _verdict_row(r: Mapping, d: int, primary: str) -> list[str]:
     kind of a type without a verdict."""
     verdict = verdict_label(r.get("confirmed")) if decided(r, primary) else NOT_TESTED
     return [
-        str(r["head_type"]),
+        type_name(r["head_type"]),
         str(r["kind"]),
         str(r["task"]),
         f"{r['top_effect']:+.{d}f} {format_ci(r.get('top_effect_ci95'), f'+.{d}f')}",

@@ -118,7 +118,7 @@ def test_special_characters_are_escaped(tex):
     """No bare _ % # ^ ~ < >, dollars paired, braces balanced, ASCII only (Δ, ≤, × as commands)."""
     for name, text in tex.items():
         _assert_escaped(name, text)
-    assert "previous\\_token" in tex["scan/verdicts"] and "95\\% CI" in tex["scan/verdicts"]
+    assert "previous-token" in tex["scan/verdicts"] and "95\\% CI" in tex["scan/verdicts"]
     assert "$\\leq$0.0877" in tex["scan/ablations"]  # the curtailed test's bound
 
 
@@ -159,12 +159,12 @@ def test_scan_verdict_table_equals_the_caption_file_and_summary(tex):
     decimals from summary.json; the scores those of head_scores.csv."""
     caption = _caption_lines()
     got = rows(tex["scan/ablations"])
-    assert [(r[0].replace("\\_", "-"), r[1]) for r in got] == list(caption)  # the caption file's order
+    assert [(r[0], r[1]) for r in got] == list(caption)  # the caption file's order, its names (previous-token)
     summary = json.loads((SCAN / "summary.json").read_text())
     ablations = {(a["head_type"], a["kind"]): a for a in summary["ablations"]}
     for r in got:
-        ref = caption[(r[0].replace("\\_", "-"), r[1])]
-        a = ablations[(r[0].replace("\\_", "_"), r[1])]
+        ref = caption[(r[0], r[1])]
+        a = ablations[(r[0].replace("-", "_"), r[1])]
         e, lo, hi = interval(r[2])
         for cell, want in ((e, ref["e"]), (lo, ref["lo"]), (hi, ref["hi"]), (num(r[3]), ref["c"])):
             assert abs(cell - float(want)) <= 0.005 + 5e-4 * abs(float(want)), (r, want)
@@ -179,7 +179,9 @@ def test_scan_verdict_table_equals_the_caption_file_and_summary(tex):
     # the paper's table: the tested (mean) rows, type, effect, control, p adj and verdict; tasks in its caption
     tested = [[r[0], r[2], r[3], r[6], r[7]] for r in got if r[1] == summary["verification"]["primary_kind"]]
     assert rows(tex["scan/verdicts"]) == tested and len(tested) == len(summary["top_heads"])
-    assert "natural text for previous\\_token, duplicate\\_token" in tex["scan/verdicts"]
+    assert "natural text for previous-token, duplicate-token" in tex["scan/verdicts"]
+    assert "\\_token" not in tex["scan/verdicts"] + tex["scan/top_heads"]  # the figures' and the viewer's names
+    assert "Table \\ref{tab:smollm2-135m-ablations}" in tex["scan/verdicts"]
     assert "repeated random tokens for induction" in tex["scan/verdicts"]
 
 
@@ -193,7 +195,7 @@ def test_scan_top_heads_table_is_every_ablated_head_with_its_head_scores_csv_sco
     order = [r[0] for r in rows(tex["scan/ablations"]) if r[1] == summary["verification"]["primary_kind"]]
     assert [r[0] for r in got] == order and len(got) == len(tops)  # the verdict tables' order
     for r in got:
-        t = r[0].replace("\\_", "_")
+        t = r[0].replace("-", "_")
         heads = re.findall(r"(\d+)\.(\d+) \(([\d.]+)\)", r[1])
         assert [f"{la}.{h}" for la, h, _ in heads] == tops[t] and len(heads) == 10
         column = {"positional": "positional_fraction"}.get(t, t)
@@ -627,3 +629,20 @@ def test_a_pruning_table_ends_with_the_saved_models_own_losses(tmp_path):
     want = ["saved model", str(saved["heads_removed"]), f"{saved['fraction_removed']:.2f}"]
     assert last == [*want, f"{loss['natural']:.3f}", f"{loss['repeated']:.3f}"], last
     assert "saved model: the pruned model written with --save-pruned" in text.replace("-{}-", "--")
+
+
+def test_a_verdict_table_says_why_a_type_has_no_verdict(tmp_path):
+    """A quick scan (--n-random 10 --keep-n-random) wrote five rows of "no verdict" whose caption said nothing of
+    why, where overview.png's title and the terminal did: the caption names each such type and its reason."""
+    from headprobe.analyses.latex_tables import scan_tables
+
+    summary = json.loads((SCAN / "summary.json").read_text())
+    primary = summary["verification"]["primary_kind"]
+    reason = "its smallest p-value 1/11 = 0.0909 cannot reach alpha = 0.05 after bh over 5 tests; raise --n-random"
+    for r in summary["ablations"]:
+        if r["kind"] == primary and r["head_type"] in ("induction", "previous_token"):
+            r.update(confirmed=None, no_verdict=reason)
+    text = scan_tables(tmp_path, summary)["verdicts"]
+    said = "No verdict for previous-token, induction: its smallest p-value 1/11 = 0.0909 cannot reach alpha = 0.05"
+    assert said in " ".join(text.split()), text
+    assert "raise" not in text  # the first clause only: the caption is long already
