@@ -1031,3 +1031,21 @@ def test_import_notes_a_confirmed_effect_whose_interval_over_sequences_reaches_0
     assert result(row).report().endswith(in_python("import", f"NOTE: {notes[0]}"))  # flags as keywords
     for other in (dataclasses.replace(row, top_effect_ci95=[0.5, 22.7]), dataclasses.replace(row, confirmed=False)):
         assert result(other).summary()["notes"] == [] and "NOTE" not in result(other).report()
+
+
+def test_format_all_without_pyarrow_writes_the_other_formats_and_says_so(tmp_path, capsys, monkeypatch):
+    """With pyarrow missing, ``--format all`` refused everything ("--format parquet needs pyarrow") where the
+    DuoAttention, HeadKV and LaTeX files need nothing more: they are written, and the report says why Parquet is
+    not (pandas here has imported pyarrow already, so its absence is the check's answer)."""
+    from pathlib import Path
+
+    import headprobe.commands.export_core as export_core
+
+    scan = Path(__file__).resolve().parents[1] / "figures" / "smollm2-135m"
+    monkeypatch.setattr(export_core, "_have_pyarrow", lambda: False)
+    out = tmp_path / "o"
+    capsys.readouterr()
+    assert main(["export", "--from", str(scan), "--out", str(out), "--format", "all"]) == 0
+    written = {p.name for p in out.rglob("*") if p.is_file()}
+    assert "heads.parquet" not in written and {"full_attention_heads.tsv", "verdicts.tex"} <= written, written
+    assert "parquet: left out: pyarrow is not installed (pip install 'headprobe[exchange]')" in capsys.readouterr().out

@@ -547,14 +547,26 @@ def run(config: ExportConfig) -> ExportResult:
             f"--format {config.format} needs a {' or '.join(k for k, v in SUPPORTED.items() if config.format in v)} "
             f"folder; {src.path} is a {src.kind} run, written as {', '.join(SUPPORTED[src.kind])}"
         )
+    notes: dict[str, str] = {}
+    if config.format == "all" and "parquet" in formats and not _have_pyarrow():
+        formats = tuple(f for f in formats if f != "parquet")  # the others need no extra: written, and this said
+        notes["parquet"] = "left out: pyarrow is not installed (pip install 'headprobe[exchange]')"
     check_flags_apply(config, src, formats)
     files: dict = {}
-    notes = {}
     for fmt in formats:
         made, how = BUILDERS[fmt](src, config)
         files.update(made)
         notes[fmt] = how
     return ExportResult(config, src, files, notes)
+
+
+def _have_pyarrow() -> bool:
+    """Whether pandas' Parquet engine imports (the ``exchange`` extra; usually there through datasets)."""
+    try:
+        import pyarrow  # type: ignore[import-untyped]  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def all_formats(src: Source) -> tuple[str, ...]:
