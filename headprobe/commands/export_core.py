@@ -563,7 +563,7 @@ def run(config: ExportConfig) -> ExportResult:
 def _have_pyarrow() -> bool:
     """Whether pandas' Parquet engine imports (the ``exchange`` extra; usually there through datasets)."""
     try:
-        import pyarrow  # type: ignore[import-untyped]  # noqa: F401
+        import pyarrow  # noqa: F401
     except ImportError:
         return False
     return True
