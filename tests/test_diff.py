@@ -408,6 +408,10 @@ def test_few_sequences_say_no_change_could_be_detected(tiny_tokenizer, text_file
     assert "--n-natural 6 or more" in notes[0] and "--n-repeated 6 or more" in notes[1]
     assert err.index("NOTE:") < err.index("diff: model A")  # said before the measurements
     assert "diff: model B, ablation sweep repeated" in err and "8/8" in err
+    # the steps take seconds (scoring) or minutes (sweeps): a rate and a time left from them misled ("<00:05"
+    # through a 5-minute sweep), so the bar gives the steps done and the time so far only
+    bar = [x for x in err.replace("\r", "\n").splitlines() if x.startswith("diff: model")]
+    assert bar and all("so far]" in x and "step/s" not in x and "<" not in x for x in bar), bar
     s = r.summary()
     assert s["detection"]["natural"]["detectable"] is False and s["detection"]["natural"]["smallest_p"] == 2 / 2**4
     assert s["detection"]["natural"]["n_tests"] == 2 * 4  # the tiny Llama's heads

@@ -110,7 +110,12 @@ def _measured(a: LoadedModel, b: LoadedModel, natural: TokenSet, repeated: Token
 
     assert cfg.types is not None  # set by compare_models
     per, means = {}, {}
-    with progress_bar(total=2 * len(MEASURE_STEPS), desc="diff", unit="step", progress=progress) as bar:
+    # no rate nor time left: the scoring steps take seconds, the sweeps minutes, so tqdm's estimate from the
+    # steps done said "<00:05" through each sweep
+    steps = "{l_bar}{bar}| {n_fmt}/{total_fmt} steps [{elapsed} so far]"
+    with progress_bar(
+        total=2 * len(MEASURE_STEPS), desc="diff", unit="step", progress=progress, bar_format=steps
+    ) as bar:
         for name, m in (("A", a), ("B", b)):
             started = [False]
 
