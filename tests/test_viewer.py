@@ -593,6 +593,29 @@ def test_committed_demo_viewer_in_chromium(browser, tmp_path):
     _assert_offline(page)
 
 
+@pytest.mark.skipif(not (DEMO / "patterns.npz").exists(), reason="the committed demo's patterns.npz is absent")
+def test_the_demo_with_its_ablate_and_circuit_runs_fits_a_1400_px_window(browser, tmp_path):
+    """``view`` of the committed scan with its ablate and circuit runs scrolled sideways at 1,400 px (the verdict
+    table's "heads ablated" column ran past the page), and the circuit graph, squeezed by its neighbour, was about
+    230 px wide, its labels unreadable: the page fits the window and the graph keeps its 520 px."""
+    d = tmp_path / "demo"
+    d.mkdir()
+    for f in ("head_scores.csv", "summary.json", "patterns.npz"):
+        shutil.copy(DEMO / f, d)
+    runs = DEMO.parent
+    view.run(
+        view.ViewConfig(
+            dir=str(d), ablation=str(runs / "smollm2-135m-ablate"), circuit=str(runs / "smollm2-135m-circuit")
+        )
+    )
+    page = _open(browser, d / "index.html")
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    assert page.is_visible("#circuit-section") and page.is_visible("#verdict-section")
+    assert page.evaluate("document.documentElement.scrollWidth <= document.documentElement.clientWidth")
+    assert page.eval_on_selector("#circuit-figure", "i => i.getBoundingClientRect().width") >= 500
+    _assert_offline(page)
+
+
 _REASON = (
     "10 control sets: its smallest p-value 1/11 = 0.091 cannot reach alpha = 0.05 after bh over 5 tests; "
     "not run: none of them was ablated, as they could decide nothing"
