@@ -171,12 +171,7 @@ def run(
     summary = {
         "model": spec.name,
         "weights_precision": spec.precision,
-        "layout": {
-            "n_layers": spec.n_layers,
-            "n_heads": spec.n_heads,
-            "n_kv_heads": spec.n_kv_heads,
-            "causal": spec.causal,
-        },
+        "layout": {k: getattr(spec, k) for k in ("n_layers", "n_heads", "n_kv_heads", "causal")},
         "selected_head": name,
         "notes": notes,
     }
