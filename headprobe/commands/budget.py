@@ -943,8 +943,8 @@ def compare_cells(
             format_bytes(r["fused_attention_bytes_per_layer"]),
         ]
     kinds = [_kind_txt(k["window"], lay.windows is not None) for k in rows[0]["flops_per_layer_by_window"]]
-    windows = [k["window"] for k in rows[0]["flops_per_layer_by_window"]]
-    matrix = "" if lay.windows is None else ", global" if None in windows else f", window {min(windows):,}"
+    first = rows[0]["flops_per_layer_by_window"][0]["window"]  # the kind of layer the matrix column counts
+    matrix = "" if lay.windows is None else ", global" if first is None else f", window {first:,}"
     header = [
         "layout",
         "n_kv_heads",

@@ -327,7 +327,8 @@ def compare_models(
     a: LoadedModel, b: LoadedModel, cfg: DiffConfig, progress: bool = False, requantized: int | None = None
 ) -> DiffResult:
     """Both models measured on the same tokens (A's tokenizer) and compared head by head.
-    ``requantized``: how many of B's matrices its re-quantization changed (None: none asked for).
+    ``requantized``: how many of B's matrices its re-quantization changed (read where ``cfg.requantize_b``
+    is set; None or 0 otherwise).
 
     Raises:
         HeadprobeError: layouts or vocabularies that differ, B's weights all equal to A's

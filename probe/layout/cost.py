@@ -1180,9 +1180,8 @@ def compare_kv_heads(
                 "kv_vs_mha": kv_bytes_per_token(lay) / mha_bytes,
                 "flops_per_layer": kinds[0]["flops_per_layer"] if len(kinds) == 1 else None,
                 "flops_per_layer_by_window": kinds,
-                "attention_matrix_bytes_per_layer": attention_matrix_bytes(
-                    lay, seq_len, batch, window=None if any(k["window"] is None for k in kinds) else kinds[0]["window"]
-                ),
+                # the first kind of layer (layer_windows): a global one where there is any, else the smallest window
+                "attention_matrix_bytes_per_layer": attention_matrix_bytes(lay, seq_len, batch, kinds[0]["window"]),
                 "fused_attention_bytes_per_layer": fused_attention_bytes(lay, seq_len, batch),
             }
         )
