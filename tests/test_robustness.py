@@ -36,6 +36,17 @@ def test_stability_and_its_bootstrap_interval():
     assert abs(lo - ref.low) <= 0.1 and abs(hi - ref.high) <= 0.1 and lo < x.mean() < hi
 
 
+def test_stabilities_are_printed_as_counts_of_conditions():
+    """5/8 and 7/8 read alike (``.2f`` rounds half to even: 0.62 but 0.88); a bound that is not a
+    whole number of conditions keeps 2 decimals."""
+    from headprobe.commands.robustness_core import stability_text
+
+    assert stability_text(5 / 8, 3 / 8, 7 / 8, 8) == "5/8 [3/8, 7/8]"
+    assert stability_text(7 / 8, 5 / 8, 1.0, 8) == "7/8 [5/8, 8/8]"
+    assert stability_text(2 / 3, 0.5, 1.0, 3) == "2/3 [0.50, 3/3]"
+    assert stability_text(0.8333, 0.5, 1.0, 6) == "5/6 [3/6, 6/6]"  # as robustness.csv keeps it
+
+
 @pytest.mark.parametrize("n", [6, 15])
 def test_sign_flip_p_against_scipy(n):
     """Exact (n < 13, every flip) and Monte Carlo (n >= 13) sign-flip p-values against
@@ -345,13 +356,12 @@ def test_the_stability_figure_has_a_legend_and_axis_labels_with_units():
         assert mcolors.same_color(cmap(1.0), IN_TOP_K) and mcolors.same_color(cmap(0.0), NOT_IN_TOP_K)
         assert ax.get_ylabel() == "head (layer.head)"
         (right,) = ax.child_axes
-        assert "fraction of conditions" in right.get_ylabel() and "95% bootstrap CI" in right.get_ylabel()
+        assert "conditions with" in right.get_ylabel() and "95% bootstrap CI" in right.get_ylabel()
         rows = table[table["type"] == name]
         assert [t.get_text() for t in ax.get_yticklabels()] == [f"{l}.{h}" for l, h in zip(rows["layer"], rows["head"])]
-        assert (
-            right.get_yticklabels()[0].get_text()
-            == f"{rows['stability'].iloc[0]:.2f} [{rows['ci95_low'].iloc[0]:.2f}, {rows['ci95_high'].iloc[0]:.2f}]"
-        )
+        # the count before the interval is the head's 0/1 cells in the type's condition columns
+        held = rows[[c for c in conds if c in rows and rows[c].notna().all()]].iloc[0]
+        assert right.get_yticklabels()[0].get_text().startswith(f"{int(held.sum())}/{len(held)} [")
     assert fig.get_suptitle() == "Label stability of smollm2-135m, k = 10"
 
 

@@ -498,7 +498,7 @@ IN_TOP_K, NOT_IN_TOP_K = "#1f4e8c", "#e8e8e8"
 """:func:`stability_plot`'s cell colours: the head in the condition's top-k set (dark), not in it (light)."""
 VERDICT_MARKS = {True: "✓", False: "✗", None: "?"}
 """:func:`stability_plot`'s mark above a condition's column: its verdict (``–``: the condition is not the type's)."""
-STABILITY_LABEL = "stability: fraction of conditions\nwith the head in top-k [95% bootstrap CI]"
+STABILITY_LABEL = "stability: the type's conditions with\nthe head in top-k [95% bootstrap CI]"
 """:func:`stability_plot`'s right axis label: what the numbers beside each row are, with their unit."""
 
 
@@ -518,6 +518,20 @@ def _no_verdict_notes(types: dict[str, dict]) -> list[str]:
             if v["confirmed"] is None:
                 why.setdefault((c, v.get("no_verdict") or "no reason recorded"), []).append(name)
     return [f"{c}: no verdict (?) for {', '.join(names)}: {reason}" for (c, reason), names in why.items()]
+
+
+def stability_text(fraction: float, lo: float, hi: float, n: int) -> str:
+    """``"7/8 [5/8, 8/8]"``: a stability and its interval as counts of the ``n`` conditions where
+    each is a whole number of them to robustness.csv's 4 decimals (the fraction always is; a bootstrap
+    quantile usually is), else to 2 decimals. Counts avoid ``.2f``'s round-half-to-even, which printed 5/8 as 0.62 but 7/8 as 0.88."""
+
+    def part(x: float) -> str:
+        count = x * n
+        if np.isfinite(count) and abs(count - round(count)) < 1e-4 * n:  # robustness.csv keeps 4 decimals
+            return f"{round(count)}/{n}"
+        return f"{x:.2f}"
+
+    return f"{part(fraction)} [{part(lo)}, {part(hi)}]"
 
 
 def stability_figure(result: RobustnessResult):
@@ -572,7 +586,10 @@ def _stability_panel(ax, rows: pd.DataFrame, rec: dict, conds: list[str]) -> Non
     right = ax.secondary_yaxis("right")
     right.set_yticks(
         range(len(rows)),
-        [f"{s:.2f} [{lo:.2f}, {hi:.2f}]" for s, lo, hi in zip(rows["stability"], rows["ci95_low"], rows["ci95_high"])],
+        [
+            stability_text(s, lo, hi, n)
+            for s, lo, hi, n in zip(rows["stability"], rows["ci95_low"], rows["ci95_high"], rows["conditions"])
+        ],
         fontsize=7,
     )
     right.set_ylabel(STABILITY_LABEL, fontsize=7)
@@ -625,9 +642,14 @@ def format_report(result: RobustnessResult) -> str:
         lines.append(
             "  "
             + ", ".join(
-                f"{format_head((l, h))} {s:.2f} [{lo:.2f}, {hi:.2f}]"
-                for l, h, s, lo, hi in zip(
-                    rows["layer"], rows["head"], rows["stability"], rows["ci95_low"], rows["ci95_high"]
+                f"{format_head((l, h))} {stability_text(s, lo, hi, n)}"
+                for l, h, s, lo, hi, n in zip(
+                    rows["layer"],
+                    rows["head"],
+                    rows["stability"],
+                    rows["ci95_low"],
+                    rows["ci95_high"],
+                    rows["conditions"],
                 )
             )
         )
