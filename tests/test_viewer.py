@@ -589,6 +589,17 @@ def test_committed_demo_viewer_in_chromium(browser, tmp_path):
     shown = _click_head(page, "18.6")
     ex = viewer.load_patterns(d / "patterns.npz")["repeated"]
     assert shown["rows"] == len(ex["labels"]) == 101 and shown["labels"] == ex["labels"]
+    # the type's map marks the heads its tested check ablated (summary.json), and says so under the map
+    summary = json.loads((d / "summary.json").read_text())
+    tested = next(a for a in summary["ablations"] if a["head_type"] == "induction" and a["tested"])
+    marked = page.eval_on_selector_all("#score-map td.ablated", "tds => tds.map((t) => t.dataset.head)")
+    assert sorted(marked) == sorted(tested["top_heads"]) and len(marked) == 10
+    assert page.inner_text("#map-note").startswith(f"○ the 10 heads the ablation check ablated for induction ({tested['kind']}")
+    page.select_option("#map-select", label="previous-token score")
+    other = next(a for a in summary["ablations"] if a["head_type"] == "previous_token" and a["tested"])
+    marked = page.eval_on_selector_all("#score-map td.ablated", "tds => tds.map((t) => t.dataset.head)")
+    assert sorted(marked) == sorted(other["top_heads"]) != sorted(tested["top_heads"])
+    page.select_option("#map-select", label="induction score")
     page.screenshot(path=str(tmp_path / "viewer.png"))
     _assert_offline(page)
 
