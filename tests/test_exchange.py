@@ -8,6 +8,7 @@ independent reference; nothing in them is headprobe's code."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from io import StringIO
@@ -195,6 +196,12 @@ def test_parquet_reads_in_pandas_and_datasets(runs, tmp_path):
         assert sorted(f"{r.layer}.{r.head}" for r in rows.itertuples()) == sorted(a["top_heads"])
         assert set(rows[f"confirmed_{a['head_type']}"].dropna()) <= {a["confirmed"]}
     card = (out / "README.md").read_text()
+    # the card's column table: one row per column, in order, each saying what it measures and in what unit
+    lines = [line for line in card.splitlines() if line.startswith("| `")]
+    cells = [[c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]] for line in lines]
+    assert [c[0].strip("`") for c in cells] == list(table.columns) and all(len(c) == 3 and c[2] for c in cells)
+    unit = {c[0].strip("`"): c[2] for c in cells}
+    assert "nats" in unit["entropy"] and "logit" in unit["dla"] and unit["top_induction"] == "bool"
     yaml = pytest.importorskip("yaml")
     meta = yaml.safe_load(card.split("---\n")[1])
     assert meta["headprobe"]["model"] == summary["model"] and meta["headprobe"]["n_kv_heads"] == 2
@@ -1049,3 +1056,26 @@ def test_format_all_without_pyarrow_writes_the_other_formats_and_says_so(tmp_pat
     written = {p.name for p in out.rglob("*") if p.is_file()}
     assert "heads.parquet" not in written and {"full_attention_heads.tsv", "verdicts.tex"} <= written, written
     assert "parquet: left out: pyarrow is not installed (pip install 'headprobe[exchange]')" in capsys.readouterr().out
+
+
+def test_format_all_of_a_scan_without_verdicts_says_latex_is_left_out(tmp_path, capsys):
+    """A --no-verify scan has no verdict table: ``--format all`` wrote the other formats and left LaTeX
+    out without a word, where a missing pyarrow is said (the walk 'peer')."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    scan = Path(__file__).resolve().parents[1] / "figures" / "smollm2-135m"
+    src = tmp_path / "scan"
+    src.mkdir()
+    shutil.copy(scan / "head_scores.csv", src)
+    summary = json.loads((scan / "summary.json").read_text())
+    (src / "summary.json").write_text(json.dumps({**summary, "ablations": [], "verification": None}))
+    out = tmp_path / "o"
+    capsys.readouterr()
+    assert main(["export", "--from", str(src), "--out", str(out), "--format", "all"]) == 0
+    written = {p.name for p in out.rglob("*") if p.is_file()}
+    assert "full_attention_heads.tsv" in written and not any(n.endswith(".tex") for n in written), written
+    assert "latex: left out: this scan run has no table to set (a scan with --no-verify has no verdicts)" in (
+        capsys.readouterr().out
+    )

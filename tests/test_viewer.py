@@ -594,7 +594,9 @@ def test_committed_demo_viewer_in_chromium(browser, tmp_path):
     tested = next(a for a in summary["ablations"] if a["head_type"] == "induction" and a["tested"])
     marked = page.eval_on_selector_all("#score-map td.ablated", "tds => tds.map((t) => t.dataset.head)")
     assert sorted(marked) == sorted(tested["top_heads"]) and len(marked) == 10
-    assert page.inner_text("#map-note").startswith(f"○ the 10 heads the ablation check ablated for induction ({tested['kind']}")
+    assert page.inner_text("#map-note").startswith(
+        f"○ the 10 heads the ablation check ablated for induction ({tested['kind']}"
+    )
     page.select_option("#map-select", label="previous-token score")
     other = next(a for a in summary["ablations"] if a["head_type"] == "previous_token" and a["tested"])
     marked = page.eval_on_selector_all("#score-map td.ablated", "tds => tds.map((t) => t.dataset.head)")

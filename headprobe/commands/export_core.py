@@ -518,11 +518,44 @@ def dataset_card(src: Source, data_file: str, table: pd.DataFrame) -> str:
         f"---\n{front}---\n\n# headprobe {src.kind}: {src.lay.name}\n\n"
         f"One row per {'head' if src.kind == 'scan' else 'KV group' if src.kind == 'kv' else 'edge'} of "
         f"{src.lay.name} ({src.lay.n_layers} layers x {src.lay.n_heads} heads, {src.lay.n_kv_heads} KV "
-        f"heads), written by `headprobe export` from a `headprobe {src.kind}` run. Columns: "
-        f"{', '.join(f'`{c}`' for c in table.columns)}. Definitions: headprobe's docs/{src.kind}.md.\n\n"
+        f"heads), written by `headprobe export` from a `headprobe {src.kind}` run. Definitions: headprobe's "
+        f"docs/{src.kind}.md.\n\n{_columns_text(src, table)}\n"
         f'```python\nimport pandas as pd\npd.read_parquet("{data_file}")\n# or: datasets.load_dataset("parquet", '
         f'data_files="{data_file}")\n```\n'
     )
+
+
+def _columns_text(src: Source, table: pd.DataFrame) -> str:
+    """The card's columns: a scan's as a Markdown table of what each measures and in what unit (the
+    heatmaps' titles and colour-bar labels, :mod:`headprobe.analyses.columns`); other kinds' names."""
+    if src.kind != "scan":
+        return f"Columns: {', '.join(f'`{c}`' for c in table.columns)}.\n"
+    from headprobe.analyses.columns import HEAD_COLUMNS
+
+    said = {"layer": ("layer", "index from 0"), "head": ("query head in its layer", "index from 0")}
+    said["kv_head"] = ("the KV head (group) it reads keys and values from", "index from 0")
+    for name in HEAD_COLUMNS.names():
+        record = HEAD_COLUMNS.get(name)
+        for style in record.figures:
+            said[style.column] = (style.title, style.label)
+        for column in record.columns:
+            if column.startswith("local_"):
+                said[column] = (f"attention on the last {column[6:]} keys", "share of the row, mean over queries")
+    k = (src.summary.get("config") or {}).get("k", "k")
+    rows = ["| column | what | measured as |", "|---|---|---|"]
+    for column in table.columns:
+        head_type = column.split("_", 1)[1].replace("_", "-") if "_" in column else ""
+        if column.startswith("top_"):
+            what, unit = f"in the top-{k} set the {head_type} check ablated", "bool"
+        elif column.startswith("confirmed_"):
+            what, unit = f"the {head_type} verdict, for the heads ablated", "bool; empty: not ablated or no verdict"
+        else:
+            what, unit = said.get(column, ("see the docs", ""))
+        cells = [c.replace("{W}", "W").replace("|", "\\|") for c in (what, unit)]
+        if "{W}" in what:
+            cells[0] += "; W is the largest local window shorter than the sequence"
+        rows.append(f"| `{column}` | {cells[0]} | {cells[1]} |")
+    return "\n".join(rows) + "\n"
 
 
 def latex_files(src: Source, cfg: ExportConfig) -> tuple[dict, str]:
@@ -551,6 +584,8 @@ def run(config: ExportConfig) -> ExportResult:
     if config.format == "all" and "parquet" in formats and not _have_pyarrow():
         formats = tuple(f for f in formats if f != "parquet")  # the others need no extra: written, and this said
         notes["parquet"] = "left out: pyarrow is not installed (pip install 'headprobe[exchange]')"
+    if config.format == "all" and "latex" in SUPPORTED[src.kind] and "latex" not in formats:
+        notes["latex"] = f"left out: this {src.kind} run has no table to set (a scan with --no-verify has no verdicts)"
     check_flags_apply(config, src, formats)
     files: dict = {}
     for fmt in formats:
