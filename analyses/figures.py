@@ -1927,6 +1927,8 @@ def pruning_methods_plot(
                 color=band_color,
                 ls="--",
                 lw=1,
+                marker="s",  # the measured steps: with few, a bare dashed line read as data between them
+                ms=2,
                 label=f"{label} (mean, range of {n} seeds)" if n > 1 else f"{label} (1 seed)",
             )
             reach = max(reach, float(np.max(frac)))

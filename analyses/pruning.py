@@ -218,8 +218,7 @@ def iterative_pruning(
     _check_pruning_args(order, step_fraction, max_fraction)
     keep = present_heads(model)
     n_present = int(keep.sum())
-    per_step = max(1, round(step_fraction * n_present))
-    n_max = min(n_present, round(max_fraction * n_present))
+    per_step, n_max, _ = step_plan(n_present, step_fraction, max_fraction)
     run = PruningRun(order)
     random_order = _random_order(keep, seed)
     scores = _resume_pruning(run, keep, resume) if resume else None
@@ -244,7 +243,7 @@ def iterative_pruning(
     if progress:
         from headprobe.probe.core.progress import progress_bar
 
-        steps = progress_bar(steps, desc=f"pruning ({order})", unit="step")
+        steps = progress_bar(steps, desc=f"pruning ({'michel' if order == 'importance' else order})", unit="step")
     for step in steps:
         n_now = min(per_step, n_max - len(run.removal_order))
         if order == "random":
@@ -263,6 +262,14 @@ def iterative_pruning(
         if on_step:
             on_step(state())
     return run
+
+
+def step_plan(n_present: int, step_fraction: float, max_fraction: float) -> tuple[int, int, int]:
+    """``(heads per step, heads removed at the end, steps)`` of :func:`iterative_pruning` over
+    ``n_present`` heads: ``round(step_fraction n)`` a step (at least 1), up to ``round(max_fraction n)``."""
+    per_step = max(1, round(step_fraction * n_present))
+    n_max = min(n_present, round(max_fraction * n_present))
+    return per_step, n_max, -(-n_max // per_step)
 
 
 def _check_pruning_args(order: str, step_fraction: float, max_fraction: float) -> None:
@@ -341,8 +348,8 @@ def paired_speedup(slow: Callable[[], Any], fast: Callable[[], Any], pairs: int 
     """How much faster ``fast`` runs than ``slow``, timed in ``pairs`` interleaved pairs (which goes
     first alternates), so that a change of the machine's load between two blocks of runs (a shared
     CPU) does not land on one of them alone: ``{"slow_s", "fast_s"`` (median seconds of each),
-    ``"speedup"`` (the median of the pairs' ``slow / fast``), ``"speedup_range"`` (their least and
-    most), ``"pairs"}``. ``clock``: seconds (default ``time.perf_counter``)."""
+    ``"speedup"`` (``slow_s / fast_s``), ``"speedup_range"`` (the pairs' least and most ``slow /
+    fast``), ``"pairs"}``. ``clock``: seconds (default ``time.perf_counter``)."""
     import statistics
     import time
 
@@ -364,10 +371,11 @@ def paired_speedup(slow: Callable[[], Any], fast: Callable[[], Any], pairs: int 
             b = seconds(fast)
         times.append((a, b))
     ratios = [a / b for a, b in times]
+    slow_s, fast_s = statistics.median(a for a, _ in times), statistics.median(b for _, b in times)
     return {
-        "slow_s": statistics.median(a for a, _ in times),
-        "fast_s": statistics.median(b for _, b in times),
-        "speedup": statistics.median(ratios),
+        "slow_s": slow_s,
+        "fast_s": fast_s,
+        "speedup": slow_s / fast_s,  # of the two medians printed beside it (the pairs' median ratio can differ)
         "speedup_range": [min(ratios), max(ratios)],
         "pairs": pairs,
     }
@@ -397,8 +405,8 @@ def build_pruned(
         ``{"heads_removed", "fraction_removed"`` (of the heads ``model`` has), ``"heads_already_removed"``
         (by a pruned checkpoint, before), ``"kv_heads_removed", "attention_parameters": {"full"``
         (``model``'s, a pruned checkpoint's without its removed heads), ``"pruned"}, "max_abs_logit_diff_vs_masked",
-        "forward_s": {"masked", "pruned"} (median seconds per forward), "speedup"`` (the median of
-        :func:`paired_speedup`'s interleaved pairs' ratios) ``, "speedup_range", "timing_pairs", "tokens",
+        "forward_s": {"masked", "pruned"} (median seconds per forward), "speedup"`` (the ratio of
+        the two medians of :func:`paired_speedup`'s interleaved pairs) ``, "speedup_range", "timing_pairs", "tokens",
         "bytes"`` (size of the saved weights and config, :func:`headprobe.probe.model.pruned.save_pruned_dir`,
         without the tokenizer) ``, "loss": {name: nats/token}}`` (with ``eval_sets``).
 

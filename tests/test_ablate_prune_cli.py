@@ -225,6 +225,28 @@ def test_bad_input_exits_2(tiny_dir, tmp_path, capsys, extra, command):
     assert not (tmp_path / "x").exists()
 
 
+def test_a_save_fraction_of_no_head_is_refused_and_a_step_of_under_one_head_is_said(tiny_dir, tmp_path, capsys):
+    """walk 'prune': --save-fraction 1e-9 saved the whole model as "pruned" (0 heads removed), and
+    --step-fraction 0.0001 became one head a step (270 steps) without a word. The first is refused in
+    one line before the curves run; the second's header says it, and its curve has that many steps."""
+    base = ["prune", "--model", str(tiny_dir), "--text", _text(tmp_path), *SMALL, "--formats", "none"]
+    assert main([*base, "--out", str(tmp_path / "x"), "--save-pruned", "--save-fraction", "0.01"]) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("loading ")]
+    assert err == [
+        "headprobe: error: --save-fraction 0.01 of the 16 heads removes none (it rounds to 0 heads): the saved "
+        "model would be the whole model; give --save-fraction 0.063 or more"
+    ]
+    assert not (tmp_path / "x").exists() and round(0.063 * 16) == 1
+    out = tmp_path / "steps"
+    assert (
+        main([*base, "--out", str(out), "--method", "random", "--step-fraction", "0.01", "--max-fraction", "0.25"]) == 0
+    )
+    said = "steps: 1 of the 16 heads a step (--step-fraction 0.01 x 16 = 0.16 heads, rounded up to 1), 4 steps to 4 removed"
+    assert said in capsys.readouterr().out
+    curve = pd.read_csv(out / "pruning_curve.csv")
+    assert all(list(c) == [0, 1, 2, 3, 4] for _, c in curve.groupby("seed")["n_pruned"]) and curve["seed"].nunique() > 1
+
+
 @pytest.mark.parametrize("command", ["ablate", "prune"])
 def test_lengths_past_the_context_say_what_fits_before_any_plan(tiny_dir, tmp_path, capsys, command):
     """A model of a short context (a trained toy): the lengths that do not fit are named with the

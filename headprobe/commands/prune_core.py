@@ -4,6 +4,7 @@ matplotlib; the package's ``__init__`` does not."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from headprobe.analyses.pruning import (
     l0_pruning,
     per_layer_best_head,
     present_heads,
+    step_plan,
     unreliable_picks,
 )
 from headprobe.analyses.pruning import memory_plan as pruning_memory_plan
@@ -524,7 +526,27 @@ def batch_line(model: LoadedModel, config: PruneConfig) -> str:
     Raises:
         HeadprobeError: as :func:`memory_plan`.
     """
-    return memory_plan(model, config).line()
+    return "\n".join(filter(None, (memory_plan(model, config).line(), steps_line(model, config))))
+
+
+def steps_line(model: LoadedModel, cfg: PruneConfig) -> str:
+    """``steps: 27 of the 270 heads a step, 10 steps to 270 removed`` for the michel and random curves
+    (:func:`~headprobe.analyses.pruning.step_plan`), saying where a step fraction rounds up to one
+    head; empty where neither runs (l0 sweeps its lambdas)."""
+    if not {"michel", "random"} & set(cfg.methods):
+        return ""
+    n = int(present_heads(model).sum())
+    per_step, n_max, n_steps = step_plan(n, cfg.step_fraction, cfg.max_fraction)
+    exact = cfg.step_fraction * n
+    up = (
+        f" (--step-fraction {cfg.step_fraction:g} x {n} = {exact:.3g} heads, rounded up to 1)"
+        if round(exact) == 0
+        else ""
+    )
+    return (
+        f"steps: {per_step} of the {n} heads a step{up}, {n_steps} step{'s' * (n_steps != 1)} to {n_max} removed "
+        f"(--max-fraction {cfg.max_fraction:g})"
+    )
 
 
 def _refuse_early(model: LoadedModel, cfg: PruneConfig) -> None:
@@ -539,6 +561,12 @@ def _refuse_early(model: LoadedModel, cfg: PruneConfig) -> None:
         )
     if cfg.save_pruned:
         model.check_prunable()  # the native backend only; MLA and all-head QK-norm cannot be pruned exactly
+        n = int(present_heads(model).sum())
+        if round(cfg.save_fraction * n) == 0:
+            raise HeadprobeError(
+                f"--save-fraction {cfg.save_fraction:g} of the {n} heads removes none (it rounds to 0 heads): the "
+                f"saved model would be the whole model; give --save-fraction {math.ceil(1000 / n) / 1000:g} or more"
+            )
 
 
 def _loss_sets(model: LoadedModel, cfg: PruneConfig) -> tuple[TokenSet, LossSet, dict[str, LossSet], TokenSet]:
