@@ -369,15 +369,21 @@ def uniform_causal_score(first_query: int, seq_len: int) -> float:
     return sum(1.0 / (q + 1) for q in queries) / len(queries)
 
 
-def uniform_baselines(tokens: Mapping) -> dict[str, float]:
+def uniform_baselines(tokens: Mapping, causal: bool = True) -> dict[str, float]:
     """Type -> :func:`uniform_causal_score` of the previous-token, duplicate-token and induction
     scores on a causal scan's token sets (summary.json's ``tokens``). Their definitions
     (:mod:`headprobe.analyses.detectors`): previous-token, queries ``1 .. T-1`` of the natural text
     (``T`` its ``seq_len``); on ``[BOS] r_1..r_S r_1..r_S`` (``S`` the ``period``, ``start`` 1 with
     BOS), duplicate-token queries from ``max(start, 1) + S`` (``duplicate_first_query``), induction
-    from ``start + S``, to ``T - 1``. A type whose set is missing is left out."""
+    from ``start + S``, to ``T - 1``. A type whose set is missing is left out. An encoder
+    (``causal`` False) attends over the whole sequence: a uniform head gives every key ``1 / T``, so
+    each of those scores and the next-token score is ``1 / T`` of its set."""
     out = {}
     natural, repeated = tokens.get("natural_text") or {}, tokens.get("repeated_random") or {}
+    if not causal:
+        lengths = {"previous_token": natural.get("seq_len", 0), "next_token": natural.get("seq_len", 0)}
+        lengths |= {t: repeated.get("seq_len", 0) for t in ("duplicate_token", "induction") if repeated.get("period")}
+        return {t: 1.0 / n for t, n in lengths.items() if n > 1}
     if natural.get("seq_len", 0) > 1:
         out["previous_token"] = uniform_causal_score(1, natural["seq_len"])
     if repeated.get("period") and repeated.get("seq_len"):
@@ -389,7 +395,7 @@ def uniform_baselines(tokens: Mapping) -> dict[str, float]:
     return out
 
 
-def uniform_baselines_of(natural: Any, repeated: Any) -> dict[str, float]:
+def uniform_baselines_of(natural: Any, repeated: Any, causal: bool = True) -> dict[str, float]:
     """:func:`uniform_baselines` of a natural-text and a repeated-random token set
     (:class:`~headprobe.analyses.data.TokenSet`: ``tokens [batch, pos]``, ``start``, ``period``)."""
     return uniform_baselines(
@@ -400,7 +406,8 @@ def uniform_baselines_of(natural: Any, repeated: Any) -> dict[str, float]:
                 "seq_len": int(repeated.tokens.shape[1]),
                 "bos": bool(repeated.start),
             },
-        }
+        },
+        causal,
     )
 
 
@@ -409,6 +416,7 @@ def verdict_remarks(
     scores: Mapping[str, Mapping[str, float]],
     baselines: Mapping[str, float],
     no_verdict: Collection[str] = (),
+    causal: bool = True,
 ) -> dict[str, list[str]]:
     """Type -> remarks on what its verdict tests (summary.json's ``verdict_remarks``, the report's
     NOTE lines; the verdict rule does not read them), only for types that have one:
@@ -416,8 +424,8 @@ def verdict_remarks(
     - its top-k set shares most of its heads (more than half) with another type's top-k set: the
       verdict re-tests those heads, whatever pattern they show;
     - some of its top-k heads score at or below ``baselines[type]``, what a head attending
-      uniformly over its causal context scores (:func:`uniform_baselines`): the type's pattern is
-      not shown by them more than by no pattern at all.
+      uniformly over its causal context scores, or an encoder's over the whole sequence (``causal``
+      False; :func:`uniform_baselines`): the type's pattern is not shown by them more than by no pattern at all.
 
     ``top``: type -> its top-k heads (``"L.H"``, the ablated set); ``scores``: type -> head -> score;
     ``no_verdict``: the types whose test gives no verdict (an untrusted task, too few control sets):
@@ -445,7 +453,8 @@ def verdict_remarks(
             if low:
                 said.append(
                     f"{name}: {low} of its {k} top heads score at or below {base:.3g}, the {name} score of a head "
-                    f"attending uniformly over its causal context (the highest, {best:.3g}, is {best / base:.2g}x it): "
+                    f"attending uniformly over {'its causal context' if causal else 'the whole sequence'} (the highest, "
+                    f"{best:.3g}, is {best / base:.2g}x it): "
                     + (
                         f"their ablation (no verdict here) tests these heads, not heads that attend as {name} heads do"
                         if none

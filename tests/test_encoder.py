@@ -224,6 +224,31 @@ def test_embedding_distance_equals_a_direct_computation_on_hugging_face(bert_ckp
 # ---- scan -------------------------------------------------------------------------------------------
 
 
+def test_an_encoders_uniform_baselines_are_the_detectors_scores_of_a_uniform_bidirectional_head():
+    """walk 'bert': MiniLM's induction top-10 scored 0.009-0.011 where a head attending uniformly over
+    the 101 positions scores 1/101, and no remark said so (the baselines were the decoders' only).
+    uniform_baselines(causal=False) against the detectors on ``ones / T``."""
+    from headprobe.analyses.verdicts import uniform_baselines, verdict_remarks
+
+    n, S, start = 20, 6, 1
+    T = start + 2 * S + 1  # [CLS] r_1..r_S r_1..r_S [SEP]
+    got = uniform_baselines(
+        {"natural_text": {"seq_len": n}, "repeated_random": {"period": S, "seq_len": T, "bos": True}}, causal=False
+    )
+    flat = lambda t: torch.full((1, 1, t, t), 1 / t, dtype=torch.float64)
+    ref = {
+        "previous_token": previous_token_score(flat(n)).item(),
+        "next_token": next_token_score(flat(n)).item(),
+        "duplicate_token": duplicate_token_score(flat(T), S, start).item(),
+        "induction": induction_score(flat(T), S, start).item(),
+    }
+    assert got == pytest.approx(ref, rel=1e-6) and got["induction"] == pytest.approx(1 / T)
+    top = {"induction": ["5.10", "4.1"]}
+    said = verdict_remarks(top, {"induction": {"5.10": 0.2, "4.1": 1 / T}}, got, causal=False)["induction"]
+    assert said[0].startswith(f"induction: 1 of its 2 top heads score at or below {1 / T:.3g}, the induction score ")
+    assert "attending uniformly over the whole sequence" in said[0]
+
+
 @pytest.fixture(scope="module")
 def tiny_bert_scan(bert, tmp_path_factory):
     """The tiny BERT's scan (verified), once for this file's tests that read its outputs."""

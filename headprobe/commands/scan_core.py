@@ -1168,7 +1168,7 @@ def short_text_notes(result: ScanResult) -> list[str]:
 def verdict_remarks(result: ScanResult) -> dict[str, list[str]]:
     """Type -> remarks on what its verdict tests (:func:`~headprobe.analyses.verdicts.verdict_remarks`:
     a top-k set sharing most of its heads with another type's; top-k heads scoring at or below a head
-    attending uniformly over its causal context, decoders only); summary.json's ``verdict_remarks``
+    attending uniformly: over its causal context, or an encoder's whole sequence); summary.json's ``verdict_remarks``
     and the report's NOTE lines, only where there is one. {} without verdicts."""
     from headprobe.analyses.verdicts import uniform_baselines_of
     from headprobe.analyses.verdicts import verdict_remarks as remarks
@@ -1182,9 +1182,9 @@ def verdict_remarks(result: ScanResult) -> dict[str, list[str]]:
         for t in top
         if t in result.scores
     }
-    baselines = uniform_baselines_of(result.natural, result.repeated) if result.spec.causal else {}
+    baselines = uniform_baselines_of(result.natural, result.repeated, causal=result.spec.causal)
     no_verdict = {v.head_type for v in result.verifications if v.kind == primary and v.confirmed is None}
-    return remarks(top, scores, baselines, no_verdict=no_verdict)
+    return remarks(top, scores, baselines, no_verdict=no_verdict, causal=result.spec.causal)
 
 
 def wide_interval_notes(verifications) -> list[str]:
