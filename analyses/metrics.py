@@ -958,8 +958,10 @@ def scan_composition(model: LoadedModel) -> dict[str, np.ndarray] | None:
 
 
 def _composes(model: LoadedModel) -> bool:
-    """Whether ``model`` has per-head weights to compose: not latent attention, not a hybrid."""
-    return model.spec.layout.head_layers is None and not model.spec.layout.is_mla
+    """Whether ``model`` has per-head weights to compose: not latent attention, not a hybrid, not an
+    encoder (its post-LN blocks renormalise the residual between heads, as ``circuit`` refuses it, and
+    it has no induction heads for the previous-token -> induction composition scan reports)."""
+    return model.spec.layout.head_layers is None and not model.spec.layout.is_mla and model.spec.causal
 
 
 def composition_summary(k_scores: np.ndarray, earlier: list[tuple[int, int]], later: list[tuple[int, int]]) -> dict:

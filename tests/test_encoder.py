@@ -278,6 +278,8 @@ def test_scan_of_a_tiny_bert_scores_encoder_types_and_states_its_metric(tiny_ber
     )
     assert {v["metric"] for v in summary["ablations"]} == {"embedding_cosine"}
     assert all(v["clean_loss"] is None and v["top_effect"] > 0 for v in summary["ablations"])
+    # no previous-token -> induction K-composition (figure or summary) of a post-LN encoder (walk 'bert')
+    assert result.composition is None and "k_composition_previous_token_to_induction" not in summary["metrics"]
     json.dumps(summary)
     assert "1 - cos" in result.report()
 
