@@ -580,12 +580,7 @@ def run(config: ExportConfig) -> ExportResult:
             f"--format {config.format} needs a {' or '.join(k for k, v in SUPPORTED.items() if config.format in v)} "
             f"folder; {src.path} is a {src.kind} run, written as {', '.join(SUPPORTED[src.kind])}"
         )
-    notes: dict[str, str] = {}
-    if config.format == "all" and "parquet" in formats and not _have_pyarrow():
-        formats = tuple(f for f in formats if f != "parquet")  # the others need no extra: written, and this said
-        notes["parquet"] = "left out: pyarrow is not installed (pip install 'headprobe[exchange]')"
-    if config.format == "all" and "latex" in SUPPORTED[src.kind] and "latex" not in formats:
-        notes["latex"] = f"left out: this {src.kind} run has no table to set (a scan with --no-verify has no verdicts)"
+    formats, notes = _formats_written(config, src, formats)
     check_flags_apply(config, src, formats)
     files: dict = {}
     for fmt in formats:
@@ -593,6 +588,39 @@ def run(config: ExportConfig) -> ExportResult:
         files.update(made)
         notes[fmt] = how
     return ExportResult(config, src, files, notes)
+
+
+def _formats_written(config: ExportConfig, src: Source, formats: tuple[str, ...]) -> tuple[tuple[str, ...], dict]:
+    """The formats of ``formats`` written, and a ``left out: why`` note for each ``--format all`` leaves
+    out: Parquet without pyarrow, LaTeX of a run with no table, an encoder scan's KV-cache files.
+
+    Raises:
+        HeadprobeError: ``--format duo`` or ``headkv`` of an encoder's scan."""
+    notes: dict[str, str] = {}
+    if config.format == "all" and "parquet" in formats and not _have_pyarrow():
+        formats = tuple(f for f in formats if f != "parquet")  # the others need no extra: written, and this said
+        notes["parquet"] = "left out: pyarrow is not installed (pip install 'headprobe[exchange]')"
+    if src.kind == "scan" and _of_an_encoder(src) and (cache := [f for f in formats if f in ("duo", "headkv")]):
+        why = "KV-cache policies for causal decoders (headprobe kv refuses encoders too)"
+        if config.format != "all":
+            raise HeadprobeError(
+                f"--format {config.format}: {src.path} is a scan of an encoder ({src.lay.name}); DuoAttention and "
+                f"HeadKV files are {why}"
+            )
+        formats = tuple(f for f in formats if f not in cache)
+        notes.update({f: f"left out: the scan is of an encoder; its files are {why}" for f in cache})
+    if config.format == "all" and "latex" in SUPPORTED[src.kind] and "latex" not in formats:
+        notes["latex"] = f"left out: this {src.kind} run has no table to set (a scan with --no-verify has no verdicts)"
+    return formats, notes
+
+
+def _of_an_encoder(src: Source) -> bool:
+    """Whether a scan folder is of an encoder: its verdicts measure ``1 - cos`` of the sentence
+    embedding (summary.json's ``metric``), or its table has the encoder-only columns."""
+    from headprobe.analyses.columns import ENCODER_ONLY_TYPES
+
+    metric = (src.summary.get("metric") or {}).get("name")
+    return metric == "embedding_cosine" or any(t in src.rows.columns for t in ENCODER_ONLY_TYPES)
 
 
 def _have_pyarrow() -> bool:

@@ -70,7 +70,7 @@ from headprobe.probe.core.io import (
 )
 from headprobe.probe.core.memory import BatchPlan
 from headprobe.probe.core.progress import progress_bar
-from headprobe.probe.core.reprs import CompactRepr, load_seconds
+from headprobe.probe.core.reprs import NONE_TEXT, CompactRepr, load_seconds
 from headprobe.probe.hooks.ablation import format_head
 from headprobe.probe.hooks.capture import kv_head_of
 from headprobe.probe.layout.spec import ModelSpec, precision_lines
@@ -89,8 +89,8 @@ class ScanResult(CompactRepr, ReadsInputs):
         table: head_scores.csv: one row per head (``layer``, ``head``, ``kv_head``, then the selected types' columns).
         scores: column -> ``[layer, head]`` array (the selected types' columns).
         verifications: one :class:`~headprobe.analyses.ablation.Verification` per selected type and ablation kind.
-        clean_loss: task (``natural``, ``repeated``) -> loss with no head ablated (nats/token; zeros
-            for an encoder, which measures no loss: summary.json's ``clean_loss_nats`` is then null).
+        clean_loss: task (``natural``, ``repeated``) -> loss with no head ablated (nats/token); None
+            for an encoder, which measures no loss (summary.json's ``clean_loss_nats`` is then null).
         natural: the natural-text token set scored.
         repeated: the repeated-random token set scored.
         examples: head type -> ``{"head", "pattern", "labels", "positions", ...}``, its top head's pattern on a
@@ -123,7 +123,9 @@ class ScanResult(CompactRepr, ReadsInputs):
     table: pd.DataFrame
     scores: dict[str, np.ndarray]
     verifications: list[Verification]
-    clean_loss: dict[str, float]
+    clean_loss: dict[str, float] | None = field(
+        metadata={NONE_TEXT: "none measured (an encoder: its effects are 1 - cos of the sentence embedding)"}
+    )
     natural: TokenSet
     repeated: TokenSet
     examples: dict[str, dict]
@@ -476,7 +478,7 @@ def run(
         table,
         scores,
         verifications,
-        clean,
+        clean if scan_metric(spec) is LOSS_METRIC else None,
         natural,
         repeated,
         examples,
@@ -717,7 +719,7 @@ def summary(result: ScanResult, top_n: int = 5) -> dict:
             "dtype": str(result.dtype).removeprefix("torch."),
             "backend": spec.backend,
             # an encoder measures no loss (its effects are the metric's, clean 0 by definition): null, not 0.0
-            "clean_loss_nats": result.clean_loss if scan_metric(spec) is LOSS_METRIC else None,
+            "clean_loss_nats": result.clean_loss,
             "metric": {
                 "name": scan_metric(spec).name,
                 "unit": scan_metric(spec).unit,
