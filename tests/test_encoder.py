@@ -316,6 +316,9 @@ def test_an_encoders_scan_writes_no_clean_loss_it_did_not_measure(tiny_bert_scan
 
     summary = tiny_bert_scan.summary()
     assert "clean_loss_nats" in summary and summary["clean_loss_nats"] is None
+    # nor does the Python result (its repr showed clean_loss={natural: 0, repeated: 0}: walk 'bert')
+    assert tiny_bert_scan.clean_loss is None
+    assert "clean_loss: none measured (an encoder: its effects are 1 - cos" in repr(tiny_bert_scan)
     rows = [line for line in tiny_bert_scan.report().splitlines() if line.split()[1:2] in (["mean"], ["zero"])]
     assert len(rows) == len(tiny_bert_scan.verifications) > 0
     assert all(line.split()[3] == "-" for line in rows), rows  # type, kind, task, clean
@@ -370,6 +373,25 @@ def test_an_encoders_ablation_rows_hold_no_top_loss_and_a_decoders_is_clean_plus
     assert decoder and all(v.metric == "loss" and v.clean_loss is not None for v in decoder)
     for v in decoder:
         assert v.top_loss == pytest.approx(v.clean_loss + v.top_effect, abs=1e-5), v.head_type
+
+
+def test_export_writes_no_kv_cache_policy_of_an_encoders_scan(tiny_bert_scan, tmp_path, capsys):
+    """walk 'bert': ``export --format duo`` (and ``all``) wrote DuoAttention and HeadKV files, KV-cache
+    policies, from an encoder's scan, which ``headprobe kv`` refuses: one line and exit 2 for duo and
+    headkv, and ``all`` writes the rest and says why they are left out."""
+    from headprobe.cli import main
+
+    tiny_bert_scan.save(tmp_path / "scan")
+    for fmt in ("duo", "headkv"):
+        assert main(["export", "--from", str(tmp_path / "scan"), "--out", str(tmp_path / fmt), "--format", fmt]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "is a scan of an encoder" in err[0] and "KV-cache policies" in err[0], err
+        assert not (tmp_path / fmt).exists()
+    assert main(["export", "--from", str(tmp_path / "scan"), "--out", str(tmp_path / "all"), "--format", "all"]) == 0
+    written = {p.name for p in (tmp_path / "all").rglob("*") if p.is_file()}
+    assert "heads.parquet" in written and not written & {"full_attention_heads.tsv", "config.json"}, written
+    out = capsys.readouterr().out
+    assert "duo: left out: the scan is of an encoder" in out and "headkv: left out" in out
 
 
 def test_a_decoders_scan_still_writes_its_measured_clean_loss(tiny_llama_gqa_native, text_file):
@@ -473,3 +495,23 @@ def test_import_on_an_encoder_reports_effects_in_its_metrics_unit(bert, tmp_path
     )  # fmt: skip
     effects = [line for line in result.report().splitlines() if "-ablation on " in line]
     assert effects and all(f" {UNITS['embedding_cosine']};" in line and "nats" not in line for line in effects), effects
+
+
+@pytest.mark.parametrize("encoder", [True, False])
+def test_shows_notes_explain_an_encoders_next_and_last_token_columns(bert, tiny_llama_gqa_native, encoder):
+    """walk 'bert': show's page explained its duplicate-token and induction columns but not an encoder's
+    next-token and last-token ones; a decoder's page has neither column nor the note."""
+    from headprobe.commands.show import head_table
+
+    spec = (bert if encoder else tiny_llama_gqa_native).spec
+    T = 7
+    pattern = torch.softmax(
+        torch.randn(spec.n_layers, spec.n_heads, T, T, generator=torch.Generator().manual_seed(0)), -1
+    )
+    prompt = {"pattern": pattern.numpy(), "ids": list(range(10, 10 + T)), "start": 1}
+    from headprobe.analyses.columns import score_columns
+
+    scores = {c: torch.zeros(spec.n_layers, spec.n_heads) for c in score_columns(causal=spec.causal)}
+    table, notes = head_table(spec, scores, prompt, T)
+    said = [n for n in notes if n.startswith("next-token and last-token scores on your prompt")]
+    assert len(said) == int(encoder) and ("next_token" in table) == encoder, notes

@@ -745,3 +745,20 @@ def test_an_encoders_pattern_is_drawn_whole_and_a_decoders_future_is_masked(brow
     tip = page.inner_text("#tooltip")
     assert ("masked (future)" in tip) == causal and ("weight 1.000" in tip) != causal, tip
     _assert_offline(page)
+
+
+@pytest.mark.parametrize(
+    ("n_heads", "n_kv", "said"),
+    [
+        (4, 4, "4 heads, each its own KV head (multi-head attention)"),
+        (4, 1, "4 heads, 1 KV head (multi-query attention)"),
+        (4, 2, "4 heads, 2 KV heads (GQA groups of 2, separated by white lines)"),
+    ],
+)
+def test_the_page_names_the_attention_kind_of_its_head_layout(browser, tmp_path, n_heads, n_kv, said):
+    """walk 'bert': plain multi-head BERT read "12 KV heads (GQA groups of 1, separated by white lines)"."""
+    summary = {"model": "m", "layout": {"n_layers": 1, "n_heads": n_heads, "n_kv_heads": n_kv}}
+    page_path = tmp_path / "index.html"
+    page_path.write_text(viewer.build_page(_table(1, n_heads, n_kv), summary, {}))
+    page = _open(browser, page_path)
+    assert f"1 layers × {said}" in page.inner_text("#meta")

@@ -338,6 +338,12 @@ def head_table(spec, scores: dict, prompt: dict, n: int) -> tuple[object, list[s
             "repeat a phrase to see them"
         ]
     )
+    if "next_token" in table:  # an encoder's types, scored on its whole prompt
+        notes.append(
+            f"next-token and last-token scores on your prompt{where}: each token's attention to the token after it "
+            "(next-token) and to the last token, an encoder's [SEP] (last-token), averaged over the tokens between "
+            "the first and the last (Clark et al. 2019)"
+        )
     return table, notes
 
 
