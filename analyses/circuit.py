@@ -162,7 +162,7 @@ class PathRuns:
 def _check_model(model: LoadedModel) -> None:
     spec = model.spec
     if not spec.causal:
-        raise HeadprobeError(CIRCUIT_NEEDS_DECODER)
+        raise HeadprobeError(CIRCUIT_NEEDS_DECODER.format(model=spec.name))
     model.require("path_patching", CIRCUIT_NEEDS_NATIVE.format(backend=model.backend))
     if spec.layout.is_mla:
         raise HeadprobeError(

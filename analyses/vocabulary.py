@@ -276,7 +276,8 @@ CIRCUIT_NEEDS_NATIVE = "path patching and edge attribution need the native backe
 """Why ``headprobe circuit`` refuses a backend without path patching, before the load
 (:meth:`headprobe.commands.circuit.CircuitConfig.preflight`) and after (:mod:`headprobe.analyses.circuit`)."""
 CIRCUIT_NEEDS_DECODER = (
-    "path patching and edge attribution need a decoder (an encoder's post-LN blocks have no direct paths)"
+    "{model} is an encoder: path patching and edge attribution need a decoder (an encoder's post-LN blocks have "
+    "no direct paths)"
 )
 """Why ``headprobe circuit`` refuses an encoder, before the load where its config says so
 (:meth:`headprobe.commands.circuit.CircuitConfig.preflight`) and after (:mod:`headprobe.analyses.circuit`)."""

@@ -411,7 +411,8 @@ def test_capture_heads_counts_negative_indices_from_the_end(backend, tiny_llama_
         (["kv", "--model", "{model}"], "{name} is an encoder; KV-cache policies are for causal decoders"),
         (
             ["circuit", "--model", "{model}"],
-            "path patching and edge attribution need a decoder (an encoder's post-LN blocks have no direct paths)",
+            "{name} is an encoder: path patching and edge attribution need a decoder (an encoder's post-LN blocks "
+            "have no direct paths)",
         ),
     ],
     ids=["robustness", "diff", "patch", "kv", "circuit"],

@@ -904,4 +904,5 @@ def test_scan_refuses_only_encoder_only_types_for_a_decoder_before_loading(
     assert main(["scan", "--model", name, "--types", "next-token", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "scored on encoders only" in err and "is causal" in err, err
+    assert "head type next-token is scored" in err  # one type: not "head types next-token are" (walk 'bert')
     assert not (tmp_path / "out").exists()

@@ -197,7 +197,9 @@ class CircuitConfig(ModelSettings):
         """
         refuse_lacking(self.backend, "path_patching", CIRCUIT_NEEDS_NATIVE.format(backend=self.backend))
         if isinstance(self.model, str) and options.peek_encoder(self.model):
-            raise HeadprobeError(CIRCUIT_NEEDS_DECODER)
+            from headprobe.probe.backends.sources import canonical_name
+
+            raise HeadprobeError(CIRCUIT_NEEDS_DECODER.format(model=canonical_name(self.model)))
         cfg = options.peek_config(self.model)
         if cfg is None:
             return  # checked after loading (run)

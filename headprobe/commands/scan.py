@@ -256,10 +256,9 @@ class ScanConfig(ModelSettings, DataSettings):
     def _encoder_only(self, name: str) -> HeadprobeError:
         """The refusal of only encoder-only head types for the causal model ``name``."""
         assert self.types is not None  # set by __post_init__
-        return HeadprobeError(
-            f"head types {', '.join(self.types).replace('_', '-')} are scored on encoders only "
-            f"(bidirectional attention); {name} is causal"
-        )
+        names = ", ".join(self.types).replace("_", "-")
+        what = f"head type {names} is" if len(self.types) == 1 else f"head types {names} are"
+        return HeadprobeError(f"{what} scored on encoders only (bidirectional attention); {name} is causal")
 
     def _check_layout(self, n_heads: int, n_ctx: int | None) -> None:
         """The checks of ``seq_len``, ``period`` and ``k`` against a model's context and head count
