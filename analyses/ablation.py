@@ -1060,9 +1060,20 @@ def head_importance(
     g_xi, attr, per_seq = _chunked_gradients(model, tokens, first, kind, mean_z, source_tokens, head_mask, max_batch)
     importance = _by_layer(model.spec, [g.abs().float().mean(dim=0) for g in g_xi], torch.float32)
     if normalize:
-        importance = importance / importance.norm(dim=1, keepdim=True).clamp_min(1e-20)
+        importance = layer_normalized(importance)
     attribution = _by_layer(model.spec, [a.mean(dim=0) for a in attr], torch.float32)
     return HeadImportance(importance, attribution, float(per_seq.detach().mean()), kind)
+
+
+def layer_normalized(importance: Float[Tensor, "layer head"]) -> Float[Tensor, "layer head"]:
+    """Michel et al.'s per-layer normalisation (arXiv 1905.10650, section 4.1): each layer's row of
+    ``importance`` (``I_h``, :func:`head_importance`) divided by that row's l2 norm, what ``headprobe
+    prune`` ranks by (``normalize=True``) and ``headprobe ablate`` correlates with the exact effect.
+    The norm is over the row's finite entries (a NaN, a head not measured, counts as 0, as a pruned
+    head's zero gradient does in prune); a row of zeros stays 0, a row of NaN (a layer without heads)
+    NaN. No unit (each row's squares sum to 1)."""
+    finite = torch.where(importance.isfinite(), importance, torch.zeros_like(importance))
+    return importance / finite.norm(dim=1, keepdim=True).clamp_min(1e-20)
 
 
 def _by_layer(spec: ModelSpec, per_layer: list[Tensor], dtype: torch.dtype) -> Tensor:
@@ -1218,7 +1229,7 @@ def _reduced_importance(sums: Tensor, spec: ModelSpec, n: int, kind: str, normal
     size = spec.n_layers * spec.n_heads
     importance = means[:size].view(spec.n_layers, spec.n_heads).clone()
     if normalize:
-        importance = importance / importance.norm(dim=1, keepdim=True).clamp_min(1e-20)
+        importance = layer_normalized(importance)
     attribution = means[size : 2 * size].view(spec.n_layers, spec.n_heads).clone()
     return HeadImportance(importance, attribution, float(means[-1]), kind)
 

@@ -1544,6 +1544,113 @@ def ablation_effect_panels(
     return fig
 
 
+LOG_SPREAD = 30.0
+"""Spread (largest over 5th-percentile magnitude, :func:`_spread`) above which :func:`importance_vs_effect`
+draws an axis on a log scale (symmetric-log for a signed one): past ~1.5 decades a linear axis piles
+most heads into a corner."""
+
+
+@_styled
+def importance_vs_effect(
+    panels: Sequence[tuple[str, np.ndarray, np.ndarray, Sequence[tuple[int, int]]]],
+    suptitle: str,
+    xlabel: str,
+    ylabel: str,
+) -> Figure:
+    """One scatter panel per task: each head's exact loss change when ablated (x, signed) against its
+    gradient importance (y, >= 0), one dot per head finite in both, one ``PathCollection`` per panel.
+
+    ``panels``: ``(title, effect, importance, labelled)`` with ``effect`` and ``importance``
+    ``[layer, head]`` (NaN: not measured, not drawn) and ``labelled`` the heads named ``L.H`` beside
+    their dots (filled :data:`POSITIVE_COLOR`), placed apart by :func:`_place_point_labels`. An axis
+    whose magnitudes spread more than :data:`LOG_SPREAD` is drawn on a log scale: the importance's
+    (positive) on ``log``, the effect's (either sign) on ``symlog``, linear within the decade of its
+    10th-percentile magnitude (:func:`_symlog_threshold`), a dotted line at 0."""
+    import matplotlib.ticker as mticker
+    from matplotlib.lines import Line2D
+
+    fig = _figure(PAGE_WIDTH, 3.2)
+    axes = np.atleast_1d(fig.subplots(1, len(panels)))
+    notes: list = []
+    left: list[bool] = []
+    crowd: list = []
+    for ax, (title, effect, importance, labelled) in zip(axes, panels):
+        x, y = np.asarray(effect, dtype=float), np.asarray(importance, dtype=float)
+        ok = np.isfinite(x) & np.isfinite(y)
+        named = np.zeros_like(ok)
+        for h in labelled:
+            named[h] = ok[h]
+        face = np.where(named[ok], POSITIVE_COLOR, "#7f7f7f")
+        crowd.append(ax.scatter(x[ok], y[ok], s=np.where(named[ok], 9, 5), c=face, alpha=0.75, lw=0, zorder=2))
+        ax.axvline(0, color="black", lw=0.5, ls=":", zorder=1)
+        edge = _symlog_threshold(x[ok]) if ok.any() and _spread(x[ok]) > LOG_SPREAD else None
+        if edge is not None:  # its +-edge ticks unlabelled: "−0.001" ran into "0" in the narrow linear part
+            ax.set_xscale("symlog", linthresh=edge, linscale=0.5)
+        if ok.any() and (y[ok] > 0).all() and _spread(y[ok]) > LOG_SPREAD:
+            ax.set_yscale("log")
+        for axis, skip in ((ax.xaxis, edge), (ax.yaxis, None)):
+            axis.set_major_formatter(mticker.FuncFormatter(functools.partial(_tick_text, skip=skip)))
+        notes += [
+            ax.annotate(
+                format_head(h),
+                (x[h], y[h]),
+                xytext=(3, 3),
+                textcoords="offset points",
+                fontsize=5.5,
+                arrowprops={"arrowstyle": "-", "lw": 0.3, "color": "#404040", "shrinkA": 0, "shrinkB": 2},
+            )
+            for h in labelled
+            if ok[h]
+        ]
+        left += [True] * (len(notes) - len(left))  # the largest effects sit at the right edge
+        ax.margins(x=0.1, y=0.08)  # the outermost dots and their labels inside the frame
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.grid(True, which="major", lw=0.3, alpha=0.4)
+    axes[0].set_ylabel(ylabel)
+    fig.suptitle(suptitle)
+    k = max(len(p[3]) for p in panels)
+    keys = [
+        ("#7f7f7f", 5, "one head"),
+        *([(POSITIVE_COLOR, 9, f"top {k} by loss increase (layer.head)")] * (k > 0)),
+    ]
+    handles = [Line2D([], [], ls="", marker="o", ms=np.sqrt(size), color=c, alpha=0.75) for c, size, _ in keys]
+    fig.legend(handles, [t for *_, t in keys], loc="outside lower center", ncols=2, frameon=False, fontsize=6)
+    _fit_ylabels(fig, axes[:1])
+    _wrap_titles(fig)  # the final layout, before the labels are measured
+    _place_point_labels(fig, notes, left, crowd=crowd, spots=_LEADER_SPOTS)
+    return fig
+
+
+_LEADER_SPOTS = [
+    (side * dx, dy, "left" if side > 0 else "right", "bottom" if dy > 0 else "top")
+    for far in (8, 16, 26)
+    for side in (1, -1)
+    for dx, dy in ((far, far * 0.6), (far, -far * 0.6), (far * 0.4, far), (far * 0.4, -far))
+]
+"""Offsets (points) :func:`importance_vs_effect` tries for a head's label, each far enough from its
+dot for the leader line to show which dot it names (two heads' dots can touch)."""
+
+
+def _tick_text(v: float, _pos: Any = None, skip: float | None = None) -> str:
+    """A tick label as a plain number (``0.01``, ``−1``; no mathtext ``10^-2``), blank at ``±skip``."""
+    return "" if skip is not None and np.isclose(abs(v), skip) else f"{v:g}".replace("-", "−")
+
+
+def _spread(values: np.ndarray) -> float:
+    """Largest over 5th-percentile magnitude of ``values`` (inf where that is 0)."""
+    size = np.abs(values)
+    low = float(np.quantile(size, 0.05))
+    return float(size.max()) / low if low > 0 else float("inf")
+
+
+def _symlog_threshold(values: np.ndarray) -> float:
+    """The power of 10 at or below the 10th-percentile magnitude of ``values`` (the nonzero ones): a
+    symmetric-log axis is linear within it, so that the ~10% of heads nearest 0 share one decade."""
+    size = np.abs(values[values != 0])
+    return 10.0 ** np.floor(np.log10(np.quantile(size, 0.1))) if size.size else 1.0
+
+
 def _merge_legends(fig: Figure, axes) -> None:
     """The legends :func:`head_heatmap` put below each of ``axes`` (what removed and unmeasured cells mean) as one
     legend below the figure, each key once: a legend at a fraction of a short heatmap's height (a model of 2 layers)
@@ -1748,14 +1855,24 @@ _LABEL_SPOTS = [
 """Offsets (points) and alignments :func:`_place_point_labels` tries for a point's label, nearest first."""
 
 
-def _place_point_labels(fig: Figure, notes, left: Sequence[bool], gap_px: float = 1.0, marker_pt: float = 4.0) -> None:
+def _place_point_labels(
+    fig: Figure,
+    notes,
+    left: Sequence[bool],
+    gap_px: float = 1.0,
+    marker_pt: float = 4.0,
+    crowd: Sequence = (),
+    spots: Sequence[tuple[float, float, str, str]] | None = None,
+) -> None:
     """Move each annotation of ``notes`` (text beside a data point, offset in points) to the first
     spot of :data:`_LABEL_SPOTS` (mirrored, left side first, where ``left`` says so) where its box
     keeps ``gap_px`` pixels from every label placed before it and from every other point's marker
     (``marker_pt`` points around it) and stays inside the axes, else where it clashes least: two
     variants with the same KV cache and nearly the same loss printed their names over each other, and
-    a label under a neighbour's marker reads as that neighbour's. The figure is laid out once to
-    measure (``draw_without_rendering``)."""
+    a label under a neighbour's marker reads as that neighbour's. ``crowd``: scatter collections whose
+    other dots a label also keeps off where it can (a tenth of a clash each, less than one in all).
+    ``spots``: the offsets to try instead of :data:`_LABEL_SPOTS`. The figure is laid out
+    once to measure (``draw_without_rendering``)."""
     from matplotlib.transforms import Bbox
 
     canvas = _agg_canvas(fig)
@@ -1765,6 +1882,7 @@ def _place_point_labels(fig: Figure, notes, left: Sequence[bool], gap_px: float 
     r = marker_pt * fig.dpi / 72
     centres = [n.axes.transData.transform(n.xy) for n in notes]
     points = [Bbox.from_bounds(x - r, y - r, 2 * r, 2 * r) for x, y in centres]
+    dots = np.concatenate([c.get_offset_transform().transform(c.get_offsets()) for c in crowd] or [np.empty((0, 2))])
 
     def put(
         note, spot
@@ -1772,20 +1890,30 @@ def _place_point_labels(fig: Figure, notes, left: Sequence[bool], gap_px: float 
         dx, dy, ha, va = spot
         note.xyann = (dx, dy)
         note.set(ha=ha, va=va)
-        box, room = note.get_window_extent(renderer).padded(gap_px), note.axes.get_window_extent(renderer)
+        box, room = _text_box(note, renderer).padded(gap_px), note.axes.get_window_extent(renderer)
         others = [p for n, p in zip(notes, points) if n is not note]
         markers = sum(box.overlaps(p) for p in others)
         # nearer another point than its own: it reads as that point's label
         nearer = any(_box_distance(box, p) < _box_distance(box, points[notes.index(note)]) for p in others)
         # past the frame's side: 0.5; past its top or bottom, over the ticks and the next panel: 2
         outside = 0.5 * (box.x0 < room.x0 or box.x1 > room.x1) + 2 * (box.y0 < room.y0 or box.y1 > room.y1)
-        return sum(box.overlaps(b) for b in placed) + markers + nearer + outside
+        crowded = min(0.1 * _points_in(box, dots, r / 2), 0.9) if len(dots) else 0.0  # less than one clash
+        return sum(box.overlaps(b) for b in placed) + markers + nearer + outside + crowded
 
-    mirrored = [(-dx, dy, "right" if ha == "left" else "left", va) for dx, dy, ha, va in _LABEL_SPOTS]
+    right = _LABEL_SPOTS if spots is None else spots
+    mirrored = [(-dx, dy, "right" if ha == "left" else "left", va) for dx, dy, ha, va in right]
     for note, to_left in zip(notes, left):
-        spots = mirrored if to_left else _LABEL_SPOTS
-        put(note, min(spots, key=lambda spot: put(note, spot)))  # the first spot with the fewest clashes
-        placed.append(note.get_window_extent(renderer))
+        tried = mirrored if to_left else right
+        put(note, min(tried, key=lambda spot: put(note, spot)))  # the first spot with the fewest clashes
+        placed.append(_text_box(note, renderer))
+
+
+def _text_box(note: Any, renderer: Any) -> Any:
+    """The box of an annotation's text alone, its leader line left out (``get_window_extent`` unites them)."""
+    from matplotlib.text import Text
+
+    note.update_positions(renderer)
+    return Text.get_window_extent(note, renderer)
 
 
 def _box_distance(box, point) -> float:

@@ -183,8 +183,9 @@ def redraw_kv(d: Path, out: Path | None = None, formats=None) -> list[Path]:
 
 
 def redraw_ablate(d: Path, out: Path | None = None, formats=None) -> list[Path]:
-    """Redraw an ablate run's figure (ablation_effect, or ablation_estimate with ``--estimate``) from
-    its head_ablation.csv and summary.json (model, weights, ablation kind, removed heads) with today's
+    """Redraw an ablate run's figures (ablation_effect and importance_vs_exact, or ablation_estimate with
+    ``--estimate``) from its head_ablation.csv and summary.json (model, weights, ablation kind, removed
+    heads, token counts) with today's
     figure code (:func:`headprobe.commands.ablate_core.ablation_figures`, what the command draws),
     into ``out`` (default ``d``)."""
     from headprobe.analyses.figures import model_tag, removed_cells
@@ -200,7 +201,10 @@ def redraw_ablate(d: Path, out: Path | None = None, formats=None) -> list[Path]:
     removed = parse_heads(",".join(meta.get("removed_heads", [])), *shape) if meta.get("removed_heads") else []
     tag = f"{model_tag(meta['model'], meta['weights_precision'])}, {meta['config']['kind']}-ablated"
     group_size = shape[1] // (int(t["kv_head"].max()) + 1)
-    figures = ablation_figures(maps, tag, group_size, removed_cells(*shape, removed), estimate)
+    table = None if estimate else t  # importance_vs_exact: from the table alone
+    figures = ablation_figures(
+        maps, tag, group_size, removed_cells(*shape, removed), estimate, table=table, tokens=meta.get("tokens")
+    )
     return _save(figures, d, out, formats)
 
 

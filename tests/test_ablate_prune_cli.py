@@ -742,6 +742,88 @@ def test_the_ablation_figure_names_a_change_and_its_sign(tiny_dir, tmp_path):
         assert " ".join(bar.get_ylabel().split()).startswith("Δ loss = ablated − clean (nats/token"), bar.get_ylabel()
 
 
+def _small_ablate_run(tiny_dir, tmp_path):
+    """A tiny ablate run (16 heads) saved into ``tmp_path/ablate``: the result, its head_ablation.csv,
+    summary.json and the terminal report."""
+    import headprobe
+
+    a = headprobe.ablate(
+        str(tiny_dir), text=_text(tmp_path), n_natural=3, seq_len=16, n_repeated=2, period=6, device="cpu"
+    )
+    out = tmp_path / "ablate"
+    a.save(out, formats="png")
+    summary = json.loads((out / "summary.json").read_text())
+    return a, pd.read_csv(out / "head_ablation.csv"), summary, a.report(), out
+
+
+@pytest.mark.figures
+def test_importance_vs_exact_draws_the_csv_with_the_reports_rho_and_names_the_top_heads(tiny_dir, tmp_path):
+    """importance_vs_exact.png puts the two rankings side by side: per task one dot per head at (exact Δ
+    loss, gradient importance) as head_ablation.csv has them, read back from the panel's one scatter
+    collection, both as the run draws it and as a redraw from the CSV alone does; its title's Spearman rho
+    of importance vs |Δ| is scipy's over the CSV, with the Bonett-Wright interval, the very text of the
+    terminal line; the labelled heads are the top 5 by exact Δ (the CSV's, largest first)."""
+    from scipy.stats import spearmanr
+
+    from headprobe.commands.ablate import core as ablate_core
+
+    a, table, summary, report, out = _small_ablate_run(tiny_dir, tmp_path)
+    assert (out / "importance_vs_exact.png").is_file()
+    drawn = {
+        "run": a.figures()["importance_vs_exact"],
+        "redraw": ablate_core.importance_figure(table, "tiny", summary["tokens"]),
+    }
+    for how, fig in drawn.items():
+        panels = [ax for ax in fig.axes if ax.get_title()]
+        assert len(panels) == 2, how
+        for ax, task in zip(panels, ("natural", "repeated")):
+            (dots,) = ax.collections  # one dot per head, nothing else
+            delta, imp = table[f"{task}_loss_delta"], table[f"{task}_importance"]
+            np.testing.assert_allclose(dots.get_offsets(), np.c_[delta, imp], atol=1e-6, err_msg=f"{how} {task}")
+            rho = spearmanr(imp, delta.abs()).statistic
+            lo, hi = _bonett_wright(rho, len(table))
+            stat = f"{rho:.2f} [{lo:.2f}, {hi:.2f}]"
+            title = " ".join(ax.get_title().split())  # wrapped to the panel's width
+            assert f"ρ(I_h, |Δ|) = {stat}, {len(table)} heads" in title, (how, title)
+            line = next(x for x in report.splitlines() if x.startswith(f"{task} "))
+            assert f"importance vs |Δ| {stat} " in line, line
+            top = table.sort_values(f"{task}_loss_delta", ascending=False, kind="stable").head(5)
+            names = [f"{r.layer}.{r.head}" for r in top.itertuples()]
+            assert [t.get_text() for t in ax.texts] == names, how
+            for note, r in zip(ax.texts, top.itertuples()):  # each label points at its own head's dot
+                np.testing.assert_allclose(
+                    note.xy, (getattr(r, f"{task}_loss_delta"), getattr(r, f"{task}_importance")), atol=1e-6
+                )
+        title = fig._suptitle.get_text()
+        n, t = summary["tokens"]["natural"]
+        assert f"natural text {n} × {t}" in title and "sequences × tokens" in title, title
+        assert "nats per unit of head mask" in " ".join(panels[0].get_ylabel().split())  # docs/ablate.md's unit
+
+
+def test_ablate_reports_the_layer_normalised_importances_rank_agreement_as_prune_ranks(tiny_dir, tmp_path):
+    """prune --method michel ranks by I_h divided by its layer's l2 norm (Michel et al. section 4.1);
+    summary.json and the terminal line give that score's Spearman rho with |Δ| beside the raw one's,
+    with its interval: equal to scipy's over a per-layer normalisation written out here (a different
+    number from the raw importance's on this model)."""
+    from scipy.stats import spearmanr
+
+    a, table, summary, report, _ = _small_ablate_run(tiny_dir, tmp_path)
+    exact = a.table  # the run's own numbers, not the CSV's 6 digits
+    for task in ("natural", "repeated"):
+        imp = exact[f"{task}_importance"].to_numpy(dtype=float)
+        norm = exact.groupby("layer")[f"{task}_importance"].transform(lambda v: np.sqrt((v.astype(float) ** 2).sum()))
+        normalised = imp / norm.to_numpy()
+        delta = exact[f"{task}_loss_delta"].abs()
+        want = spearmanr(normalised, delta).statistic
+        assert abs(want - spearmanr(imp, delta).statistic) > 1e-3  # the normalisation changes the ranking here
+        rho = summary["spearman_with_exact_sweep"][task]["layer_normalized_importance_vs_abs_effect"]
+        ci = summary["spearman_with_exact_sweep_ci95"][task]["layer_normalized_importance_vs_abs_effect"]
+        assert rho == pytest.approx(want, abs=1e-9)
+        np.testing.assert_allclose(ci, _bonett_wright(want, len(exact)), atol=1e-3)
+        line = next(x for x in report.splitlines() if x.startswith(f"{task} "))
+        assert f"(layer-normalised, as prune ranks: {rho:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]; signed " in line, line
+
+
 def test_ablated_losses_worse_than_a_uniform_guess_are_remarked(tiny_dir, tmp_path):
     """A head whose ablation leaves the loss above ln(d_vocab) (worse than guessing uniformly over the
     vocabulary) is named in summary.json's ``ablated_loss_above_uniform`` and one NOTE line of the

@@ -317,7 +317,7 @@ def test_api_ablate_and_prune_equal_their_cli(tiny_dir, text_file, tmp_path):
     assert (tmp_path / "p_api" / "pruning_curve.csv").read_bytes() == (
         tmp_path / "p" / "pruning_curve.csv"
     ).read_bytes()
-    assert set(p.figures()) == {"pruning_curve"} and set(a.figures()) == {"ablation_effect"}
+    assert set(p.figures()) == {"pruning_curve"} and set(a.figures()) == {"ablation_effect", "importance_vs_exact"}
     for d in ("a", "p"):
         s, t = (json.loads((tmp_path / x / "summary.json").read_text()) for x in (d, f"{d}_api"))
         assert s.pop("command")[:2] == [{"a": "ablate", "p": "prune"}[d], "--model"] and t.pop("command") is None

@@ -332,7 +332,7 @@ def test_ablate_of_a_zero_wo_model_says_why_its_correlations_are_null(run_comman
             else []
         ),
     ]
-    assert len(nulls) == 7 and sorted(s["spearman_null_reasons"]) == sorted(nulls)
+    assert len(nulls) == 9 and sorted(s["spearman_null_reasons"]) == sorted(nulls)
     assert all("the same for every head" in why for why in s["spearman_null_reasons"].values())
     ok = strict_loads((run_command("ablate") / "summary.json").read_text())  # a sound model: every rho, no reasons
     assert ok["spearman_null_reasons"] == {} and None not in ok["spearman_with_exact_sweep"]["natural"].values()

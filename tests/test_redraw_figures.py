@@ -41,7 +41,7 @@ def test_a_kv_runs_figure_is_what_the_redraw_draws_from_its_csv(tiny_tokenizer, 
 @pytest.mark.figures
 @pytest.mark.parametrize("estimate", [None, "atp"])
 def test_an_ablate_runs_figure_is_what_the_redraw_draws_from_its_csv(estimate, tiny_dir, text_file, tmp_path):
-    """A tiny ablate run saved with its PNG (ablation_effect, or ablation_estimate with --estimate): the
+    """A tiny ablate run saved with its PNGs (ablation_effect and importance_vs_exact, or ablation_estimate with --estimate): the
     redraw from head_ablation.csv and summary.json gives the same image; a table whose numbers changed
     does not (the check can fail)."""
     import headprobe
@@ -52,13 +52,16 @@ def test_an_ablate_runs_figure_is_what_the_redraw_draws_from_its_csv(estimate, t
     a.save(out)
     stem = "ablation_estimate" if estimate else "ablation_effect"
     assert (out / f"{stem}.png").is_file() and redraw_figures._kind(out) == "ablate"
+    assert (out / "importance_vs_exact.png").is_file() is (estimate is None)
     assert redraw_figures.check_run(out, redraw_figures.redraw_ablate) == []
     table = pd.read_csv(out / "head_ablation.csv")
     column = "natural_atp_star_estimate" if estimate else "natural_loss_delta"
     table[column] = table[column][::-1].to_numpy()  # the heads' numbers in another order
     table.to_csv(out / "head_ablation.csv", index=False)
-    (why,) = redraw_figures.check_run(out, redraw_figures.redraw_ablate)
-    assert f"{stem}.png: differs from today's drawing" in why
+    whys = redraw_figures.check_run(out, redraw_figures.redraw_ablate)
+    stems = [stem] + ([] if estimate else ["importance_vs_exact"])  # the scatter draws the effect too
+    assert len(whys) == len(stems), whys
+    assert all(any(f"{s}.png: differs from today's drawing" in why for why in whys) for s in stems), whys
 
 
 def test_the_committed_kv_and_ablate_figures_are_what_the_code_draws():

@@ -25,6 +25,7 @@ from headprobe.analyses.ablation import (
     first_scored,
     head_importance,
     importance_plan,
+    layer_normalized,
     mean_z_from,
     spearman,
     sweep_plan,
@@ -214,12 +215,19 @@ def _rounded_ci(ci: np.ndarray | None, head: tuple[int, int]) -> list[float] | N
 
 
 def _rank_correlations(tasks: dict, induction_score) -> dict[str, tuple[float | None, str | None, list[float] | None]]:
-    """summary.json's rank correlations, keyed ``<task>.<name>`` and ``induction_score_vs_repeated_loss_delta``:
-    ``(rho, None, ci95)`` or ``(None, why, None)`` (:func:`_rank_correlation`)."""
+    """summary.json's rank correlations, keyed ``<task>.<name>`` (:data:`SPEARMAN_NAMES`) and
+    ``induction_score_vs_repeated_loss_delta``: ``(rho, None, ci95)`` or ``(None, why, None)``
+    (:func:`_rank_correlation`). ``layer_normalized_importance_vs_abs_effect`` ranks by the score
+    ``prune --method michel`` ranks by (:func:`~headprobe.analyses.ablation.layer_normalized`)."""
     out = {}
     for t, r in tasks.items():
         out[f"{t}.gradient_importance_vs_abs_effect"] = _rank_correlation(
             r.importance, np.abs(r.effect), ("gradient importance", "|exact effect|")
+        )
+        out[f"{t}.layer_normalized_importance_vs_abs_effect"] = _rank_correlation(
+            layer_normalized(torch.as_tensor(r.importance)).numpy(),
+            np.abs(r.effect),
+            ("layer-normalised gradient importance", "|exact effect|"),
         )
         out[f"{t}.gradient_importance"] = _rank_correlation(
             r.importance, r.effect, ("gradient importance", "exact effect")
@@ -234,6 +242,15 @@ def _rank_correlations(tasks: dict, induction_score) -> dict[str, tuple[float | 
 
 
 TOP_N = 10
+SPEARMAN_NAMES = (
+    "gradient_importance_vs_abs_effect",
+    "layer_normalized_importance_vs_abs_effect",
+    "gradient_importance",
+    "attribution_patching",
+)
+"""summary.json's ``spearman_with_exact_sweep[<task>]`` keys, in order: the unnormalised importance
+``I_h`` and its per-layer l2-normalised form (what prune ranks by) against the effect's size, ``I_h``
+against the signed effect, attribution patching against the signed effect."""
 
 
 @dataclass(repr=False)
@@ -299,21 +316,13 @@ class AblateResult(CompactRepr, WritesOutputs):
                 **({"ablated_loss_above_uniform": worse} if (worse := self._above_uniform()) else {}),
                 # importance is unsigned (E|dL/dxi|): compared with the effect's size, and with the signed effect
                 "spearman_with_exact_sweep": {
-                    t: {
-                        name: rho[f"{t}.{name}"][0]
-                        for name in ("gradient_importance_vs_abs_effect", "gradient_importance", "attribution_patching")
-                    }
-                    for t in results
+                    t: {name: rho[f"{t}.{name}"][0] for name in SPEARMAN_NAMES} for t in results
                 },
                 "top_induction_score_heads": [
                     format_head(h) for h in top_heads(torch.as_tensor(self.induction_score), TOP_N)
                 ],
                 "spearman_with_exact_sweep_ci95": {
-                    t: {
-                        name: rho[f"{t}.{name}"][2]
-                        for name in ("gradient_importance_vs_abs_effect", "gradient_importance", "attribution_patching")
-                    }
-                    for t in results
+                    t: {name: rho[f"{t}.{name}"][2] for name in SPEARMAN_NAMES} for t in results
                 },
                 "spearman_induction_score_vs_repeated_loss_delta": rho["induction_score_vs_repeated_loss_delta"][0],
                 "spearman_induction_score_vs_repeated_loss_delta_ci95": rho["induction_score_vs_repeated_loss_delta"][
@@ -415,7 +424,8 @@ class AblateResult(CompactRepr, WritesOutputs):
         )
 
     def figures(self) -> dict[str, Figure]:
-        """``{"ablation_effect": Figure}``: each head's loss change on both tasks, signed (or, with
+        """``{"ablation_effect": Figure, "importance_vs_exact": Figure}``: each head's loss change on both
+        tasks, signed, and its gradient importance against it, from :attr:`table` (or, with
         ``--estimate``, ``{"ablation_estimate": Figure}``: the estimate, titled as one):
         :func:`ablation_figures`."""
         spec, estimate = self.spec, self.config.estimate
@@ -426,6 +436,8 @@ class AblateResult(CompactRepr, WritesOutputs):
             spec.group_size,
             figs.removed_cells(spec.n_layers, spec.n_heads, sorted(_removed(spec))),
             estimate,
+            table=self.table,
+            tokens=self._run_fields()["tokens"],
         )
 
     def html(self) -> str:
@@ -441,8 +453,8 @@ class AblateResult(CompactRepr, WritesOutputs):
         return notebook_html(self.html())
 
     def outputs(self) -> dict[str, Any]:
-        """save's files: head_ablation.csv, ablation_effect.<format> (ablation_estimate.<format> with
-        ``estimate``) for each of ``formats`` and, last, summary.json."""
+        """save's files: head_ablation.csv, ablation_effect.<format> and importance_vs_exact.<format>
+        (ablation_estimate.<format> alone with ``estimate``) for each of ``formats`` and, last, summary.json."""
         return dict(
             resumable=True,
             summary=self.summary,
@@ -501,7 +513,8 @@ class AblateResult(CompactRepr, WritesOutputs):
             why = f" (n/a: {'; '.join(reasons)})" if reasons else ""
             lines.append(
                 f"{task:<10} top heads by Δ loss [95% CI]: {tops}; Spearman with exact sweep: importance vs |Δ| "
-                f"{r['gradient_importance_vs_abs_effect']} (signed {r['gradient_importance']}), "
+                f"{r['gradient_importance_vs_abs_effect']} (layer-normalised, as prune ranks: "
+                f"{r['layer_normalized_importance_vs_abs_effect']}; signed {r['gradient_importance']}), "
                 f"attribution {r['attribution_patching']}{why}"
             )
         lines.append(  # two thresholds, each named with its quantity: rho's (here) and its interval's (the rule)
@@ -564,11 +577,19 @@ al.'s importance ``E|dL/dxi_h|`` is a derivative of the loss (nats) by the head'
 
 
 def ablation_figures(
-    maps: list[np.ndarray], tag: str, group_size: int, removed: np.ndarray, estimate: str | None
+    maps: list[np.ndarray],
+    tag: str,
+    group_size: int,
+    removed: np.ndarray,
+    estimate: str | None,
+    table: pd.DataFrame | None = None,
+    tokens: dict | None = None,
 ) -> dict[str, Figure]:
-    """ablate's figure: ``{"ablation_effect": Figure}``, the natural-text and repeated-tokens tasks'
+    """ablate's figures: ``{"ablation_effect": Figure}``, the natural-text and repeated-tokens tasks'
     ``maps`` (``[layer, head]`` loss changes, nats/token; NaN: a removed head), signed, titled with
-    ``tag`` (model, weights, ablation kind); with ``estimate`` ``{"ablation_estimate": Figure}``, the
+    ``tag`` (model, weights, ablation kind), and with ``table`` (head_ablation.csv's columns)
+    ``"importance_vs_exact"`` (:func:`importance_figure`, its title naming ``tokens``' sizes, summary.json's
+    ``tokens``); with ``estimate`` ``{"ablation_estimate": Figure}``, the
     maps that estimate (:data:`ESTIMATE_COLUMN`), titled as one (:func:`estimate_title`).
     ``removed``: ``[layer, head]`` booleans (:func:`~headprobe.analyses.figures.removed_cells`).
     What ``headprobe ablate`` draws, and what scripts/redraw_figures.py redraws from head_ablation.csv."""
@@ -590,7 +611,50 @@ def ablation_figures(
         cbar_label=ABLATION_EFFECT_LABEL,
         removed=removed,
     )
-    return {"ablation_effect": fig}
+    if table is None:
+        return {"ablation_effect": fig}
+    return {"ablation_effect": fig, "importance_vs_exact": importance_figure(table, tag, tokens)}
+
+
+LABELLED_HEADS = 5
+"""How many heads ``importance_vs_exact.png`` names in each panel: the largest exact loss increases."""
+
+
+def _head_map(table: pd.DataFrame, column: str) -> np.ndarray:
+    """``[layer, head]`` of ``table``'s ``column`` (head_ablation.csv's), NaN where blank or absent."""
+    shape = (int(table["layer"].max()) + 1, int(table["head"].max()) + 1)
+    out = np.full(shape, np.nan)
+    out[table["layer"].to_numpy(dtype=int), table["head"].to_numpy(dtype=int)] = table[column].to_numpy(dtype=float)
+    return out
+
+
+def importance_figure(table: pd.DataFrame, tag: str, tokens: dict | None = None) -> Figure:
+    """``importance_vs_exact``: per task each head's gradient importance ``I_h`` (unnormalised, the
+    ``<task>_importance`` column) against its exact loss change (``<task>_loss_delta``), from
+    head_ablation.csv's columns alone, the :data:`LABELLED_HEADS` largest changes named (the top of
+    summary.json's ``top_heads_by_loss_delta``, :func:`~headprobe.analyses.ablation.top_heads`). Each
+    panel's title gives Spearman's rho of ``I_h`` and ``|Δ|`` with its 95% interval from
+    :func:`_rank_correlation`, what summary.json and the terminal report; the suptitle ``tag`` (model,
+    weights, ablation kind) and, where ``tokens`` (summary.json's) has them, each task's sequences × tokens."""
+    panels = []
+    for task, name in (("natural", "natural text"), ("repeated", "repeated tokens (repeated half)")):
+        effect, importance = _head_map(table, f"{task}_loss_delta"), _head_map(table, f"{task}_importance")
+        rho, why, ci = _rank_correlation(importance, np.abs(effect), ("gradient importance", "|exact effect|"))
+        n = int((np.isfinite(effect) & np.isfinite(importance)).sum())
+        stat = f"{rho:.2f} {figs.format_ci(ci, '.2f')}" if rho is not None else "n/a"
+        top = top_heads(torch.as_tensor(effect), LABELLED_HEADS) if n else []
+        title = f"{name}\nSpearman ρ(I_h, |Δ|) = {stat}, {n} heads" + (f"\n({why})" if why else "")
+        panels.append((title, effect, importance, top))
+    sizes = ""
+    if tokens and "natural" in tokens and "repeated" in tokens:
+        (nn, nt), (rn, rt) = tokens["natural"], tokens["repeated"]
+        sizes = f"; natural text {nn} × {nt}, repeated {rn} × {rt} (sequences × tokens)"
+    return figs.importance_vs_effect(
+        panels,
+        f"Gradient importance (Michel et al. 2019) vs exact loss change of ablating one head\n{tag}{sizes}",
+        f"exact {ABLATION_EFFECT_LABEL}",
+        f"gradient importance\nI_h = E|dL/dξ_h|, unnormalised\n({ESTIMATE_UNITS['gradient']})",
+    )
 
 
 def estimate_axis_label(method: str) -> str:
