@@ -184,6 +184,35 @@ ENCODER_ONLY_TYPES: tuple[str, ...] = ("next_token", "last_token")
 needs a causal model (diff, robustness) refuses them before the model loads
 (:func:`refuse_encoder_only`); tests/test_where_to_add.py checks it equals the records' flags."""
 
+COLUMN_MEANINGS: dict[str, tuple[str, str]] = {
+    "previous_token": ("previous-token score", "attention to i−1"),
+    "duplicate_token": ("duplicate-token score", "attention to earlier copy"),
+    "induction": ("induction score", "attention to token after copy"),
+    "first_token": ("first-token (sink) score", "attention to position 0"),
+    "positional_fraction": ("positional score", "share of queries at top offset"),
+    "positional_offset": ("positional offset k − q", "most frequent offset of the maximum"),
+    "next_token": ("next-token score", "attention to i+1"),
+    "last_token": ("last-token score", "attention to the last position ([SEP])"),
+    "copying": ("copying score (OV eigenvalues)", "Σλ / Σ|λ|"),
+    "sink_rate": ("sink rate (first token)", "mean attention to token 0"),
+    "entropy": ("attention entropy", "nats (mean over queries)"),
+    "retrieval": ("retrieval score (needle copy-paste)", "share of needle tokens"),
+    "dla": ("direct logit attribution", "contribution to the next token's logit (logit units)"),
+    "distant_mass": (
+        "distant mass (beyond the last {W} keys)",
+        "attention on keys {W} or more back (token 0 included)",
+    ),
+    "learned_sink_mass": ("learned sink mass", "1 - row sum: weight on the learned sink"),
+    "gate_closure": ("output gate closure", "1 - mean gate value"),
+    "value_share_token0": (
+        "value-weighted attention to token 0",
+        "share on token 0: A_i0 |v_0 W_O| / sum_j A_ij |v_j W_O|, mean over queries i",
+    ),
+}
+"""Drawn column -> ``(title, label)``: what it is and what it is measured as, its heatmap's
+:class:`HeatmapStyle` title and colour-bar label, here torch-free for ``export``'s dataset card
+(the records' modules import torch; tests/test_where_to_add.py checks the two agree)."""
+
 HEAD_TYPES: Choices = HEAD_COLUMNS.choices(group=HEAD_TYPE)
 """The head types' names (a live view: a type registered at run time is in it), in column order."""
 

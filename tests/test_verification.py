@@ -1076,7 +1076,8 @@ def test_a_scan_remarks_shared_top_k_sets_and_scores_no_higher_than_uniform_atte
 
     seen = []
 
-    def scripted(top, scores, baselines, no_verdict=()):
+    def scripted(top, scores, baselines, no_verdict=(), causal=True):
+        assert causal  # a decoder's context is its causal one
         seen.append((top, scores, baselines))
         return {"induction": ["induction: a remark"]}
 

@@ -86,6 +86,17 @@ def test_the_types_row_and_the_csv_row_of_scan_md_name_every_type_and_column():
     )
 
 
+def test_the_torch_free_column_meanings_are_the_records_heatmap_titles_and_labels():
+    """export's dataset card reads COLUMN_MEANINGS (no export imports torch; the records' modules do):
+    it must say of each drawn column what its heatmap says."""
+    from headprobe.analyses.columns import COLUMN_MEANINGS, HEAD_COLUMNS
+
+    drawn = {f.column: (f.title, f.label) for n in HEAD_COLUMNS.names() for f in HEAD_COLUMNS.get(n).figures}
+    assert COLUMN_MEANINGS == drawn, (
+        "analyses/columns.py: COLUMN_MEANINGS must give each drawn column its HeatmapStyle's (title, label)"
+    )
+
+
 def test_the_torch_free_encoder_only_list_is_the_records_flags():
     from headprobe.analyses.columns import DETECTORS, ENCODER_ONLY_TYPES
 

@@ -527,20 +527,18 @@ def dataset_card(src: Source, data_file: str, table: pd.DataFrame) -> str:
 
 def _columns_text(src: Source, table: pd.DataFrame) -> str:
     """The card's columns: a scan's as a Markdown table of what each measures and in what unit (the
-    heatmaps' titles and colour-bar labels, :mod:`headprobe.analyses.columns`); other kinds' names."""
+    heatmaps' titles and colour-bar labels, :data:`~headprobe.analyses.columns.COLUMN_MEANINGS`);
+    other kinds' names."""
     if src.kind != "scan":
         return f"Columns: {', '.join(f'`{c}`' for c in table.columns)}.\n"
-    from headprobe.analyses.columns import HEAD_COLUMNS
+    from headprobe.analyses.columns import COLUMN_MEANINGS  # torch-free: no export imports torch
 
     said = {"layer": ("layer", "index from 0"), "head": ("query head in its layer", "index from 0")}
     said["kv_head"] = ("the KV head (group) it reads keys and values from", "index from 0")
-    for name in HEAD_COLUMNS.names():
-        record = HEAD_COLUMNS.get(name)
-        for style in record.figures:
-            said[style.column] = (style.title, style.label)
-        for column in record.columns:
-            if column.startswith("local_"):
-                said[column] = (f"attention on the last {column[6:]} keys", "share of the row, mean over queries")
+    said.update(COLUMN_MEANINGS)
+    for column in table.columns:
+        if column.startswith("local_") and column[6:].isdigit():
+            said[column] = (f"attention on the last {column[6:]} keys", "share of the row, mean over queries")
     k = (src.summary.get("config") or {}).get("k", "k")
     rows = ["| column | what | measured as |", "|---|---|---|"]
     for column in table.columns:
