@@ -5,6 +5,7 @@ computation on Hugging Face's model, a tiny scan, and (real_model) a scan of all
 from __future__ import annotations
 
 import collections
+import dataclasses
 import importlib.metadata
 import json
 
@@ -306,6 +307,13 @@ def test_an_encoders_header_names_its_first_token_cls_not_bos(bert, bert_ckpt, t
     bare = wrap(bert_ckpt, backend="native", prepend_bos=False)  # --no-bos: neither [CLS] nor [SEP]
     line = batch_line(bare, cfg).splitlines()[0]
     assert "each twice = 12 tokens (--period" in line and "[CLS]" not in line and "BOS" not in line, line
+    # its report says what the first-token and last-token columns then read (walk 'bert'); with [CLS], nothing
+    from headprobe.commands.scan import run
+
+    said = "NOTE: an encoder scanned without [CLS] and [SEP] ("  # --no-bos, in Python prepend_bos=False
+    assert said not in tiny_bert_scan.report()
+    report = run(bare, dataclasses.replace(cfg, verify=False), progress=False).report()
+    assert said in report and "first-token scores attention to the first word" in report
 
 
 def test_an_encoders_scan_writes_no_clean_loss_it_did_not_measure(tiny_bert_scan):

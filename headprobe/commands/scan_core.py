@@ -1025,7 +1025,7 @@ def format_report(result: ScanResult) -> str:
     spec = result.spec
     weights, *source = precision_lines(spec.precision)  # a pruned checkpoint's source on a line of its own
     lines = [f"{spec.name}: weights {weights}", *source, ""]
-    lines += [f"NOTE: {n}" for n in short_text_notes(result)]
+    lines += [f"NOTE: {n}" for n in short_text_notes(result) + bare_encoder_notes(result)]
     plan = (result.verification or {}).get("plan") or {}
     # every verdict withheld by too few draws: the plan's NOTE said why, once; here one line names the types
     short = plan.get("family", []) if plan and verif.short_draws(plan) else []
@@ -1148,6 +1148,17 @@ def reported_on(v: Verification, design: dict) -> str:
     if not v.draws or v.draws >= (design.get("max_draws") or 0):
         return ""
     return f": the first {v.draws} control sets"
+
+
+def bare_encoder_notes(result: ScanResult) -> list[str]:
+    """A note when an encoder ran without its special tokens (``--no-bos``: no ``[CLS]``, no
+    ``[SEP]``): its first-token and last-token columns then score the first and the last word."""
+    if result.spec.causal or result.natural.start:
+        return []
+    return [
+        "an encoder scanned without [CLS] and [SEP] (--no-bos): first-token scores attention to the first word "
+        "and last-token to the last word, not to the special tokens"
+    ]
 
 
 def short_text_notes(result: ScanResult) -> list[str]:
