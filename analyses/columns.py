@@ -242,6 +242,17 @@ METRICS: Mapping[str, HeadColumn] = _Group(METRIC)
 """Metric -> its record (a view of :data:`HEAD_COLUMNS`), in head_scores.csv's column order."""
 
 
+def of_an_encoder(summary: Mapping, columns: Sequence[str]) -> bool:
+    """Whether a saved run (its summary.json, its table's ``columns``) is of an encoder: its layout's
+    ``causal`` where it records one, else by its metric (``1 - cos`` of the sentence embedding) or
+    an encoder-only column (a run written before the layout had the field)."""
+    causal = (summary.get("layout") or {}).get("causal")
+    if causal is not None:
+        return not causal
+    metric = (summary.get("metric") or {}).get("name")
+    return metric == "embedding_cosine" or any(t in columns for t in ENCODER_ONLY_TYPES)
+
+
 def score_columns(causal: bool = True) -> tuple[str, ...]:
     """head_scores.csv's head-type columns for a causal model (no encoder-only types) or an encoder."""
     return tuple(c for d in DETECTORS.values() if d.applies_to(causal) for c in d.columns)

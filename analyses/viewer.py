@@ -36,6 +36,7 @@ import pandas as pd
 if TYPE_CHECKING:
     from headprobe.probe.backends.base import LoadedModel
 
+from headprobe.analyses.columns import of_an_encoder
 from headprobe.analyses.verdicts import LABELS, NOT_TESTED, UNITS, VerdictRule, evidence_text, label, stop_text
 from headprobe.analyses.vocabulary import DEFAULT_PATTERN_LEN
 
@@ -467,8 +468,7 @@ def viewer_data(
         "colormaps": {name: _colormap(name) for name in sorted({m["cmap"] for m in maps} | {PATTERN_CMAP})},
         "pattern_cmap": PATTERN_CMAP,
         "masked_color": NOT_MEASURED_COLOR,  # the pattern as pattern_plot draws it
-        # an encoder's queries read later keys too: its whole pattern is drawn (a run before the field: causal)
-        "causal": bool(layout.get("causal", "next_token" not in table.columns)),  # next_token: an encoder's score
+        "causal": not of_an_encoder(info, list(table.columns)),  # an encoder's queries read later keys too: drawn whole
         "patterns": {},
         "circuit": _checked_circuit(circuit, n_layers, n_heads),
     }

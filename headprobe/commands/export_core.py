@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from headprobe.analyses import exchange as ex
+from headprobe.analyses.columns import of_an_encoder
 from headprobe.analyses.latex_tables import BUILDERS as LATEX_BUILDERS
 from headprobe.commands.export import (  # noqa: F401 - the light module's names, re-exported
     DUO_RECENT,
@@ -536,9 +537,6 @@ def _columns_text(src: Source, table: pd.DataFrame) -> str:
     said = {"layer": ("layer", "index from 0"), "head": ("query head in its layer", "index from 0")}
     said["kv_head"] = ("the KV head (group) it reads keys and values from", "index from 0")
     said.update(COLUMN_MEANINGS)
-    for column in table.columns:
-        if column.startswith("local_") and column[6:].isdigit():
-            said[column] = (f"attention on the last {column[6:]} keys", "share of the row, mean over queries")
     k = (src.summary.get("config") or {}).get("k", "k")
     rows = ["| column | what | measured as |", "|---|---|---|"]
     for column in table.columns:
@@ -547,6 +545,8 @@ def _columns_text(src: Source, table: pd.DataFrame) -> str:
             what, unit = f"in the top-{k} set the {head_type} check ablated", "bool"
         elif column.startswith("confirmed_"):
             what, unit = f"the {head_type} verdict, for the heads ablated", "bool; empty: not ablated or no verdict"
+        elif column.startswith("local_") and column[6:].isdigit():
+            what, unit = f"attention on the last {column[6:]} keys", "share of the row, mean over queries"
         else:
             what, unit = said.get(column, ("see the docs", ""))
         cells = [c.replace("{W}", "W").replace("|", "\\|") for c in (what, unit)]
@@ -598,7 +598,8 @@ def _formats_written(config: ExportConfig, src: Source, formats: tuple[str, ...]
     if config.format == "all" and "parquet" in formats and not _have_pyarrow():
         formats = tuple(f for f in formats if f != "parquet")  # the others need no extra: written, and this said
         notes["parquet"] = "left out: pyarrow is not installed (pip install 'headprobe[exchange]')"
-    if src.kind == "scan" and _of_an_encoder(src) and (cache := [f for f in formats if f in ("duo", "headkv")]):
+    encoder = src.kind == "scan" and of_an_encoder(src.summary, list(src.rows.columns))
+    if encoder and (cache := [f for f in formats if f in ("duo", "headkv")]):
         why = "KV-cache policies for causal decoders (headprobe kv refuses encoders too)"
         if config.format != "all":
             raise HeadprobeError(
@@ -610,15 +611,6 @@ def _formats_written(config: ExportConfig, src: Source, formats: tuple[str, ...]
     if config.format == "all" and "latex" in SUPPORTED[src.kind] and "latex" not in formats:
         notes["latex"] = f"left out: this {src.kind} run has no table to set (a scan with --no-verify has no verdicts)"
     return formats, notes
-
-
-def _of_an_encoder(src: Source) -> bool:
-    """Whether a scan folder is of an encoder: its verdicts measure ``1 - cos`` of the sentence
-    embedding (summary.json's ``metric``), or its table has the encoder-only columns."""
-    from headprobe.analyses.columns import ENCODER_ONLY_TYPES
-
-    metric = (src.summary.get("metric") or {}).get("name")
-    return metric == "embedding_cosine" or any(t in src.rows.columns for t in ENCODER_ONLY_TYPES)
 
 
 def _have_pyarrow() -> bool:

@@ -553,7 +553,7 @@ def _refuse_early(model: LoadedModel, cfg: PruneConfig) -> None:
     """Raise, before any computation, what :func:`run` refuses of the model itself."""
     options.require_causal(model.spec, NEEDS_CAUSAL, options.ENCODER_HINT)
     model.self_check.require_decomposition("head ablation (ablate, prune)")
-    present_heads(model)  # refuses a pruned checkpoint with no head left
+    n = int(present_heads(model).sum())  # refuses a pruned checkpoint with no head left
     if (head_layers := model.spec.layout.head_layers) is not None:  # its fractions and masks span every layer's heads
         raise HeadprobeError(
             f"headprobe prune is not implemented for hybrid models (heads only in layers {list(head_layers)}, "
@@ -561,7 +561,6 @@ def _refuse_early(model: LoadedModel, cfg: PruneConfig) -> None:
         )
     if cfg.save_pruned:
         model.check_prunable()  # the native backend only; MLA and all-head QK-norm cannot be pruned exactly
-        n = int(present_heads(model).sum())
         if round(cfg.save_fraction * n) == 0:
             raise HeadprobeError(
                 f"--save-fraction {cfg.save_fraction:g} of the {n} heads removes none (it rounds to 0 heads): the "
