@@ -92,3 +92,46 @@ def test_the_suite_runs_headprobe_under_the_cached_checker():
     import headprobe.probe.hooks.capture  # noqa: F401
 
     assert hp_typecheck.stats["built"] > 0
+
+
+def test_the_lean_wrapper_checks_what_jaxtypings_wrapper_checks():
+    """A function of plain annotations, or of arrays with named dimensions, gets the lean wrapper (no
+    argument binding per call); it still refuses a wrong parameter and a wrong return value with
+    jaxtyping's error, relates the dimensions of its parameters and of its return value, and a call
+    with a wrong number of arguments is Python's TypeError. A symbolic dimension (which reads the
+    arguments) keeps jaxtyping's own wrapper."""
+    decorate = jaxtyping.jaxtyped(typechecker=hp_typecheck.cached_beartype)
+    lean = hp_typecheck.stats["lean"]
+
+    def halve(n: int, label: str = "x") -> int:
+        return n // 2 if label == "x" else label  # type: ignore[return-value]
+
+    checked = decorate(halve)
+    assert hp_typecheck.stats["lean"] == lean + 1
+    assert checked(6) == 3 and checked.__wrapped__ is halve
+    with pytest.raises(jaxtyping.TypeCheckError, match="parameters of .*halve"):
+        checked(6.5)
+    with pytest.raises(jaxtyping.TypeCheckError, match="return value of .*halve"):
+        checked(6, "y")
+    with pytest.raises(TypeError, match="argument") as error:
+        checked(1, "x", 3)
+    assert not isinstance(error.value, jaxtyping.TypeCheckError)
+
+    def pair(x: Float[Tensor, " n"], y: Float[Tensor, " n"], drop: int = 0) -> Float[Tensor, "n 2"]:
+        return torch.stack([x, y], dim=1)[drop:]
+
+    shaped = decorate(pair)
+    assert hp_typecheck.stats["lean"] == lean + 2
+    assert shaped(torch.ones(3), torch.ones(3)).shape == (3, 2)
+    with pytest.raises(jaxtyping.TypeCheckError, match="parameters"):
+        shaped(torch.ones(3), torch.ones(4))  # n is 3, then 4
+    with pytest.raises(jaxtyping.TypeCheckError, match="return value"):
+        shaped(torch.ones(3), torch.ones(3), drop=1)  # [2, 2]: n was 3
+    assert shaped(torch.ones(2), torch.ones(2), drop=0).shape == (2, 2)  # the last call's memo is gone
+
+    def longer(x: Float[Tensor, " n"]) -> Float[Tensor, " n+1"]:
+        return torch.cat([x, x[:1]])
+
+    symbolic = decorate(longer)
+    assert hp_typecheck.stats["lean"] == lean + 2  # jaxtyping's wrapper: n+1 reads the arguments
+    assert symbolic(torch.ones(3)).shape == (4,)
