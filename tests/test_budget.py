@@ -741,6 +741,43 @@ def test_cli_flops_table_of_a_small_model_scales_its_unit(capsys):
     assert rows[1][:3] == ["1,024", f"{fl.projections / 1e9:.2f}", f"{fl.scores / 1e9:.2f}"]
 
 
+def test_compare_latex_keeps_every_gqa_layout_as_its_own_column(capsys):
+    """walk-layouts: with 16 heads --compare has three GQA rows (8, 4 and 2 KV heads), and --latex
+    kept one column named GQA (the last), under a column spec of six: every row is a column, the GQA
+    ones named by their KV heads, each column the row's --json numbers."""
+    import json
+    import re
+
+    argv = ("--d-model", "2048", "--n-layers", "24", "--n-heads", "16", "--compare", "--seq-len", "32768")
+    code, out, _ = run_cli(capsys, *argv, "--json")
+    rows = json.loads(out)["compare"]
+    assert [r["n_kv_heads"] for r in rows] == [16, 8, 4, 2, 1]
+    code, tex, _ = run_cli(capsys, *argv, "--latex")
+    assert code == 0
+    spec, head, body = re.search(
+        r"\\begin\{tabular\}\{(\w+)\}\n\\toprule\n(.*?) \\\\\n\\midrule\n(.*?)\\bottomrule", tex, re.S
+    ).groups()
+    assert [c.strip() for c in head.split("&")] == ["", "MHA", "GQA-8", "GQA-4", "GQA-2", "MQA"]
+    assert spec == "l" + "r" * len(rows)
+    line = {c[0]: c[1:] for c in ([x.strip() for x in r.split("&")] for r in body.strip().split(" \\\\\n"))}
+    assert line["attn params/layer"] == [f"{r['attn_params_per_layer']:,}" for r in rows]
+
+
+def test_a_compare_flops_column_is_in_one_unit(capsys):
+    """walk-layouts: at 2,048 tokens the --compare FLOPs column read 0.10 TFLOP above 85.9 GFLOP:
+    every row is in the largest row's unit, and still tells the layouts apart."""
+    import re
+
+    code, out, _ = run_cli(
+        capsys, "--d-model", "2048", "--n-layers", "24", "--n-heads", "16", "--compare", "--seq-len", "2048"
+    )
+    assert code == 0
+    rows = [line for line in out.splitlines() if re.match(r"(MHA|GQA|MQA) +\d", line)]
+    flops = [re.search(r"([\d.]+) (\w?FLOP)", line).groups() for line in rows]
+    assert len(flops) == 5 and {unit for _, unit in flops} == {"TFLOP"}, flops
+    assert len({number for number, _ in flops}) == 5
+
+
 def test_compare_latex_is_the_json_numbers_one_column_per_layout_and_fits_a_page(capsys, tmp_path):
     """budget had no table for a paper (walk-paper: the MHA/GQA/MQA cost table built by hand from
     --json): --compare --latex prints a booktabs table, one column per layout, whose cells are the
@@ -756,7 +793,7 @@ def test_compare_latex_is_the_json_numbers_one_column_per_layout_and_fits_a_page
     code, tex, _ = run_cli(capsys, *argv, "--latex")
     assert code == 0 and tex.count("\\toprule") == 1 and "\\label{tab:budget-compare}" in tex
     head, body = re.search(r"\\toprule\n(.*?) \\\\\n\\midrule\n(.*?)\\bottomrule", tex, re.S).groups()
-    assert [c.strip() for c in head.split("&")] == ["", *(r["layout"] for r in rows)], head
+    assert [c.strip() for c in head.split("&")] == ["", *(r["layout"] for r in rows)], head  # one layout of each
     cells = [[c.strip() for c in r.split("&")] for r in body.strip().removesuffix(" \\\\").split(" \\\\\n")]
     line = {c[0]: c[1:] for c in cells}
     assert line["attn params/layer"] == [f"{r['attn_params_per_layer']:,}" for r in rows]

@@ -881,11 +881,11 @@ def kv_batch_label(batch: int, seq_len: int) -> str:
 
 
 def distinct_flops(values: list[int]) -> list[str]:
-    """``values`` (FLOPs) as :func:`~headprobe.probe.layout.cost.format_flops` prints them, each
-    with as many more decimals as it takes for different counts to print differently (the
+    """``values`` (FLOPs) as :func:`~headprobe.probe.layout.cost.format_flops` prints them, all in
+    the largest one's unit, each with as many more decimals as it takes for different counts to print differently (the
     ``--compare`` column: MHA 176.3, GQA 169.1 and MQA 166.7 GFLOP printed 0.18, 0.17, 0.17 TFLOP),
     at most 13 more."""
-    texts = [format_flops(v) for v in values]
+    texts = [format_flops(v, like=max(values)) for v in values]  # one unit in a column
     shown = [text.split(" ") for text in texts]  # (number, unit) as format_flops prints each
     powers = dict(_FLOP_UNITS)
     for extra in range(1, 14):
@@ -896,6 +896,18 @@ def distinct_flops(values: list[int]) -> list[str]:
             for v, (number, unit) in zip(values, shown)
         ]
     return texts
+
+
+def layout_names(rows: list[dict[str, Any]]) -> list[str]:
+    """One name per ``--compare`` row, each distinct (a LaTeX column per layout): the layout's name,
+    with its KV heads where several rows share it (``GQA-8``, ``GQA-4``: Ainslie et al. 2023's
+    GQA-G), and its position where that is not yet enough."""
+    names = [r["layout"] for r in rows]
+    names = [
+        f"{n}-{r['n_kv_heads']}" if names.count(n) > 1 and r["n_kv_heads"] is not None else n
+        for n, r in zip(names, rows)
+    ]
+    return [f"{n} ({i + 1})" if names.count(n) > 1 else n for i, n in enumerate(names)]
 
 
 def kv_token_header(lay: AttentionLayout) -> str:
@@ -1605,7 +1617,7 @@ class BudgetResult(CompactRepr):
             f"named; KV/batch at {c.batch} × {c.workload_seq_len:,} tokens; formulas of headprobe budget."
         )
         # one column per layout, one row per quantity: ten columns of long headers overrun a page's width
-        table = pd.DataFrame({"": header[1:], **{row[0]: row[1:] for row in cells}})
+        table = pd.DataFrame({"": header[1:], **dict(zip(layout_names(self.data["compare"]), (r[1:] for r in cells)))})
         return table_tex(table, caption, "tab:budget-compare", "l" + "r" * len(cells))
 
     @property
