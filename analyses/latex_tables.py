@@ -736,9 +736,10 @@ def _study_caption(summary: dict, table: pd.DataFrame, stats: pd.DataFrame) -> s
     if which == "heads":
         grid = f"the width split into {', '.join(map(str, summary.get('n_heads_list') or _first_heads(table)))} heads (MHA)"
     else:
-        grid = (
-            f"{base.get('n_heads')} query heads as MHA, GQA, MQA and MLA of latent rank r "
-            f"(decoupled rotary key {summary.get('rope')} wide)"
+        variants = [str(v) for v in stats.index]  # the variants this run trained, in its order
+        mla = any(v.startswith("MLA") for v in variants)
+        grid = f"{base.get('n_heads')} query heads as {', '.join(variants)}" + (
+            f" (MLA r: latent rank; decoupled rotary key {summary.get('rope')} wide)" if mla else ""
         )
     formed_by = "lower 95% bound" if formed_column(table) == "induction_ci95_low" else "score"
     return (
@@ -750,7 +751,8 @@ def _study_caption(summary: dict, table: pd.DataFrame, stats: pd.DataFrame) -> s
         f"attention parameters per layer. Held-out loss: {unit} on {base.get('n_eval')} held-out "
         f"{'text windows' if corpus == 'text+copy' else 'sequences'}; in-context loss: late minus early loss on "
         f"held-out copy sequences (nats/token; about -4.5 once induction heads work, near 0 before); each is {over}. "
-        f"Induction max: the top induction score (repeated block of {base.get('eval_period')}), mean over seeds; "
+        f"Induction max: the top induction score (repeated block of {base.get('eval_period')})"
+        f"{', mean over seeds' if n > 1 else ''}; "
         f"formed: the top induction head's {formed_by} above 0.5 in every seed."
     )
 

@@ -547,12 +547,30 @@ def test_study_caption_says_the_models_training_and_units(study_tex, which):
     want.append(
         f"the width split into {', '.join(map(str, summary['n_heads_list']))} heads"
         if which == "heads"
-        else f"{base['n_heads']} query heads as MHA, GQA, MQA and MLA of latent rank r (decoupled rotary key {summary['rope']} wide)"
+        else f"{base['n_heads']} query heads as {', '.join(dict.fromkeys(pd.read_csv(STUDIES[which] / 'results.csv').variant))}"
+        f" (MLA r: latent rank; decoupled rotary key {summary['rope']} wide)"
     )
     assert [w for w in want if w not in caption] == [], caption
     assert "None" not in caption and f"\\label{{tab:study-{which}-study}}" in text
     _assert_escaped(which, text)
     assert text.startswith("\\begin{table}[htbp]\n\\centering\n\\small\n\\caption{")
+
+
+def test_a_study_caption_names_only_the_variants_and_seeds_it_ran(tmp_path):
+    """walk-layouts: ``study layouts --seeds 0 --ranks none`` (no MLA, one seed) was captioned "as MHA,
+    GQA, MQA and MLA of latent rank r" and "mean over seeds": the caption names the variants of
+    results.csv, MLA's rank only where an MLA variant ran, and a mean over seeds only over several."""
+    src, study = STUDIES["layouts"], tmp_path / "study"
+    study.mkdir()
+    csv = pd.read_csv(src / "results.csv")
+    csv[(csv.seed == 0) & ~csv.variant.str.startswith("MLA")].to_csv(study / "results.csv", index=False)
+    summary = json.loads((src / "study.json").read_text())
+    (study / "study.json").write_text(json.dumps({**summary, "seeds": [0]}))
+    assert _export(study, tmp_path / "out", "--format", "latex") == 0
+    text = (tmp_path / "out" / "latex" / "study.tex").read_text()
+    caption = re.search(r"\\caption\{(.*)\}\n\\label", text).group(1)
+    assert "8 query heads as MHA, GQA 4 groups, GQA 2 groups, MQA," in caption, caption
+    assert "MLA" not in caption and "mean over" not in caption and "(seed 0)" in caption, caption
 
 
 def test_study_table_numbers_are_the_reports(study_tex):
