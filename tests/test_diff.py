@@ -170,6 +170,28 @@ def test_a_top_k_swap_counts_as_a_flip_only_with_a_real_change():
     assert [f["head"] for f in role_changes({"induction": test}, means, top, 0.05, 0.0, {})[0]] == ["0.0", "0.1"]
 
 
+def test_a_head_that_left_the_top_k_while_its_score_rose_did_not_flip():
+    """walk-atlas: between two checkpoints head 1.0's induction score rose 0.035 -> 0.422 and it left
+    the top-k only because 1.3 rose more, yet it was reported as a flip: a crossing against the
+    head's own change is a neighbour's move; the head that entered with a rise still flips. diff.png
+    fills the dot of the report's flips only (it filled every changed crossing, not_roles too)."""
+    from headprobe.commands.diff_drawing import role_dots
+    from headprobe.commands.diff_stats import role_changes
+
+    a = np.array([[0.035, 0.30, 0.02, 0.010]])
+    b = np.array([[0.422, 0.516, 0.02, 0.013]])  # 0.0 rose but left (0.1 rose more); 0.1 entered with a rise
+    test = {"change": b - a, "p_adjusted": np.full(a.shape, 0.001)}
+    top = {"induction": {"A": [(0, 0), (0, 3)], "B": [(0, 1), (0, 2)]}}
+    means = {"A": {"induction": a}, "B": {"induction": b}}
+    flipped, low = role_changes({"induction": test}, means, top, 0.05, 0.0, {"induction": 0.0288})
+    assert [f["head"] for f in flipped] == ["0.1"] and flipped[0]["types"] == ["induction"], flipped
+    assert low == []  # 0.3 left with a rise too: no flip, no not_role; 0.2 did not change
+    dots = role_dots(top, flipped, {"induction"})
+    assert dots == {"induction": {(0, 0): False, (0, 1): True, (0, 2): False, (0, 3): False}}
+    old = [{"head": "0.1", "why": ["induction: top-k in B only, ..."]}]  # a summary.json older than "types"
+    assert role_dots(top, old, {"induction"}) == dots
+
+
 def _permuted_tokenizer(tmp_path):
     """The tiny tokenizer's 100 words with their ids reversed (``t0`` is id 99): the same size, other tokens."""
     from tokenizers import pre_tokenizers
@@ -637,6 +659,7 @@ def test_a_diff_figure_where_no_head_could_be_boxed_says_so(tmp_path):
         "layout": {"n_layers": 3, "n_heads": 4},
         "quantities": {q: {"task": t, "changed": []} for q, t in quantities.items()},
         "top_k": {},
+        "flipped": [],
         "detection": {"natural": _limit(4, False), "repeated": _limit(4, False)},
         "config": {"requantize_b": "int3", "correction": "bh", "alpha": 0.05, "min_change": 0.5, "k": 10},
     }
@@ -820,6 +843,7 @@ def test_diff_panels_share_the_quantitys_scale_say_when_nothing_changed_and_stay
         {"induction": boxed, "ablation_repeated": boxed_big},
         {},
         "t",
+        [],
         2,
         {"induction": 0.025, "ablation_repeated": 0.3},
         0.5,

@@ -30,9 +30,11 @@ from headprobe.analyses.ablation import (
     spearman,
     sweep_plan,
     top_heads,
+    untrusted_task_reason,
+    untrusted_text_note,
 )
 from headprobe.analyses.attribution import atp_star, estimate_plan, forward_equivalents, second_order
-from headprobe.analyses.data import TokenSet, left_out_notes, window_counts
+from headprobe.analyses.data import TokenSet, left_out_notes, unknown_share, window_counts
 from headprobe.analyses.outputs import WritesOutputs
 from headprobe.analyses.scoring import score_plan, score_tokens
 from headprobe.analyses.statistics import SPEARMAN_INTERVAL_RULE, interval_rule, no_interval_reason, spearman_ci
@@ -269,6 +271,8 @@ class AblateResult(CompactRepr, WritesOutputs):
         repeated: the repeated-random token set.
         device: where the model ran.
         self_check: the model's load-time self-check.
+        natural_untrusted: why the natural text cannot support its numbers (most of its tokens unknown to
+            the tokenizer, :func:`~headprobe.analyses.ablation.untrusted_task_reason`), or None.
         run_s: seconds of :func:`run`.
         load_s: seconds loading the model where ablate loaded it; None where the caller passed a model it loaded (:func:`~headprobe.probe.core.reprs.load_seconds`).
         swept: head ablations this run computed (both tasks, all ranks; the rest came from a checkpoint).
@@ -288,6 +292,7 @@ class AblateResult(CompactRepr, WritesOutputs):
     load_s: float | None = load_seconds()
     swept: int = 0
     ranks: int = 1
+    natural_untrusted: str | None = None
 
     def summary(self) -> dict:
         """summary.json's content (as a dict; package versions included)."""
@@ -385,6 +390,7 @@ class AblateResult(CompactRepr, WritesOutputs):
                 "period": cfg.period,
                 "natural_source": self.natural.source,
                 **window_counts(self.natural),
+                "natural_untrusted": self.natural_untrusted,
             },
             "clean_loss": {t: r.clean_loss for t, r in self.tasks.items()},
             # a pruned checkpoint's heads: not swept, null in every table and never ranked
@@ -471,7 +477,9 @@ class AblateResult(CompactRepr, WritesOutputs):
             "timings: "
             + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in s["timings_s"].items())
         )
-        return "\n".join([*lines, *(f"NOTE: {n}" for n in left_out_notes(self.natural))])
+        untrusted = self.natural_untrusted
+        said = [untrusted_text_note(untrusted, "summary.json's tokens.natural_untrusted")] if untrusted else []
+        return "\n".join([*lines, *(f"NOTE: {n}" for n in [*left_out_notes(self.natural), *said])])
 
     def _estimate_lines(self, s: dict) -> list[str]:
         """The report's lines of an estimate (``--estimate``): what it is, clean losses, top heads."""
@@ -978,6 +986,7 @@ def run(
         time.perf_counter() - t_start,
         swept=swept,
         ranks=1 if cfg.estimate else distributed.world_size(),
+        natural_untrusted=untrusted_task_reason(0.0, spec.d_vocab, unknown_share(model, natural)),
     )
 
 

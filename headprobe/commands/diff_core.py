@@ -163,7 +163,8 @@ class DiffResult(CompactRepr, WritesOutputs):
                 "changed_rule": f"changed: significant and |change| >= {c.min_change} standard deviations of the quantity over "
                 "the heads, pooled over A and B (min_change, in the quantity's units)",
                 "role_rule": f"a head's role flipped: in the top-{c.k} set of a type in one model and not the other, its "
-                "score of that type changed (changed_rule), and where it is top-k it scores above uniform_baselines[type] "
+                "score of that type changed (changed_rule) in the crossing's direction (up where it entered, down where it left: "
+                "one that left while its score rose left because a neighbour rose more), and where it is top-k it scores above uniform_baselines[type] "
                 "(a head attending uniformly over its causal context); a top-k swap within the noise is not a flip, and a "
                 "changed crossing at or below that score is listed in not_roles (no role in either model)",
             },
@@ -505,6 +506,7 @@ def diff_figure(result: DiffResult):
         {q: result.changed(q) for q in result.tests},
         result.top,
         title,
+        result.flipped,
         result.spec_a.n_heads // result.spec_a.n_kv_heads if result.spec_a.n_kv_heads else None,
         {q: colour_limit(result.means["A"][q], result.means["B"][q]) for q in result.tests},
         c.min_change,

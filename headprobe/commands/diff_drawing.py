@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from headprobe.analyses.columns import DETECTORS
-from headprobe.probe.core.heads import parse_heads
+from headprobe.probe.core.heads import format_head, parse_heads
 
 SCORE_UNITS = {"positional_fraction": "share of queries"}
 """The unit of a head type's ranking score where it is not an attention weight (0-1)."""
@@ -87,9 +87,33 @@ def figure_title(
         + (f"\n{caveat}" if caveat else "")
         + f"\nboxed: changed (significant, {correction} over heads at alpha {alpha}, paired sign-flip test "
         f"over sequences, and >= {min_change} pooled sd over heads); filled dot: role flipped (top-{k} "
-        f"membership and a change); hollow: crossed the top-{k} boundary without one; colours: −m to +m, "
+        f"membership, a change its way, above a uniform head); hollow: crossed the top-{k} boundary without a flip; colours: −m to +m, "
         "m the quantity's largest |value| in A or B"
     )
+
+
+def flips_by_type(flipped: list[dict]) -> dict[str, set[str]]:
+    """Head type -> the heads (``"L.H"``) whose role flipped in it, from the report's flips (summary.json's
+    ``flipped``; one older than its ``types`` names each type at the start of a ``why``)."""
+    out: dict[str, set[str]] = {}
+    for f in flipped:
+        for t in f.get("types") or [w.split(":", 1)[0] for w in f["why"]]:
+            out.setdefault(t, set()).add(f["head"])
+    return out
+
+
+def role_dots(top: dict, flipped: list[dict], quantities: set[str]) -> dict[str, dict[tuple[int, int], bool]]:
+    """Ranking quantity -> ``{head: filled}`` for each head that crossed a type's top-k boundary
+    (``top``): filled where its role flipped (``flipped``, the report's), hollow (False) otherwise;
+    only the ``quantities`` drawn."""
+    dotted: dict[str, dict[tuple[int, int], bool]] = {}
+    flips = flips_by_type(flipped)
+    for t, sets in top.items():
+        q = DETECTORS[t].rank_by
+        moved = {tuple(h) for h in sets["A"]} ^ {tuple(h) for h in sets["B"]}
+        if q in quantities:
+            dotted[q] = {(int(h[0]), int(h[1])): format_head(h) in flips.get(t, set()) for h in moved}
+    return dotted
 
 
 def draw_diff(
@@ -97,6 +121,7 @@ def draw_diff(
     changed: dict,
     top: dict,
     title: str,
+    flipped: list[dict],
     group_size: int | None = None,
     limits: dict | None = None,
     min_change: float | None = None,
@@ -104,16 +129,13 @@ def draw_diff(
     """One heatmap per quantity (:func:`~headprobe.analyses.figures.diff_heatmaps`): each head's mean
     paired change B - A (``changes``, ``[layer, head]``; diverging colours, 0 white); heads that
     changed (``changed``, :func:`~headprobe.commands.diff_stats.changed_heads`) boxed; for a type's ranking score, a filled dot
-    where the head's role flipped and a hollow one where it crossed the top-k boundary (``top``:
-    type -> ``{"A": heads, "B": heads}``) without changing. ``limits``: quantity -> colour limit
+    where the head's role flipped (``flipped``: the report's flips, :func:`~headprobe.commands.diff_stats.role_changes`)
+    and a hollow one where it crossed the top-k boundary (``top``: type -> ``{"A": heads, "B": heads}``)
+    without a flip. ``limits``: quantity -> colour limit
     (:func:`colour_limit`); ``min_change``: the floor named in a panel where no head is boxed."""
     from headprobe.analyses.figures import diff_heatmaps
 
-    dotted: dict[str, dict] = {}
-    for t, sets in top.items():
-        q = DETECTORS[t].rank_by
-        moved = {tuple(h) for h in sets["A"]} ^ {tuple(h) for h in sets["B"]}
-        dotted[q] = {(int(h[0]), int(h[1])): bool(changed[q][h[0], h[1]]) for h in moved} if q in changed else {}
+    dotted = role_dots(top, flipped, set(changed))
     panels = [(*quantity_labels(q), changes[q], changed[q], dotted.get(q, {})) for q in changes]
     empty = None if min_change is None else f"no head changed significantly by >= {min_change:g} sd"
     lims = None if limits is None else [limits.get(q, float("nan")) for q in changes]
@@ -162,4 +184,4 @@ def redraw(out: str | Path) -> dict:
     group = H // kv if kv else None
     limits = {q: colour_limit(table[f"{q}_a"].to_numpy(), table[f"{q}_b"].to_numpy()) for q in quantities}
     changes = {q: grid(table[f"{q}_change"]) for q in quantities}
-    return {"diff": draw_diff(changes, changed, top, title, group, limits, c["min_change"])}
+    return {"diff": draw_diff(changes, changed, top, title, summary["flipped"], group, limits, c["min_change"])}

@@ -57,14 +57,17 @@ def changed_heads(
 def role_changes(
     tests: dict, means: dict, top: dict, alpha: float, min_change: float, baselines: dict
 ) -> tuple[list[dict], list[dict]]:
-    """``(flipped, not_roles)``, each ``[{"head", "why"}]``. A head's role flipped: it entered or left a
+    """``(flipped, not_roles)``, each ``[{"head", "why"}]`` (a flip's also ``"types"``: the head types it flipped in). A head's role flipped: it entered or left a
     type's top-k set AND its score of that type changed (:func:`changed_heads`; a swap at the top-k
-    boundary within the noise is not a flip) AND, in the model where it is top-k, it scores above
+    boundary within the noise is not a flip) in the crossing's direction (up where it entered, down
+    where it left: one that left while its score rose left because a neighbour rose more) AND, in
+    the model where it is top-k, it scores above
     ``baselines[type]`` (:func:`~headprobe.analyses.verdicts.uniform_baselines`: what a head attending
     uniformly over its causal context scores; a type without one is not checked). A changed top-k
     crossing at or below that score is no role in either model: ``not_roles``."""
     why: dict[tuple[int, int], list[str]] = {}
     low: dict[tuple[int, int], list[str]] = {}
+    types: dict[tuple[int, int], list[str]] = {}
     for t, sets in top.items():
         q = DETECTORS[t].rank_by
         changed = changed_heads(tests[q], means["A"][q], means["B"][q], alpha, min_change)
@@ -72,6 +75,8 @@ def role_changes(
             if not changed[h]:
                 continue
             where = "A" if h in sets["A"] else "B"
+            if (tests[q]["change"][h] > 0) != (where == "B"):  # moved against its crossing: a neighbour moved
+                continue
             score, base = float(means[where][q][h]), baselines.get(t)
             if base is not None and score <= base:
                 low.setdefault(h, []).append(
@@ -80,11 +85,12 @@ def role_changes(
                 )
                 continue
             above = "" if base is None else f", {score / base:.3g}x a uniformly attending head's {base:.4g} in {where}"
+            types.setdefault(h, []).append(t)
             why.setdefault(h, []).append(
                 f"{t}: top-k in {where} only, {q} changed by "
                 f"{tests[q]['change'][h]:+.4g} (p adj {tests[q]['p_adjusted'][h]:.3g}{above})"
             )
-    return [{"head": format_head(h), "why": w} for h, w in sorted(why.items())], [
+    return [{"head": format_head(h), "types": types[h], "why": w} for h, w in sorted(why.items())], [
         {"head": format_head(h), "why": w} for h, w in sorted(low.items())
     ]
 

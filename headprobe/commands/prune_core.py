@@ -16,8 +16,8 @@ import pandas as pd
 
 from headprobe import options
 from headprobe.analyses import figures as figs
-from headprobe.analyses.ablation import first_scored, importance_plan
-from headprobe.analyses.data import TokenSet, left_out_notes, window_counts
+from headprobe.analyses.ablation import first_scored, importance_plan, untrusted_task_reason, untrusted_text_note
+from headprobe.analyses.data import TokenSet, left_out_notes, unknown_share, window_counts
 from headprobe.analyses.outputs import WritesOutputs
 from headprobe.analyses.pruning import (
     IMPORTANCE_WORK,
@@ -154,6 +154,8 @@ class PruneResult(CompactRepr, WritesOutputs):
         method_s: seconds each method took (this process; 0 for curves resumed from a checkpoint).
         natural_text: the natural-text draw (summary.json records its windows, the report says when
             some were left out), or None.
+        natural_untrusted: why the natural text cannot support its numbers (most of its tokens unknown
+            to the tokenizer, :func:`~headprobe.analyses.ablation.untrusted_task_reason`), or None.
     """
 
     config: PruneConfig
@@ -173,6 +175,7 @@ class PruneResult(CompactRepr, WritesOutputs):
     load_s: float | None = load_seconds()
     method_s: dict | None = None
     natural_text: TokenSet | None = None
+    natural_untrusted: str | None = None
 
     @property
     def already_removed(self) -> list[tuple[int, int]]:
@@ -246,6 +249,7 @@ class PruneResult(CompactRepr, WritesOutputs):
                 "repeated": list(self.repeated.tokens.shape),
                 "period": cfg.period,
                 **(window_counts(self.natural_text) if self.natural_text is not None else {}),
+                "natural_untrusted": self.natural_untrusted,
             },
             "auc": (auc := self.auc()),
             "curves": {
@@ -387,6 +391,8 @@ class PruneResult(CompactRepr, WritesOutputs):
         """What the terminal prints as NOTE lines and summary.json keeps as ``notes``: natural-text
         windows left out, and a per-layer pick that is noise (:func:`per_layer_notes`)."""
         notes = left_out_notes(self.natural_text) if self.natural_text is not None else []
+        if self.natural_untrusted:
+            notes.append(untrusted_text_note(self.natural_untrusted, "summary.json's tokens.natural_untrusted"))
         return notes + (per_layer_notes(self.per_layer, self.natural_shape) if self.per_layer is not None else [])
 
 
@@ -751,6 +757,7 @@ def run(
         time.perf_counter() - t_start,
         method_s=method_s,
         natural_text=natural,
+        natural_untrusted=untrusted_task_reason(0.0, model.spec.d_vocab, unknown_share(model, natural)),
     )
 
 
