@@ -497,6 +497,15 @@ def untrusted_task_reason(
     return None
 
 
+def untrusted_text_note(reason: str, where: str) -> str:
+    """The NOTE (without ``NOTE: ``) that the natural text cannot support its numbers
+    (:func:`untrusted_task_reason`'s ``reason``; ``where``: the summary.json key that keeps it)."""
+    return (
+        f"natural text: {reason} ({where}): its losses and ablation effects measure that, not a "
+        "mechanism; give a text the model knows (--text)"
+    )
+
+
 P_VALUE_TIE = 1e-5
 """Effects closer than this (nats, or 1 - cos for encoders) count as ties in the verification's p-values
 (:mod:`headprobe.analyses.verification`):

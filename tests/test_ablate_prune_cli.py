@@ -877,3 +877,27 @@ def test_ablated_losses_worse_than_a_uniform_guess_are_remarked(tiny_dir, tmp_pa
     assert [x for x in r.report().splitlines() if "above ln(vocabulary)" not in x] == [
         x for x in report.splitlines() if "above ln(vocabulary)" not in x
     ] and "above ln(vocabulary)" not in r.report()
+
+
+@pytest.mark.parametrize("command", ["ablate", "prune"])
+def test_a_text_the_tokenizer_does_not_know_is_said_in_ablate_and_prune(command, tmp_path, capsys):
+    """walk-pipeline: the committed toy model knows only t0..t63, so the default natural text is all
+    its unknown token; scan said so, ablate and prune printed natural losses and effects without a
+    word: both say it in a NOTE and in summary.json's tokens.natural_untrusted, and a text of the
+    model's own words is not flagged."""
+    from pathlib import Path
+
+    toy = Path(__file__).resolve().parents[1] / "figures" / "train-default"
+    small = ["--model", str(toy), "--n-natural", "4", "--seq-len", "32", "--n-repeated", "4", "--period", "10"]
+    assert main([command, *small, "--out", str(tmp_path / "unknown")]) == 0
+    out = capsys.readouterr().out
+    said = [line for line in out.splitlines() if line.startswith("NOTE: natural text: 100% of the text's tokens")]
+    assert len(said) == 1 and "not a mechanism" in said[0], out
+    summary = json.loads((tmp_path / "unknown" / "summary.json").read_text())
+    assert summary["tokens"]["natural_untrusted"] == "100% of the text's tokens are unknown to the tokenizer"
+    if command == "ablate":
+        known = tmp_path / "known.txt"
+        known.write_text(" ".join(f"t{i % 64}" for i in range(400)))
+        assert main([command, *small, "--text", str(known), "--out", str(tmp_path / "known")]) == 0
+        assert "unknown to the tokenizer" not in capsys.readouterr().out
+        assert json.loads((tmp_path / "known" / "summary.json").read_text())["tokens"]["natural_untrusted"] is None
