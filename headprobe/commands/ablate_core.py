@@ -198,7 +198,11 @@ def _rank_correlation(
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     ok = np.isfinite(a) & np.isfinite(b)
     if ok.sum() < MIN_RANKED_HEADS:
-        return None, f"rho needs at least {MIN_RANKED_HEADS} heads swept, {int(ok.sum())} were: too few to rank", None
+        return (
+            None,
+            f"rho needs at least {MIN_RANKED_HEADS} heads swept, {int(ok.sum())} {'was' if int(ok.sum()) == 1 else 'were'}: too few to rank",
+            None,
+        )
     flat = [name for name, x in zip(names, (a[ok], b[ok])) if x.min() == x.max()]
     if flat:
         why = f"undefined: {' and '.join(flat)} {'is' if len(flat) == 1 else 'are'} the same for every head"
