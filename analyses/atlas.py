@@ -329,7 +329,8 @@ def depth_plot(table: pd.DataFrame, head_type: str) -> Figure:
     fig = _figure(COLUMN_WIDTH, DEPTH_PLOT_FRAME_IN + DEPTH_PLOT_ROW_IN * len(labels))
     ax = fig.subplots()
     scale = _depth_panel(ax, table, head_type, labels, show_labels=True)
-    ax.set_title(f"{head_type.replace('_', '-')} heads across models")
+    over = "over training" if "step" in table and table["step"].notna().all() else "across models"
+    ax.set_title(f"{head_type.replace('_', '-')} heads {over}")
     fig.legend(
         handles=_legend_handles()[:4] + _size_key([scale]),
         loc="outside lower center",

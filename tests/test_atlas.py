@@ -954,3 +954,19 @@ def test_keep_n_random_reaches_every_models_scan():
     scan = parse("--n-random", "19", "--keep-n-random").scan_config("smollm2-135m")
     assert (scan.n_random, scan.keep_n_random) == (19, True)
     assert parse().scan_config("smollm2-135m").keep_n_random is False
+
+
+def test_a_type_figure_over_checkpoints_says_over_training():
+    """walk-atlas: atlas_induction.png of `--checkpoints` was titled "induction heads across models"
+    where its rows are one model's training steps; the models' atlas keeps its title."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from headprobe.analyses.atlas import depth_plot
+
+    figures = Path(__file__).resolve().parents[1] / "figures"
+    steps = depth_plot(pd.read_csv(figures / "atlas-training" / "atlas.csv"), "induction")
+    models = depth_plot(pd.read_csv(figures / "atlas" / "atlas.csv"), "induction")
+    assert steps.axes[0].get_title() == "induction heads over training"
+    assert models.axes[0].get_title() == "induction heads across models"
