@@ -42,6 +42,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from headprobe.analyses import distributed
+from headprobe.analyses.data import TokenSet, unknown_share
 from headprobe.analyses.verdicts import UNITS, VerdictRule, label
 from headprobe.probe.backends.base import LoadedModel, cross_entropy_inplace, scored_loss, token_losses  # noqa: F401 - re-exported
 from headprobe.probe.core import ablation_kinds, memory
@@ -497,12 +498,17 @@ def untrusted_task_reason(
     return None
 
 
-def untrusted_text_note(reason: str, where: str) -> str:
-    """The NOTE (without ``NOTE: ``) that the natural text cannot support its numbers
+def unknown_text_reason(model: LoadedModel, natural: TokenSet) -> str | None:
+    """:func:`untrusted_task_reason`'s unknown-token rule alone, for a natural text measured before (or
+    without) its clean loss: why ``natural`` cannot support a command's numbers, or None."""
+    return untrusted_task_reason(0.0, model.spec.d_vocab, unknown_share(model, natural))
+
+
+def untrusted_text_note(reason: str, where: str, what: str = "its losses and ablation effects") -> str:
+    """The NOTE (without ``NOTE: ``) that the natural text cannot support ``what`` a command measured
     (:func:`untrusted_task_reason`'s ``reason``; ``where``: the summary.json key that keeps it)."""
     return (
-        f"natural text: {reason} ({where}): its losses and ablation effects measure that, not a "
-        "mechanism; give a text the model knows (--text)"
+        f"natural text: {reason} ({where}): {what} measure that, not a mechanism; give a text the model knows (--text)"
     )
 
 

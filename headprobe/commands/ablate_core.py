@@ -30,11 +30,11 @@ from headprobe.analyses.ablation import (
     spearman,
     sweep_plan,
     top_heads,
-    untrusted_task_reason,
+    unknown_text_reason,
     untrusted_text_note,
 )
 from headprobe.analyses.attribution import atp_star, estimate_plan, forward_equivalents, second_order
-from headprobe.analyses.data import TokenSet, left_out_notes, unknown_share, window_counts
+from headprobe.analyses.data import TokenSet, left_out_notes, window_counts
 from headprobe.analyses.outputs import WritesOutputs
 from headprobe.analyses.scoring import score_plan, score_tokens
 from headprobe.analyses.statistics import SPEARMAN_INTERVAL_RULE, interval_rule, no_interval_reason, spearman_ci
@@ -990,7 +990,7 @@ def run(
         time.perf_counter() - t_start,
         swept=swept,
         ranks=1 if cfg.estimate else distributed.world_size(),
-        natural_untrusted=untrusted_task_reason(0.0, spec.d_vocab, unknown_share(model, natural)),
+        natural_untrusted=unknown_text_reason(model, natural),
     )
 
 

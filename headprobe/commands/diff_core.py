@@ -16,14 +16,13 @@ import pandas as pd
 import torch
 
 from headprobe import options
-from headprobe.analyses.ablation import first_scored, sweep_plan, top_heads, untrusted_task_reason
+from headprobe.analyses.ablation import first_scored, sweep_plan, top_heads, unknown_text_reason, untrusted_text_note
 from headprobe.analyses.columns import DETECTORS
 from headprobe.analyses.data import (
     fit_lengths,
     left_out_notes,
     natural_text_tokens,
     repeated_random_tokens,
-    unknown_share,
     window_counts,
 )
 from headprobe.analyses.outputs import WritesOutputs
@@ -309,14 +308,6 @@ def batch_line(model: LoadedModel, config: DiffConfig) -> str:
     return memory_plan(model, config).line()
 
 
-def _untrusted_note(reason: str) -> str:
-    """The NOTE (without ``NOTE: ``) that the natural text cannot support its quantities (scan's and kv's rule)."""
-    return (
-        f"natural text: {reason} (summary.json's natural_text.untrusted): its scores and ablation effects "
-        "in both models measure that, not a mechanism; give a text the model knows (--text)"
-    )
-
-
 def _say(line: str) -> None:
     """One line of the plan on stderr, clear of a progress bar."""
     from tqdm.auto import tqdm
@@ -367,9 +358,9 @@ def compare_models(
         check_resample_sources({"natural": int(natural.tokens.shape[0]), "repeated": int(repeated.tokens.shape[0])})
     counts = {"natural": int(natural.tokens.shape[0]), "repeated": int(repeated.tokens.shape[0])}
     detection = _detection(spec, counts, cfg)
-    # the clean loss is not measured yet: of untrusted_task_reason's rules only the unknown-token one applies here
-    untrusted = untrusted_task_reason(0.0, spec.d_vocab, unknown_share(a, natural))
-    untrusted_notes = [_untrusted_note(untrusted)] if untrusted else []
+    untrusted = unknown_text_reason(a, natural)  # the clean loss is not measured yet
+    where, what = "summary.json's natural_text.untrusted", "its scores and ablation effects in both models"
+    untrusted_notes = [untrusted_text_note(untrusted, where, what)] if untrusted else []
     for note in [*left_out_notes(natural), *untrusted_notes, *detection_notes(detection, cfg)]:
         _say(f"NOTE: {note}")
     per, means = _measured(a, b, natural, repeated, cfg, progress)

@@ -16,8 +16,8 @@ import pandas as pd
 
 from headprobe import options
 from headprobe.analyses import figures as figs
-from headprobe.analyses.ablation import first_scored, importance_plan, untrusted_task_reason, untrusted_text_note
-from headprobe.analyses.data import TokenSet, left_out_notes, unknown_share, window_counts
+from headprobe.analyses.ablation import first_scored, importance_plan, unknown_text_reason, untrusted_text_note
+from headprobe.analyses.data import TokenSet, left_out_notes, window_counts
 from headprobe.analyses.outputs import WritesOutputs
 from headprobe.analyses.pruning import (
     IMPORTANCE_WORK,
@@ -757,7 +757,7 @@ def run(
         time.perf_counter() - t_start,
         method_s=method_s,
         natural_text=natural,
-        natural_untrusted=untrusted_task_reason(0.0, model.spec.d_vocab, unknown_share(model, natural)),
+        natural_untrusted=unknown_text_reason(model, natural),
     )
 
 
