@@ -352,13 +352,19 @@ def test_smollm2_cached_load_equals_the_uncached_load(smollm2_checkpoint, tmp_pa
     from) and back from it: both bit-identical to the session's checkpoint."""
     from headprobe.probe.backends.loading import SMOLLM2_PRECISION
 
+    import gguf
+
     monkeypatch.setenv(weights_cache.ENV_VAR, str(tmp_path))
     ref = smollm2_checkpoint
+    reads = []  # transformers parsed the file for the tokenizer, the config and the weights: 37 s, not 13
+    monkeypatch.setattr(gguf, "GGUFReader", lambda path, *a, _read=gguf.GGUFReader: reads.append(path) or _read(path, *a))
     capfd.readouterr()
     cold = load_checkpoint("smollm2-135m")
     assert capfd.readouterr().err.splitlines() == [
         "loading smollm2-135m: dequantizing 4-bit GGUF (first time; cached for next time) ..."
     ]  # no time measured in this cache yet
+    assert len(reads) == 1, reads
+    assert gguf.get_tensor_name_map is gguf.tensor_mapping.get_tensor_name_map  # restored after the load
     assert_same(cold, ref.hf_model, ref.tokenizer)
     del cold
     t0 = time.perf_counter()
