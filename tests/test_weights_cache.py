@@ -350,14 +350,16 @@ def test_two_concurrent_cold_loads_both_succeed_and_leave_one_entry(tiny_gguf, r
 def test_smollm2_cached_load_equals_the_uncached_load(smollm2_checkpoint, tmp_path, monkeypatch, capfd):
     """SmolLM2-135M through an empty cache (a real GGUF parse, whatever the session fixture came
     from) and back from it: both bit-identical to the session's checkpoint."""
-    from headprobe.probe.backends.loading import SMOLLM2_PRECISION
-
     import gguf
+
+    from headprobe.probe.backends.loading import SMOLLM2_PRECISION
 
     monkeypatch.setenv(weights_cache.ENV_VAR, str(tmp_path))
     ref = smollm2_checkpoint
     reads = []  # transformers parsed the file for the tokenizer, the config and the weights: 37 s, not 13
-    monkeypatch.setattr(gguf, "GGUFReader", lambda path, *a, _read=gguf.GGUFReader: reads.append(path) or _read(path, *a))
+    monkeypatch.setattr(
+        gguf, "GGUFReader", lambda path, *a, _read=gguf.GGUFReader: reads.append(path) or _read(path, *a)
+    )
     capfd.readouterr()
     cold = load_checkpoint("smollm2-135m")
     assert capfd.readouterr().err.splitlines() == [
