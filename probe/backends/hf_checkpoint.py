@@ -86,11 +86,12 @@ def gguf_parsed_once() -> Iterator[None]:
             readers[key] = reader(path)
         return readers[key]
 
-    gguf.GGUFReader, gguf.get_tensor_name_map = read_once, functools.lru_cache(maxsize=None)(name_map)
+    module: Any = gguf  # its attributes replaced for the body (a class by a function, as transformers calls it)
+    module.GGUFReader, module.get_tensor_name_map = read_once, functools.lru_cache(maxsize=None)(name_map)
     try:
         yield
     finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+        module.GGUFReader, module.get_tensor_name_map = reader, name_map
         readers.clear()
 
 

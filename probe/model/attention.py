@@ -43,7 +43,7 @@ from headprobe.probe.model.cache import KVCache, StreamingKVCache
 from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.masks import key_mask, streaming_key_mask, with_sink_key
 from headprobe.probe.model.norms import RMSNorm, l2_norm
-from headprobe.probe.model.positions import Rotary, YaRN
+from headprobe.probe.model.positions import Rotary, rotary_scaling
 
 
 def split_heads(x: Float[Tensor, "batch pos d"], n_heads: int) -> Float[Tensor, "batch head pos d_head"]:
@@ -405,7 +405,9 @@ class Attention(SelfAttention):
         rotary_dim = d_qk if cfg.rotary_dim is None else cfg.rotary_dim
         rope = cfg.layer_rope(layer)  # None: learned positions or a NoPE layer
         self.rotary = (
-            None if rope is None else Rotary(rotary_dim, *rope, interleaved=cfg.rotary_interleaved, yarn=YaRN.of(cfg))
+            None
+            if rope is None
+            else Rotary(rotary_dim, *rope, interleaved=cfg.rotary_interleaved, scaling=rotary_scaling(cfg))
         )
         self.qk_l2 = cfg.qk_l2_norm and self.rotary is not None  # Llama-4: on the rotary layers only
         self.temperature = cfg.attn_temperature if cfg.is_nope(layer) else None

@@ -167,6 +167,11 @@ class TransformerConfig:
             ``yarn_beta`` (fast, slow) rotations in ``yarn_original_ctx`` positions (rounded out
             with ``yarn_truncate``), and ``cos``/``sin`` are multiplied by
             ``yarn_attention_factor`` (None: ``0.1 ln(factor) + 1``). None: plain rotary.
+        llama3_rope: Llama-3.1's rotary scaling (Hugging Face's ``rope_type="llama3"``,
+            ``_compute_llama3_parameters``): ``(factor, low_freq_factor, high_freq_factor,
+            original_max_position_embeddings)``; frequencies of wavelength over ``original /
+            low_freq_factor`` are divided by ``factor``, those under ``original / high_freq_factor``
+            kept, those between blended (:class:`~headprobe.probe.model.positions.Llama3Rope`). None: none.
 
     ``n_kv_heads``, ``d_mlp``, ``qkv_bias``, ``d_head`` (and for MLA ``qk_nope_head_dim``) given
     as None hold their derived value after construction.
@@ -243,6 +248,7 @@ class TransformerConfig:
     yarn_beta: tuple[float, float] = (32.0, 1.0)
     yarn_truncate: bool = True
     yarn_attention_factor: float | None = None
+    llama3_rope: tuple[float, float, float, int] | None = None
 
     def __post_init__(self) -> None:
         if self.qk_norm in OLD_QK_NORM:

@@ -85,7 +85,8 @@ def check_mla(cfg: Any) -> None:
 
 def check_layer_rope(cfg: Any) -> None:
     """``rope_thetas``/``rope_factors``: tuples (JSON gives lists) of ``n_layers`` positive
-    entries (``rope_thetas`` also None), on a rotary model; ``logit_scale`` positive."""
+    entries (``rope_thetas`` also None), on a rotary model; ``logit_scale`` positive; ``llama3_rope``
+    a tuple of a positive factor, ``0 < low_freq_factor < high_freq_factor`` and a positive context."""
     for field in ("rope_thetas", "rope_factors"):
         values = getattr(cfg, field)
         if values is None:
@@ -100,3 +101,11 @@ def check_layer_rope(cfg: Any) -> None:
         raise HeadprobeError("rotary_interleaved needs rotary positions (positional='rotary', not MLA)")
     if cfg.logit_scale is not None and not cfg.logit_scale > 0:
         raise HeadprobeError(f"logit_scale must be positive, got {cfg.logit_scale}")
+    if cfg.llama3_rope is not None:  # JSON gives a list
+        factor, low, high, ctx = cfg.llama3_rope
+        object.__setattr__(cfg, "llama3_rope", (float(factor), float(low), float(high), int(ctx)))
+        if not (cfg.positional == "rotary" and cfg.yarn_factor is None and factor > 0 and 0 < low < high and ctx > 0):
+            raise HeadprobeError(
+                "llama3_rope needs rotary positions without YaRN, a positive factor, 0 < low_freq_factor < "
+                f"high_freq_factor and a positive original context, got {cfg.llama3_rope}"
+            )

@@ -15,7 +15,7 @@ from headprobe.probe.model.attention import QKV, SelfAttention
 from headprobe.probe.model.cache import KVCache, StreamingKVCache
 from headprobe.probe.model.config import TransformerConfig
 from headprobe.probe.model.norms import RMSNorm
-from headprobe.probe.model.positions import Rotary, YaRN
+from headprobe.probe.model.positions import Rotary, rotary_scaling
 
 
 class LatentAttention(SelfAttention):
@@ -53,7 +53,7 @@ class LatentAttention(SelfAttention):
         self.kv_down = nn.Linear(D, r + R, bias=False)  # latent c^KV and the shared rotary key k^R
         self.kv_norm = RMSNorm(r, cfg.norm_eps)
         self.kv_up = nn.Linear(r, H * (N + cfg.d_head), bias=False)  # keys and values of every head
-        self.rotary = Rotary(R, cfg.rope_theta, yarn=YaRN.of(cfg)) if R else None
+        self.rotary = Rotary(R, cfg.rope_theta, scaling=rotary_scaling(cfg)) if R else None
         self._add_output(rotary_hooks=False)
 
     def qkv(

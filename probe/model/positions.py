@@ -1,5 +1,5 @@
 """Positions: the token and learned-position :class:`Embedding`, and rotary positions
-(:class:`Rotary`: Hugging Face's halves or interleaved pairs, partial, linear and YaRN scaling).
+(:class:`Rotary`: Hugging Face's halves or interleaved pairs, partial, linear, YaRN and Llama-3 scaling).
 """
 
 from __future__ import annotations
@@ -119,6 +119,42 @@ class YaRN:
         return 1.0 / (self.factor * pos_freqs) * (1 - extrapolation) + 1.0 / pos_freqs * extrapolation
 
 
+@dataclass(frozen=True)
+class Llama3Rope:
+    """Llama-3.1's rotary scaling, as Hugging Face's ``_compute_llama3_parameters`` computes it
+    (``rope_type="llama3"``): see :class:`~headprobe.probe.model.config.TransformerConfig` ``llama3_rope``."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_ctx: int
+    attention_factor: float = 1.0  # cos and sin unscaled
+
+    @classmethod
+    def of(cls, cfg: TransformerConfig) -> Llama3Rope | None:
+        """The config's Llama-3 scaling, or None."""
+        return None if cfg.llama3_rope is None else cls(*cfg.llama3_rope)
+
+    def blend(self, pos_freqs: Float[Tensor, " half_dim"], dim: int, theta: float) -> Float[Tensor, " half_dim"]:
+        """``inv_freq = 1 / pos_freqs`` kept where its wavelength ``2 pi / inv_freq`` is under
+        ``original_ctx / high_freq_factor``, divided by ``factor`` where it is over ``original_ctx /
+        low_freq_factor``, and blended between the two in between (by ``original_ctx / wavelength``)."""
+        inv_freq = 1.0 / pos_freqs
+        wavelength = 2 * math.pi / inv_freq
+        long_wave, short_wave = self.original_ctx / self.low_freq_factor, self.original_ctx / self.high_freq_factor
+        scaled = torch.where(wavelength > long_wave, inv_freq / self.factor, inv_freq)
+        smooth = (self.original_ctx / wavelength - self.low_freq_factor) / (
+            self.high_freq_factor - self.low_freq_factor
+        )
+        blended = (1 - smooth) * scaled / self.factor + smooth * scaled
+        return torch.where((wavelength >= short_wave) & (wavelength <= long_wave), blended, scaled)
+
+
+def rotary_scaling(cfg: TransformerConfig) -> YaRN | Llama3Rope | None:
+    """The config's rotary scaling that blends frequencies (YaRN or Llama-3's), or None."""
+    return YaRN.of(cfg) or Llama3Rope.of(cfg)
+
+
 class Rotary(nn.Module):
     """Rotary position embedding (Su et al. 2021) in the convention of ``transformers``' Llama:
     ``inv_freq_i = theta^(-2i/dim)``, angle ``pos * inv_freq`` repeated over both halves,
@@ -127,19 +163,24 @@ class Rotary(nn.Module):
 
     With ``dim`` below the head width only the first ``dim`` dimensions of each head rotate
     and the rest pass through (GPT-NeoX's partial rotary, ``rotary_pct``). ``factor`` divides the
-    frequencies (linear scaling); ``interleaved`` rotates adjacent pairs (:func:`rotate_pairs`,
+    frequencies (linear scaling), ``scaling`` blends them (YaRN, Llama-3); ``interleaved`` rotates adjacent pairs (:func:`rotate_pairs`,
     the angles repeated per pair) instead of halves."""
 
     def __init__(
-        self, dim: int, theta: float, factor: float = 1.0, interleaved: bool = False, yarn: YaRN | None = None
+        self,
+        dim: int,
+        theta: float,
+        factor: float = 1.0,
+        interleaved: bool = False,
+        scaling: YaRN | Llama3Rope | None = None,
     ):
         super().__init__()
         self.dim = dim
         self.theta = theta
         self.factor = factor
         self.interleaved = interleaved
-        self.yarn = yarn
-        self.attention_factor = 1.0 if yarn is None else yarn.attention_factor
+        self.scaling = scaling
+        self.attention_factor = 1.0 if scaling is None else scaling.attention_factor
         self.register_buffer("inv_freq", self.frequencies(), persistent=False)
 
     def _apply(self, fn, recurse=True):
@@ -157,8 +198,8 @@ class Rotary(nn.Module):
         """``inv_freq_i = theta^(-2i/dim) / factor``, float32 on the CPU (a fresh tensor)."""
         arange = torch.arange(0, self.dim, 2, dtype=torch.int64, device="cpu")
         pos_freqs = self.theta ** (arange.float() / self.dim)
-        if self.yarn is not None:
-            return self.yarn.blend(pos_freqs, self.dim, self.theta)
+        if self.scaling is not None:
+            return self.scaling.blend(pos_freqs, self.dim, self.theta)
         inv_freq = 1.0 / pos_freqs
         return inv_freq if self.factor == 1.0 else inv_freq / self.factor
 

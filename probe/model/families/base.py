@@ -266,19 +266,24 @@ ROPE_LAYER_TYPES = ("full_attention", "sliding_attention")
 """Layer types that key a per-layer-type ``rope_parameters`` (transformers 5: Gemma-3, OLMo-3)."""
 
 
-def layer_ropes(hf_config: Any, kind: str, no_rope_layers: Collection[int] = ()) -> dict:
+def layer_ropes(
+    hf_config: Any, kind: str, no_rope_layers: Collection[int] = (), flat_types: Collection[str] = ("default",)
+) -> dict:
     """The rotary fields of :class:`TransformerConfig`: ``rope_theta``, and ``rope_thetas`` /
     ``rope_factors`` where layers differ. A flat ``rope_parameters`` gives every layer its base
-    (plain rotary only, :func:`plain_rope`); one keyed by layer type (Gemma-3's sliding layers
+    and, of ``flat_types`` (the family's: ``default``, ``linear``, ``llama3``), its scaling
+    (``rope_factors``; ``llama3_rope``); one keyed by layer type (Gemma-3's sliding layers
     with ``rope_local_base_freq``, OLMo-3) gives each layer its type's base and, for
     ``rope_type="linear"``, its factor. ``no_rope_layers`` have no positions (None in
     ``rope_thetas``).
 
     Raises:
-        HeadprobeError: a rotary scaling other than linear per layer type, or none per flat config.
+        HeadprobeError: a rotary scaling other than linear per layer type, or not of ``flat_types``
+            per flat config.
     """
     params = rope_parameters(hf_config)
     types = getattr(hf_config, "layer_types", None)
+    scaled: dict[str, Any] = {}  # a flat config's scaling beyond a factor (llama3_rope)
     if types is not None and set(params) & set(ROPE_LAYER_TYPES):
         thetas, factors = [], []
         for t in types:
@@ -291,8 +296,9 @@ def layer_ropes(hf_config: Any, kind: str, no_rope_layers: Collection[int] = ())
             thetas.append(float(p.get("rope_theta", 10000.0)))
             factors.append(float(p.get("factor", 1.0)) if rope_type == "linear" else 1.0)
     else:
-        plain_rope(hf_config, kind)
-        thetas, factors = [rope_theta(hf_config)] * hf_config.num_hidden_layers, [1.0] * hf_config.num_hidden_layers
+        scaled = _flat_scaling(hf_config, kind, flat_types)
+        n = hf_config.num_hidden_layers
+        thetas, factors = [rope_theta(hf_config)] * n, [float(scaled.pop("factor", 1.0))] * n
     per_layer: list[float | None] = [None if l in no_rope_layers else t for l, t in enumerate(thetas)]
     first = next((t for t in per_layer if t is not None), thetas[0])
     out: dict[str, Any] = dict(rope_theta=first)
@@ -300,7 +306,33 @@ def layer_ropes(hf_config: Any, kind: str, no_rope_layers: Collection[int] = ())
         out["rope_thetas"] = tuple(per_layer)
     if any(f != 1.0 for f in factors):
         out["rope_factors"] = tuple(factors)
-    return out
+    return {**out, **scaled}
+
+
+def _flat_scaling(hf_config: Any, kind: str, flat_types: Collection[str]) -> dict:
+    """A flat ``rope_parameters``' scaling: ``{"factor": f}`` (linear, position interpolation),
+    ``{"llama3_rope": (...)}`` (Llama-3.1's, read as ``_compute_llama3_parameters`` reads it) or {}.
+
+    Raises:
+        HeadprobeError: a ``rope_type`` not of ``flat_types``.
+    """
+    if tuple(flat_types) == ("default",):
+        plain_rope(hf_config, kind)
+        return {}
+    params = rope_parameters(hf_config)
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in flat_types:
+        raise HeadprobeError(
+            f"native {kind} implements {', '.join(t.replace('default', 'plain') for t in flat_types)} rotary "
+            f"positions, not rope_type={rope_type}"
+        )
+    if rope_type == "linear":
+        return {"factor": float(params["factor"])}
+    if rope_type == "llama3":
+        ctx = params.get("original_max_position_embeddings") or hf_config.max_position_embeddings
+        rope = (params["factor"], params["low_freq_factor"], params["high_freq_factor"], ctx)
+        return {"llama3_rope": tuple(float(x) for x in rope[:3]) + (int(ctx),)}
+    return {}
 
 
 def sliding(hf_config: Any, kind: str, every_layer: bool = False) -> dict:

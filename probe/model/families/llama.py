@@ -22,6 +22,7 @@ from headprobe.probe.model.families.base import (
     TINY_FIELDS,
     Family,
     TinySpec,
+    Variant,
     hf_sizes,
     layer_ropes,
     moe_weights,
@@ -43,6 +44,7 @@ def llama_config(
     qkv_bias: bool = False,
     windows: str = "none",
     no_rope_layers: Collection[int] = (),
+    rope_types: Collection[str] = ("default",),
     **fields: Any,
 ) -> TransformerConfig:
     """The native config of Llama or a relative: Llama's block with the family's differences.
@@ -57,13 +59,15 @@ def llama_config(
             alone windows every layer, Mistral); see :func:`~headprobe.probe.model.families.base.sliding`.
         no_rope_layers: layers without positions (NoPE; SmolLM3); the rotary bases and factors
             per layer: :func:`~headprobe.probe.model.families.base.layer_ropes`.
+        rope_types: the rotary scalings (``rope_type``) the family implements: ``default``
+            (plain), ``linear``, ``llama3``.
         fields: further :class:`TransformerConfig` fields of the family.
 
     Raises:
         HeadprobeError: rotary scaling, another activation, biases the family does not have, or
             windows it does not implement.
     """
-    fields.update(layer_ropes(hf_config, kind, no_rope_layers))
+    fields.update(layer_ropes(hf_config, kind, no_rope_layers, rope_types))
     n_heads, d_model = hf_config.num_attention_heads, hf_config.hidden_size
     head_dim = getattr(hf_config, "head_dim", None) or d_model // n_heads
     got = getattr(hf_config, act_field, None)
@@ -148,8 +152,9 @@ def _normed(w: Tensor, norm: Callable[[Tensor], Tensor] | None) -> Tensor:
 
 
 def config(hf_config: Any) -> TransformerConfig:
-    """The native config of a ``LlamaConfig`` (:func:`llama_config`: full attention only)."""
-    return llama_config(hf_config, "llama")
+    """The native config of a ``LlamaConfig`` (:func:`llama_config`: full attention only; plain,
+    linear and Llama-3.1's rotary scaling, ``rope_type="llama3"``)."""
+    return llama_config(hf_config, "llama", rope_types=("default", "linear", "llama3"))
 
 
 FAMILY = Family(
@@ -159,9 +164,25 @@ FAMILY = Family(
         fields=dict(TINY_FIELDS),
         layout=("GQA", "none", "none", None),
         unsupported=(
-            dict(rope_parameters={"rope_theta": 1e4, "rope_type": "linear", "factor": 2.0}),
+            dict(rope_parameters={"rope_theta": 1e4, "rope_type": "dynamic", "factor": 2.0}),
             dict(sliding_window=8),
             dict(mlp_bias=True),
+        ),
+        variants=(
+            Variant(dict(rope_parameters={"rope_theta": 1e4, "rope_type": "linear", "factor": 2.0}), "linear rotary"),
+            Variant(
+                dict(
+                    rope_parameters={
+                        "rope_type": "llama3",
+                        "rope_theta": 100.0,
+                        "factor": 8.0,
+                        "low_freq_factor": 1.0,
+                        "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 16,
+                    }
+                ),
+                "Llama-3.1 rotary scaling of 16 original positions",
+            ),
         ),
     ),
 )
