@@ -137,6 +137,7 @@ def test_presets_match_the_lesson_table():
         "kimi-k2": (7168, 64, 128, None),
         "smollm2-135m": (576, 9, 64, 3),
         "mistral-7b": (4096, 32, 128, 8),
+        "mistral-7b-v0.3": (4096, 32, 128, 8),
     }
     assert set(table) == set(cost.PRESETS)
     for name, (d, h, dh, kv) in table.items():

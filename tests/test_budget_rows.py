@@ -135,6 +135,20 @@ def test_fp8_header_and_windowed_matrix_say_the_attention_is_bf16(capsys):
     assert rows["attention matrix per layer in bf16, window 4,096"][0] == cost.format_bytes(banded) == "7.5 GiB"
 
 
+def test_a_window_as_long_as_the_sequence_is_the_causal_half_of_a_global_layers_matrix_and_says_so(capsys):
+    """A window W = T stores T(T+1)/2 weights a head (the keys each query reads) where a global layer
+    counts all T^2 (an eager kernel materialises the masked half too): 32 GiB beside 64 GiB for one
+    computation read as a contradiction (walk plan8b). The banded row now names the eager T^2 too."""
+    T = 32768
+    rows, data = run(capsys, "--preset", "mistral-7b", "--sliding-window", str(T), "--seq-len", str(T))
+    value, note = rows[f"attention matrix per layer in bf16, window {T:,}"]
+    assert value == cost.format_bytes(32 * T * (T + 1) // 2 * 2) == "32 GiB"
+    assert "banded" in note and note.endswith(f"holds all T^2: {cost.format_bytes(32 * T * T * 2)}")
+    rows, _ = run(capsys, "--preset", "llama3-8b", "--seq-len", str(T))
+    value, note = rows["attention matrix per layer [batch, head, T, T] in bf16"]
+    assert value == "64 GiB" and "all T^2, the masked half too" in note
+
+
 def test_mixed_windows_flops_rows_say_per_layer_or_per_kind_and_add_up(capsys):
     """4 layers, every second global, T = 32,768, W = 4,096. Per layer, a global layer scores all
     T^2 (17.6 TFLOP; causal pos+1 keys: T(T+1)/2, 8.80), a windowed one W(W+1)/2 + (T-W)W keys
@@ -235,6 +249,7 @@ def _dense_params(
     [
         ("llama3-8b", 8_030_261_248, dict(d=4096, layers=32, heads=32, kv_heads=8, d_mlp=14336, vocab=128256)),
         ("mistral-7b", 7_241_732_096, dict(d=4096, layers=32, heads=32, kv_heads=8, d_mlp=14336, vocab=32000)),
+        ("mistral-7b-v0.3", 7_248_023_552, dict(d=4096, layers=32, heads=32, kv_heads=8, d_mlp=14336, vocab=32768)),
         (
             "qwen2.5-7b",
             7_615_616_512,

@@ -936,8 +936,11 @@ PRESETS: dict[str, AttentionLayout] = {
     # num_attention_heads 32, num_key_value_heads 8 (d_head 128), sliding_window 4096 on every
     # layer (Jiang et al. 2023, arXiv:2310.06825, table 1), no attention bias.
     "mistral-7b": AttentionLayout(
-        d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, windows=(4096,) * 32, name="Mistral 7B"
+        d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, windows=(4096,) * 32, name="Mistral 7B v0.1"
     ),
+    # mistralai/Mistral-7B-v0.3 config.json (v0.2's attention): the same heads, sliding_window null
+    # (no window on any layer: a 32,768-token cache is 8x v0.1's), vocab 32768.
+    "mistral-7b-v0.3": AttentionLayout(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, name="Mistral 7B v0.3"),
     # Qwen/Qwen2.5-7B config.json: hidden_size 3584, num_hidden_layers 28,
     # num_attention_heads 28, num_key_value_heads 4 (d_head 128); biases on q, k, v only.
     "qwen2.5-7b": AttentionLayout(d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4, bias="qkv", name="Qwen2.5-7B"),
@@ -1031,6 +1034,8 @@ MODEL_SHAPES: dict[str, ModelShape] = {
     "llama3-8b": ModelShape(vocab_size=128256, d_mlp=14336),
     # mistralai/Mistral-7B-v0.1: vocab_size 32000, intermediate_size 14336, tie_word_embeddings false.
     "mistral-7b": ModelShape(vocab_size=32000, d_mlp=14336),
+    # mistralai/Mistral-7B-v0.3: vocab_size 32768, intermediate_size 14336, tie_word_embeddings false.
+    "mistral-7b-v0.3": ModelShape(vocab_size=32768, d_mlp=14336),
     # Qwen/Qwen2.5-7B: vocab_size 152064, intermediate_size 18944, tie_word_embeddings false.
     "qwen2.5-7b": ModelShape(vocab_size=152064, d_mlp=18944),
     # HuggingFaceTB/SmolLM2-135M: vocab_size 49152, intermediate_size 1536, tie_word_embeddings true.
