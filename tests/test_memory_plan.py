@@ -193,6 +193,10 @@ def test_a_budget_above_the_free_memory_is_refused_by_every_command(
 
 
 def test_ablate_header_prints_the_plan(tiny_dir, tmp_path, capsys):
+    """The sweep's plan and its gradient scores' (the plan that binds at 8B and 1,024 tokens, said
+    only when it refused before: walk plan8b), each the larger per-sequence estimate of the two tasks."""
+    from headprobe.analyses.ablation import importance_plan
+    from headprobe.commands.ablate_core import GRADIENT_WORK
     from headprobe.probe.backends.loading import load_model
 
     model = load_model(str(tiny_dir), device="cpu")
@@ -200,6 +204,8 @@ def test_ablate_header_prints_the_plan(tiny_dir, tmp_path, capsys):
     memory.set_budget("2MiB")
     plans = [expect(model, 3, 16, model.spec.n_layers), expect(model, 2, 13, model.spec.n_layers)]
     line = max(plans, key=lambda p: p.per_item).line()
+    grads = [importance_plan(model, 3, 16, "zero", GRADIENT_WORK), importance_plan(model, 2, 13, "zero", GRADIENT_WORK)]
+    gradient_line = max(grads, key=lambda p: p.per_item).line()
     out = tmp_path / "ablate"
     assert (
         main(
@@ -220,7 +226,8 @@ def test_ablate_header_prints_the_plan(tiny_dir, tmp_path, capsys):
         )
         == 0
     )
-    assert line in capsys.readouterr().out
+    lines = capsys.readouterr().out.splitlines()
+    assert line in lines and gradient_line in lines and lines.index(gradient_line) == lines.index(line) + 1
 
 
 def test_scan_header_says_how_many_control_sets_a_pass_holds(tiny_dir, tmp_path, capsys):

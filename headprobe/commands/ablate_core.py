@@ -798,11 +798,7 @@ def memory_plan(model: LoadedModel, config: AblateConfig) -> BatchPlan:
             sequence for :data:`GRADIENT_METHODS`) or a forward beside them does not fit in the memory budget; lengths that cannot run
             (``config.resolved``); before all of these, a head out of range (:func:`swept_heads`).
     """
-    swept_heads(model, config)  # a head out of range is refused first, before any plan, data or forward
-    config = config.resolved(model.spec, model.trained_periods)  # refuses lengths that cannot run, before a plan
-    assert config.period is not None and config.seq_len is not None  # set by resolved
-    # the repeated task's sequences: two blocks of period tokens after BOS where the model prepends one
-    shapes = [(config.n_natural, config.seq_len), (config.n_repeated, 2 * config.period + int(model.prepend_bos))]
+    config, shapes = _task_shapes(model, config)
     if config.estimate:
         method, n_probes = config.estimate, config.n_probes
         split = method in GRADIENT_METHODS
@@ -813,6 +809,19 @@ def memory_plan(model: LoadedModel, config: AblateConfig) -> BatchPlan:
     _forward_plans(model, config)  # refused where they do not fit, as the gradient scores
     plans = [sweep_plan(model, b, t, model.spec.n_layers, config.max_batch) for b, t in shapes]
     return max(plans, key=lambda p: p.per_item)
+
+
+def _task_shapes(model: LoadedModel, config: AblateConfig) -> tuple[AblateConfig, list[tuple[int, int]]]:
+    """``(config resolved, [(sequences, tokens)] of the natural and the repeated task)``: the repeated
+    task's sequences are two blocks of ``period`` tokens after BOS where the model prepends one.
+
+    Raises:
+        HeadprobeError: a head out of range (first, before any plan), lengths that cannot run.
+    """
+    swept_heads(model, config)  # a head out of range is refused first, before any plan, data or forward
+    config = config.resolved(model.spec, model.trained_periods)  # refuses lengths that cannot run, before a plan
+    assert config.period is not None and config.seq_len is not None  # set by resolved
+    return config, [(config.n_natural, config.seq_len), (config.n_repeated, 2 * config.period + int(model.prepend_bos))]
 
 
 def _forward_plans(model: LoadedModel, config: AblateConfig) -> list[BatchPlan]:
@@ -837,12 +846,21 @@ def _forward_plans(model: LoadedModel, config: AblateConfig) -> list[BatchPlan]:
 
 
 def batch_line(model: LoadedModel, config: AblateConfig) -> str:
-    """The header line of :func:`memory_plan`.
+    """The header lines of :func:`memory_plan` and, for the exact sweep, of its gradient scores (the
+    task whose sequence needs more; at 8B and 1,024 tokens the plan that binds, said only in a
+    refusal before).
 
     Raises:
         HeadprobeError: as :func:`memory_plan`.
     """
-    return memory_plan(model, config).line()
+    line = memory_plan(model, config).line()
+    if config.estimate:
+        return line
+    config, shapes = _task_shapes(model, config)
+    gradient = max(
+        (importance_plan(model, b, t, config.kind, GRADIENT_WORK) for b, t in shapes), key=lambda p: p.per_item
+    )
+    return f"{line}\n{gradient.line()}"
 
 
 def _sweep_task(
