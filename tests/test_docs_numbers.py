@@ -132,6 +132,32 @@ def test_the_gradient_scores_one_sequence_sizes_are_the_planners():
     assert all(_shown(size / GIB, text) for size, text in zip(sizes, said)), (sizes, said)
 
 
+@pytest.mark.usefixtures("no_stated_budget")
+def test_the_float32_8b_plans_are_the_planners():
+    """The 8B shape in float32 (the default ``--dtype``): the sweep's sequence sizes and what fits an
+    H100's 80% of (79.65 - 29.9 - 1) GiB, and the gradient scores' sizes (walk plan8b: only bfloat16 was given)."""
+    from headprobe.analyses.ablation import importance_plan
+
+    f32 = ("llama3-8b", 128256, torch.float32)
+    (free, held, *said) = _find(
+        r"leave an H100 about (\S+) GiB .*?: a sweep sequence takes (\S+) MiB at 128 tokens, (\S+) GiB at 1,024 and "
+        r"(\S+) GiB at 4,096 \((\d+), (\d+) and (\d+) sequences a pass: 4,096 refused\), and the gradient scores "
+        r"(\S+), (\S+) and (\S+) GiB a sequence"
+    )
+    assert _shown(79.65 - 8_030_261_248 * 4 / GIB - 1, free)
+    sizes = [_plan(f32, T).per_item for T in (128, 1024, 4096)]
+    assert _shown(sizes[0] / MIB, held) and _shown(sizes[1] / GIB, said[0]) and _shown(sizes[2] / GIB, said[1])
+    budget = int(memory.HEADROOM * float(free) * GIB)
+    assert [(budget - 256 * MIB) // per for per in sizes] == [int(n) for n in said[2:5]]
+    memory.set_budget(1 << 50)
+    try:
+        grads = [importance_plan(_model(*f32), 8, T).per_item for T in (128, 1024, 4096)]
+    finally:
+        memory.set_budget(None)
+    assert all(_shown(g / GIB, text) for g, text in zip(grads, said[5:])), (grads, said)
+    assert grads[2] > budget and grads[1] <= budget  # 4,096 refused, 1,024 fits once
+
+
 def test_the_8b_weights_sizes():
     params = model_params(preset("llama3-8b"), MODEL_SHAPES["llama3-8b"]).total  # budget's whole-model count
     assert params == 8_030_261_248  # tests/test_budget_rows.py's hand count
