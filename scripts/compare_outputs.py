@@ -32,7 +32,7 @@ TOL = 1e-6
 #: keys whose values depend on the run, not on the computation (matched against every key of the JSON)
 VOLATILE = re.compile(
     r"(^|_)(s|seconds|time|timings?|timings_s|versions?|date|created|path|paths|out|dir|model_dir"
-    r"|source|host|python|torch|elapsed|command)$|_s$",
+    r"|source|host|python|torch|elapsed|command|peak_memory)$|_s$",
     re.IGNORECASE,
 )
 SMALL = ["--seq-len", "16", "--n-natural", "3", "--n-repeated", "2", "--period", "6", "--device", "cpu"]

@@ -576,12 +576,29 @@ def test_every_summary_has_the_common_envelope(name, run_command, models, prompt
     assert s["device_name"] == device_name("cpu") and s["device_name"] and s["tf32"] is None
     assert all(isinstance(v, (int, float)) and v >= 0 for v in s["timings_s"].values()) and s["timings_s"]
     assert ("load_s" in s["timings_s"]) == (name in LOADS_A_MODEL), s["timings_s"]
+    # the process's high-water mark (this worker's, which loaded torch: over 100 MiB), no GPU on the CPU
+    assert s["peak_memory"]["host_rss_bytes"] > 100 * 2**20 and s["peak_memory"]["gpu_allocated_bytes"] is None
     if name in LOADS_A_MODEL or name == "train":  # one model: its name, precision and self-check
         assert s["model"] and s["weights_precision"] and s["self_check"]["ok"] is True, name
     else:  # an atlas of models, a study of trained ones: no one model
         assert s["model"] is None and s["weights_precision"] is None
     if name == "atlas":
         assert all("scan_s" in m["timings_s"] and "seconds" not in m for m in s["models"].values())
+
+
+def test_peak_memory_is_the_processs_high_water_mark_in_bytes():
+    """``host_rss_bytes`` is ``ru_maxrss`` read in bytes: about the resident set now (``/proc/self/status``
+    VmRSS, kB) or more, at most the high-water mark read after (VmHWM); no GPU off CUDA."""
+    from headprobe.probe.core.io import peak_memory
+
+    def status(key: str) -> int:
+        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(key + ":"))
+        return int(line.split()[1]) * 1024
+
+    rss = status("VmRSS")
+    got = peak_memory("cpu")
+    # the kernel updates the mark lazily (it can trail the resident set by a few pages); KiB taken as bytes: 1024x off
+    assert 0.9 * rss <= got["host_rss_bytes"] <= status("VmHWM") + 2**20 and got["gpu_allocated_bytes"] is None
 
 
 def test_the_envelope_is_built_in_one_place():
@@ -604,6 +621,7 @@ def test_the_envelope_is_built_in_one_place():
         "command",
         "config",
         "timings_s",
+        "peak_memory",
         "versions",
     ]
     assert [k for k in s if k != "x"] == list(ENVELOPE_KEYS)

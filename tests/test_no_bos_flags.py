@@ -31,6 +31,7 @@ COMMANDS = {
 def _summary(path):
     s = json.loads((path / "summary.json").read_text())
     s.pop("timings_s", None)
+    s.pop("peak_memory", None)  # the process's, as the wall time
     s.pop("command")  # the CLI's words, null from Python (test_json_outputs.py)
     s["config"].pop("model")
     return s

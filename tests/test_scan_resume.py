@@ -34,7 +34,7 @@ ARGS = [
 
 def _without_timings(summary: dict) -> dict:
     summary = dict(summary)
-    for key in ("timings_s", "timings", "seconds", "command"):  # command: each run's own --out
+    for key in ("timings_s", "timings", "seconds", "command", "peak_memory"):  # command: each run's own --out
         summary.pop(key, None)
     return summary
 

@@ -202,7 +202,7 @@ def test_api_study_matches_cli_and_trains_what_it_says(tmp_path, capsys):
                 else d[k]
             )
             for k in d
-            if k not in ("timings_s", "command")  # command: the CLI's words, null from Python
+            if k not in ("timings_s", "command", "peak_memory")  # command: the CLI's words, null from Python
         }
 
     s_api, s_cli = (json.loads((tmp_path / d / "study.json").read_text()) for d in ("api", "cli"))

@@ -632,6 +632,7 @@ ENVELOPE_KEYS = (
     "command",
     "config",
     "timings_s",
+    "peak_memory",
     "versions",
 )
 """The keys every command's summary.json has (:func:`summary_envelope`)."""
@@ -655,7 +656,8 @@ def summary_envelope(
     ran it, :func:`command_line`; None from Python), ``config`` (a dataclass, as a dict: every setting,
     defaults included), ``timings_s`` (seconds per
     stage, rounded to 0.01 s; a stage of None left out: ``load_s`` is there wherever the command
-    loaded its model, absent for a model the caller loaded, :func:`~headprobe.probe.core.reprs.load_seconds`) and ``versions``
+    loaded its model, absent for a model the caller loaded, :func:`~headprobe.probe.core.reprs.load_seconds`),
+    ``peak_memory`` (:func:`peak_memory`) and ``versions``
     (:func:`package_versions`). ``model`` and the others are None where a command has none of its
     own (an atlas of many models, a study of many trained ones). ``backend``: the one the model ran
     on (``ModelSpec.backend``), recorded as ``config``'s ``backend`` where it has one (``auto``
@@ -687,8 +689,34 @@ def summary_envelope(
         "command": None if (argv := command_words()) is None else list(argv),
         "config": settings,
         "timings_s": {k: round(float(v), 2) for k, v in timings_s.items() if v is not None},
+        "peak_memory": peak_memory(device),
         "versions": package_versions(),
     }
+
+
+def peak_memory(device: str | None) -> dict[str, int | None]:
+    """The process's peak memory so far, in bytes (its load included, and in a Python session the
+    work before this run too): ``host_rss_bytes``, the resident set's high-water mark
+    (``resource.getrusage(RUSAGE_SELF).ru_maxrss``: KiB on Linux, bytes on macOS; None where the
+    platform has no ``resource``), and ``gpu_allocated_bytes``, torch's caching allocator's peak
+    allocated bytes summed over the CUDA devices (``torch.cuda.max_memory_allocated``) where
+    ``device`` names CUDA and CUDA is initialised, else None. What the next run of this size needs
+    (a first run at 8B records it for the next one's ``--memory-budget``)."""
+    import sys
+
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        host = None
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        host = int(peak if sys.platform == "darwin" else peak * 1024)
+    gpu = None
+    torch = sys.modules.get("torch")
+    if device is not None and ("cuda" in device or device == "auto") and torch is not None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            gpu = sum(int(torch.cuda.max_memory_allocated(i)) for i in range(torch.cuda.device_count()))
+    return {"host_rss_bytes": host, "gpu_allocated_bytes": gpu}
 
 
 SELF_CHECK_KEYS = ("ok", "patterns_ok", "decomposition_ok", "max_relative_error")
