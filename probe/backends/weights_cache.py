@@ -291,11 +291,12 @@ def load_cached(
     eta = eta or _recorded_eta(root, source)
     eta_part = f", {eta}" if eta else ""
 
-    def cold(note: str) -> tuple[Any, Any]:
+    def cold(note: str, record: bool = True) -> tuple[Any, Any]:
         say(f"loading {name}: dequantizing {what} ({note}) ...")
         t0 = time.perf_counter()
         got = build()
-        _record_seconds(root, source, time.perf_counter() - t0)
+        if record:  # not where the cache was said unusable: a second warning about the same folder
+            _record_seconds(root, source, time.perf_counter() - t0)
         return got
 
     if root is None:
@@ -325,7 +326,7 @@ def load_cached(
             root,
             getattr(e, "strerror", None) or e,
         )
-        return cold(f"{eta + '; ' if eta else ''}not cached")
+        return cold(f"{eta + '; ' if eta else ''}not cached", record=False)
     try:
         if entry.problem() is None:  # written by another process while we waited for the lock
             got = from_entry()
