@@ -484,6 +484,10 @@ def test_killed_run_resumes_to_the_same_results(tiny_dir, tmp_path, capsys, comm
     rc = main([command, "--out", str(tmp_path / "other"), *args[:-2], "--seed", "5"])
     err = capsys.readouterr().err
     assert rc == 2 and "other settings" in err and "--overwrite" in err
+    # with --overwrite it is discarded, and said (it was silent: an interrupted run's work gone unsaid)
+    assert main([command, "--out", str(tmp_path / "other"), *args[:-2], "--seed", "5", "--overwrite"]) == 0
+    notes = [x for x in capsys.readouterr().err.splitlines() if x.startswith("NOTE: --overwrite")]
+    assert len(notes) == 1 and "seed: 0 there, 5 now" in notes[0] and notes[0].endswith("is discarded; starting over")
 
 
 def test_out_of_memory_mid_run_resumes_with_a_smaller_budget_or_batch(tiny_dir, tmp_path, monkeypatch, capsys):

@@ -11,6 +11,7 @@ import math
 import os
 import shutil
 import stat
+import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
@@ -538,7 +539,8 @@ class RunCheckpoint:
 
         Raises:
             HeadprobeError: a checkpoint of a run with other settings is there and ``overwrite``
-                is False (with ``overwrite`` it is discarded); its line spells ``--overwrite`` for the
+                is False (with ``overwrite`` it is discarded, said in one ``NOTE`` line on stderr:
+                an interrupted run's work, hours of it at scale, is gone); its line spells ``--overwrite`` for the
                 command line and Python alike, as :func:`prepare_output_dir`'s, since Python reaches it
                 outside a command's function too (``atlas_core.run``, a ``RunCheckpoint`` of one's own).
         """
@@ -550,6 +552,14 @@ class RunCheckpoint:
             saved = {}
         if saved.get("key") != self.key:
             if overwrite:
+                if os.environ.get("RANK", "0") == "0":  # under torchrun, one line (rank 0's)
+                    held = f"other settings ({self._settings_differ(saved.get('key'))})" if saved else "unreadable"
+                    print(
+                        f"NOTE: --overwrite (overwrite=True in Python): {self.path}, an interrupted run's checkpoint "
+                        f"of {held}, is discarded; starting over",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 return {}
             raise HeadprobeError(
                 f"{self.path} belongs to a run with other settings ({self._settings_differ(saved.get('key'))}); "
@@ -702,8 +712,6 @@ def peak_memory(device: str | None) -> dict[str, int | None]:
     allocated bytes summed over the CUDA devices (``torch.cuda.max_memory_allocated``) where
     ``device`` names CUDA and CUDA is initialised, else None. What the next run of this size needs
     (a first run at 8B records it for the next one's ``--memory-budget``)."""
-    import sys
-
     try:
         import resource
     except ImportError:  # pragma: no cover - Windows
