@@ -90,21 +90,21 @@ def test_local_directory_loads_through_the_bridge(tmp_path, tiny_tokenizer):
 
 
 def test_auto_says_why_it_leaves_the_native_model(tmp_path, tiny_tokenizer, capsys):
-    """A Llama with linear rotary scaling, which the native model does not implement: ``auto``
+    """A Llama with dynamic rotary scaling, which the native model does not implement: ``auto``
     takes the bridge and says why in one NOTE line (it took it silently: the header said only
     ``TransformerLens backend``); a plain Llama loads natively with no such line."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     small = dict(num_hidden_layers=1, num_attention_heads=2, hidden_size=16, intermediate_size=32, vocab_size=101)
-    for name, rope in [("scaled", {"rope_type": "linear", "factor": 2.0}), ("plain", None)]:
+    for name, rope in [("scaled", {"rope_type": "dynamic", "factor": 2.0}), ("plain", None)]:
         torch.manual_seed(0)
         LlamaForCausalLM(LlamaConfig(**small, rope_scaling=rope)).save_pretrained(tmp_path / name)
         tiny_tokenizer.save_pretrained(tmp_path / name)
     capsys.readouterr()
     assert load_model(str(tmp_path / "scaled")).backend == "transformer-lens"
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("NOTE:")]
-    assert len(notes) == 1 and "bridge" in notes[0] and "rope_type=linear" in notes[0], notes
+    assert len(notes) == 1 and "bridge" in notes[0] and "rope_type=dynamic" in notes[0], notes
     assert load_model(str(tmp_path / "plain")).backend == "native"
     assert "NOTE:" not in capsys.readouterr().err
     load_model(str(tmp_path / "scaled"), quiet=True)
