@@ -54,7 +54,9 @@ from headprobe.analyses.verdicts import VerdictRule
 from headprobe.analyses.vocabulary import (
     ALPHA,
     CORRECTION,
+    MAX_N_RANDOM,
     PRIMARY_KIND,
+    check_n_random,
     check_verification_choices,
     draws_advice,
     reachable,
@@ -117,6 +119,7 @@ class VerificationSettings:
         check_verification_choices(self.alpha, self.control, self.correction)
         if self.n_random < 1 or self.k < 1 or self.batch < 1:
             raise HeadprobeError("--n-random and --top-k must be at least 1")
+        check_n_random(self.n_random)
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -441,7 +444,13 @@ def plan_draws(m: int, settings: VerificationSettings) -> int:
     (:func:`~headprobe.analyses.statistics.lone_draws_needed`), unless ``keep_n_random``."""
     if settings.keep_n_random or m == 0:
         return settings.n_random
-    return max(settings.n_random, st.lone_draws_needed(m, settings.alpha))
+    need = st.lone_draws_needed(m, settings.alpha)
+    if need > MAX_N_RANDOM:  # drawn up front: refused before the sets fill the memory
+        raise HeadprobeError(
+            f"--alpha {settings.alpha:g} needs {need:,} control sets for one of {m} verdicts to be CONFIRMED on its "
+            f"own, more than {MAX_N_RANDOM:,}: use a larger --alpha, or --keep-n-random to keep --n-random"
+        )
+    return max(settings.n_random, need)
 
 
 def _cap_undecidable(

@@ -176,6 +176,25 @@ def parse_figure_formats(
     return tuple(f for f in FIGURE_FORMATS if f in asked)
 
 
+MAX_N_RANDOM = 100_000
+"""The most control sets one verdict's test may draw (``--n-random``, or the draws an ``--alpha`` needs):
+a p-value's resolution is ``1 / (n + 1)``, each set is one ablation pass, and the sets are drawn up front
+(a larger count filled the memory of a 24 GiB machine before the plan was printed)."""
+
+
+def check_n_random(n_random: int) -> None:
+    """Refuse ``--n-random`` above :data:`MAX_N_RANDOM`.
+
+    Raises:
+        HeadprobeError: more control sets than that.
+    """
+    if n_random > MAX_N_RANDOM:
+        raise HeadprobeError(
+            f"--n-random must be at most {MAX_N_RANDOM:,} (a p-value resolves 1/(n+1); each set is one ablation "
+            f"pass), got {n_random:,}"
+        )
+
+
 def check_verification_choices(alpha: float, control: str, correction: str) -> None:
     """The checks of ``--alpha``, ``--control`` and ``--correction`` (scan's config and the
     verification's settings share them).

@@ -1296,3 +1296,28 @@ def test_the_plan_line_says_what_its_most_sets_count_when_every_type_is_tested()
         "--n-random 10 kept (--keep-n-random); at most 17 sets (2 top-k sets: 1 test x 2 kinds; 10 control sets; "
         "5 of them again as zero-ablation)"
     ), line
+
+
+def test_control_set_counts_past_the_cap_are_refused_before_any_set_is_drawn(tmp_path, capsys):
+    """``scan --n-random 99999999999999999999`` was taken, and its control sets, drawn up front, filled
+    22 GB until the kernel killed the process (exit 137, no line; walk fuzz). Above
+    MAX_N_RANDOM it is refused in one line before a model loads, and so is an ``--alpha`` whose lone
+    verdict needs more draws than that (with ``--keep-n-random`` the count given stands)."""
+    from headprobe.analyses.verification import plan_draws
+    from headprobe.analyses.vocabulary import MAX_N_RANDOM
+    from headprobe.cli import main
+
+    for command in ("scan", "robustness"):
+        argv = [command, "--model", str(tmp_path / "no-model"), "--out", str(tmp_path / command)]
+        assert main([*argv, "--n-random", "99999999999999999999"]) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert err == ["headprobe: error: --n-random must be at most 100,000 (a p-value resolves 1/(n+1); each set "
+                       "is one ablation pass), got 99,999,999,999,999,999,999"], err  # fmt: skip
+        assert not (tmp_path / command).exists()
+    with pytest.raises(HeadprobeError, match="at most 100,000"):
+        VerificationSettings(k=3, n_random=MAX_N_RANDOM + 1)
+    settings = VerificationSettings(k=3, alpha=1e-9)
+    with pytest.raises(HeadprobeError, match="needs 4,999,999,999 control sets .* use a larger --alpha"):
+        plan_draws(5, settings)  # Bonferroni or BH over 5 types: 5 / alpha - 1 draws for one verdict alone
+    assert plan_draws(5, dataclasses.replace(settings, keep_n_random=True)) == settings.n_random
+    assert plan_draws(5, VerificationSettings(k=3, n_random=MAX_N_RANDOM)) == MAX_N_RANDOM  # the cap itself is taken

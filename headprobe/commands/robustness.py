@@ -123,6 +123,7 @@ class RobustnessConfig(ModelSettings, DataSettings):
         object.__setattr__(self, "kinds", _names(self.kinds, ablation_kinds.names(), "--kinds"))
         super().__post_init__()
         vocab.check_verification_choices(self.alpha, self.control, self.correction)
+        vocab.check_n_random(self.n_random)
         if self.control_seeds < 0:
             raise HeadprobeError(f"--control-seeds must be 0 or more, got {self.control_seeds}")
         if self.other_period is not None and self.other_period < 2:

@@ -211,6 +211,7 @@ class ScanConfig(ModelSettings, DataSettings):
         super().__post_init__()  # the shared settings' checks (headprobe.settings.check_settings)
         if self.n_random < 1:
             raise HeadprobeError(f"--n-random must be at least 1, got {self.n_random}")
+        vocab.check_n_random(self.n_random)
         vocab.check_verification_choices(self.alpha, self.control, self.correction)
         if self.k is not None and self.k < 1:
             raise HeadprobeError(f"--top-k must be at least 1, got {self.k}")
