@@ -447,7 +447,7 @@ def plan_draws(m: int, settings: VerificationSettings) -> int:
     need = st.lone_draws_needed(m, settings.alpha)
     if need > MAX_N_RANDOM:  # drawn up front: refused before the sets fill the memory
         raise HeadprobeError(
-            f"--alpha {settings.alpha:g} needs {need:,} control sets for one of {m} verdicts to be CONFIRMED on its "
+            f"--alpha {settings.alpha:g} needs {need:,} control sets for a verdict among {m} to be CONFIRMED on its "
             f"own, more than {MAX_N_RANDOM:,}: use a larger --alpha, or --keep-n-random to keep --n-random"
         )
     return max(settings.n_random, need)
