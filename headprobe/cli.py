@@ -22,6 +22,7 @@ from typing import Any
 from headprobe.analyses.vocabulary import FIGURE_FORMATS_ENV, figure_formats
 from headprobe.commands import COMMANDS
 from headprobe.probe.core.errors import HeadprobeError
+from headprobe.probe.core.outlock import first_rank
 from headprobe.probe.core.registry import did_you_mean
 from headprobe.settings import GIVEN_KEY
 
@@ -437,12 +438,6 @@ def _out_of_memory_line(e: BaseException, out: str | None, max_batch: bool = Fal
     )
 
 
-def _first_rank() -> bool:
-    """True outside torchrun and on its rank 0: the process that prints a run's last line. Read
-    from the environment torchrun sets, as the process group may be gone when the line is printed."""
-    return os.environ.get("RANK", "0") == "0"
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the ``headprobe`` command ``argv`` (None: ``sys.argv[1:]``, the process's own command
     line) and return its exit status: 0, 2 for bad input (one line on stderr), 130 or 143 when
@@ -481,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             PYTHON_NOTES.reset(notes)
     except HeadprobeError as e:
-        if _first_rank():  # under torchrun every rank fails alike: one line, from rank 0
+        if first_rank():  # under torchrun every rank fails alike: one line, from rank 0
             print(f"headprobe: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `headprobe budget | head`: the reader left; end quietly, as cat does
@@ -490,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         return 141  # 128 + SIGPIPE, what a shell reports for a program killed by it
     except KeyboardInterrupt as e:
         stop.stopping = True  # raised by a signal or not: a second one is ignored from now on
-        if _first_rank():  # Ctrl-C reaches every torchrun rank: one line, from rank 0
+        if first_rank():  # Ctrl-C reaches every torchrun rank: one line, from rank 0
             print(_interrupted(e, getattr(args, "out", None)), file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
     except (RuntimeError, MemoryError) as e:

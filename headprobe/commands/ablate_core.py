@@ -783,45 +783,46 @@ def _task_sets(model: LoadedModel, cfg: AblateConfig) -> tuple[TokenSet, TokenSe
 
 
 def memory_plan(model: LoadedModel, config: AblateConfig) -> BatchPlan:
-    """The plan of the larger of the two tasks' batches (the larger per-sequence estimate): the
-    exact sweep's (:func:`~headprobe.analyses.ablation.sweep_plan`; its gradient scores, taken in
+    """:func:`memory_plans`' first: the plan of the run's batches.
+
+    Raises:
+        HeadprobeError: as :func:`memory_plans`.
+    """
+    return memory_plans(model, config)[0]
+
+
+def memory_plans(model: LoadedModel, config: AblateConfig) -> tuple[BatchPlan, BatchPlan | None]:
+    """``(plan, gradient plan)``. ``plan``: the plan of the larger of the two tasks' batches (the
+    larger per-sequence estimate): the exact sweep's (:func:`~headprobe.analyses.ablation.sweep_plan`; its gradient scores, taken in
     chunks of the task's sequences (:func:`gradient_chunk`), are checked to fit one sequence), or with
     ``estimate`` the largest step (:attr:`BatchPlan.total`) of the estimator's over each task's batch
     (:func:`~headprobe.analyses.attribution.estimate_plan`: whole for AtP* and second-order, in chunks
     for :data:`GRADIENT_METHODS`) and the forwards beside them
     (:func:`_forward_plans`, which the sweep checks too). The batches, either way: ``n_natural``
     windows of ``seq_len`` tokens, ``n_repeated`` sequences of ``2 period`` tokens and BOS where the
-    model prepends one (``model.prepend_bos``, as the run's tokens).
+    model prepends one (``model.prepend_bos``, as the run's tokens). ``gradient plan`` (the exact
+    sweep's only, None with ``estimate``): its gradient scores' of the task whose sequence needs more.
 
     Raises:
         HeadprobeError: one ablation of a task's sequences, an estimate of a task's batch (of one
             sequence for :data:`GRADIENT_METHODS`) or a forward beside them does not fit in the memory budget; lengths that cannot run
             (``config.resolved``); before all of these, a head out of range (:func:`swept_heads`).
     """
-    config, shapes = _task_shapes(model, config)
+    swept_heads(model, config)  # a head out of range is refused first, before any plan, data or forward
+    config = config.resolved(model.spec, model.trained_periods)  # refuses lengths that cannot run, before a plan
+    assert config.period is not None and config.seq_len is not None  # set by resolved
+    # the repeated task's sequences: two blocks of period tokens after BOS where the model prepends one
+    shapes = [(config.n_natural, config.seq_len), (config.n_repeated, 2 * config.period + int(model.prepend_bos))]
     if config.estimate:
         method, n_probes = config.estimate, config.n_probes
         split = method in GRADIENT_METHODS
         plans = [estimate_plan(model, method, b, t, n_probes, config.kind, split=split) for b, t in shapes]
-        return max([*plans, *_forward_plans(model, config)], key=lambda p: p.total)
-    for b, t in shapes:  # the sweep's gradient scores: forwards and backwards of as many sequences as fit
-        importance_plan(model, b, t, config.kind, GRADIENT_WORK)
+        return max([*plans, *_forward_plans(model, config)], key=lambda p: p.total), None
+    # the sweep's gradient scores: forwards and backwards of as many sequences as fit
+    gradients = [importance_plan(model, b, t, config.kind, GRADIENT_WORK) for b, t in shapes]
     _forward_plans(model, config)  # refused where they do not fit, as the gradient scores
     plans = [sweep_plan(model, b, t, model.spec.n_layers, config.max_batch) for b, t in shapes]
-    return max(plans, key=lambda p: p.per_item)
-
-
-def _task_shapes(model: LoadedModel, config: AblateConfig) -> tuple[AblateConfig, list[tuple[int, int]]]:
-    """``(config resolved, [(sequences, tokens)] of the natural and the repeated task)``: the repeated
-    task's sequences are two blocks of ``period`` tokens after BOS where the model prepends one.
-
-    Raises:
-        HeadprobeError: a head out of range (first, before any plan), lengths that cannot run.
-    """
-    swept_heads(model, config)  # a head out of range is refused first, before any plan, data or forward
-    config = config.resolved(model.spec, model.trained_periods)  # refuses lengths that cannot run, before a plan
-    assert config.period is not None and config.seq_len is not None  # set by resolved
-    return config, [(config.n_natural, config.seq_len), (config.n_repeated, 2 * config.period + int(model.prepend_bos))]
+    return max(plans, key=lambda p: p.per_item), max(gradients, key=lambda p: p.per_item)
 
 
 def _forward_plans(model: LoadedModel, config: AblateConfig) -> list[BatchPlan]:
@@ -851,16 +852,10 @@ def batch_line(model: LoadedModel, config: AblateConfig) -> str:
     refusal before).
 
     Raises:
-        HeadprobeError: as :func:`memory_plan`.
+        HeadprobeError: as :func:`memory_plans`.
     """
-    line = memory_plan(model, config).line()
-    if config.estimate:
-        return line
-    config, shapes = _task_shapes(model, config)
-    gradient = max(
-        (importance_plan(model, b, t, config.kind, GRADIENT_WORK) for b, t in shapes), key=lambda p: p.per_item
-    )
-    return f"{line}\n{gradient.line()}"
+    plan, gradient = memory_plans(model, config)
+    return plan.line() if gradient is None else f"{plan.line()}\n{gradient.line()}"
 
 
 def _sweep_task(

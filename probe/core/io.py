@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from headprobe.probe.core.errors import FLAG_IN_MESSAGE, HeadprobeError, python_note
-from headprobe.probe.core.outlock import claim_output, output_claims
+from headprobe.probe.core.outlock import claim_output, first_rank, output_claims
 
 
 def _new_file_mode() -> int:
@@ -552,7 +552,7 @@ class RunCheckpoint:
             saved = {}
         if saved.get("key") != self.key:
             if overwrite:
-                if os.environ.get("RANK", "0") == "0":  # under torchrun, one line (rank 0's)
+                if first_rank():  # under torchrun, one line (rank 0's)
                     held = f"other settings ({self._settings_differ(saved.get('key'))})" if saved else "unreadable"
                     print(
                         f"NOTE: --overwrite (overwrite=True in Python): {self.path}, an interrupted run's checkpoint "

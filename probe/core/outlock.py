@@ -72,6 +72,12 @@ def _holder(fd: int) -> str:
     return f"(pid {pid}) " if pid.isdigit() else ""
 
 
+def first_rank() -> bool:
+    """True outside torchrun and on its rank 0: the process that claims ``--out`` and says a run's
+    lines. Read from the environment torchrun sets, as the process group may be gone when a line is said."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def _acquire(out: str | os.PathLike[str]) -> str | None:
     """Take this process's claim on ``out`` (one more holder where it holds it already); the lock file
     taken, or None where no lock can be taken (:func:`lock_path`) or this is a torchrun rank other than 0.
@@ -79,7 +85,7 @@ def _acquire(out: str | os.PathLike[str]) -> str | None:
     Raises:
         HeadprobeError: another process holds the claim; one line naming its pid and ``out``.
     """
-    path = lock_path(out) if os.environ.get("RANK", "0") == "0" else None
+    path = lock_path(out) if first_rank() else None
     if path is None:
         return None
     key = str(path)

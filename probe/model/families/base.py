@@ -296,9 +296,9 @@ def layer_ropes(
             thetas.append(float(p.get("rope_theta", 10000.0)))
             factors.append(float(p.get("factor", 1.0)) if rope_type == "linear" else 1.0)
     else:
-        scaled = _flat_scaling(hf_config, kind, flat_types)
+        factor, scaled = _flat_scaling(hf_config, kind, flat_types)
         n = hf_config.num_hidden_layers
-        thetas, factors = [rope_theta(hf_config)] * n, [float(scaled.pop("factor", 1.0))] * n
+        thetas, factors = [rope_theta(hf_config)] * n, [factor] * n
     per_layer: list[float | None] = [None if l in no_rope_layers else t for l, t in enumerate(thetas)]
     first = next((t for t in per_layer if t is not None), thetas[0])
     out: dict[str, Any] = dict(rope_theta=first)
@@ -309,16 +309,14 @@ def layer_ropes(
     return {**out, **scaled}
 
 
-def _flat_scaling(hf_config: Any, kind: str, flat_types: Collection[str]) -> dict:
-    """A flat ``rope_parameters``' scaling: ``{"factor": f}`` (linear, position interpolation),
-    ``{"llama3_rope": (...)}`` (Llama-3.1's, read as ``_compute_llama3_parameters`` reads it) or {}.
+def _flat_scaling(hf_config: Any, kind: str, flat_types: Collection[str]) -> tuple[float, dict]:
+    """A flat ``rope_parameters``' scaling: ``(linear factor, other fields)``: ``(f, {})`` for linear
+    (position interpolation), ``(1, {"llama3_rope": (...)})`` for Llama-3.1's (read as
+    ``_compute_llama3_parameters`` reads it), ``(1, {})`` for plain rotary.
 
     Raises:
         HeadprobeError: a ``rope_type`` not of ``flat_types``.
     """
-    if tuple(flat_types) == ("default",):
-        plain_rope(hf_config, kind)
-        return {}
     params = rope_parameters(hf_config)
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in flat_types:
@@ -327,12 +325,11 @@ def _flat_scaling(hf_config: Any, kind: str, flat_types: Collection[str]) -> dic
             f"positions, not rope_type={rope_type}"
         )
     if rope_type == "linear":
-        return {"factor": float(params["factor"])}
-    if rope_type == "llama3":
+        return float(params["factor"]), {}
+    if rope_type == "llama3":  # types normalised by TransformerConfig (check_layer_rope)
         ctx = params.get("original_max_position_embeddings") or hf_config.max_position_embeddings
-        rope = (params["factor"], params["low_freq_factor"], params["high_freq_factor"], ctx)
-        return {"llama3_rope": tuple(float(x) for x in rope[:3]) + (int(ctx),)}
-    return {}
+        return 1.0, {"llama3_rope": (params["factor"], params["low_freq_factor"], params["high_freq_factor"], ctx)}
+    return 1.0, {}
 
 
 def sliding(hf_config: Any, kind: str, every_layer: bool = False) -> dict:
